@@ -1,0 +1,42 @@
+"""specdec_jax: speculative decoding (Leviathan, Kalman, Matias 2023) in JAX/Flax."""
+
+import setuptools
+
+_JAX = "0.10.2"
+
+setuptools.setup(
+    name="specdec_jax",
+    version="0.1.0",
+    description="Exact speculative decoding for Flax T5 and decoder-only models.",
+    packages=setuptools.find_packages(include=["specdec_jax", "specdec_jax.*"]),
+    package_data={"specdec_jax": ["demo_models/**/*", "demo_data/*"]},
+    include_package_data=True,
+    python_requires=">=3.10",
+    install_requires=[
+        f"jax=={_JAX}",
+        f"jaxlib=={_JAX}",
+        "flax==0.12.8",
+        "optax==0.2.8",
+        "orbax-checkpoint==0.12.8",
+        "gin-config==0.5.0",
+        "absl-py",
+        "numpy",
+        "msgpack",
+        "safetensors",
+        "sentencepiece",
+        "seqio==0.0.20",
+        "tensorflow==2.21.0",
+        "tensorflow-text==2.21.1",
+        "tensorflow-datasets==4.9.10",
+        "importlib_resources",  # needed by tensorflow-datasets, which does not declare it.
+        "sacrebleu",
+        "rouge-score",
+        "matplotlib",
+    ],
+    extras_require={
+        "test": ["pytest", "pytest-xdist", "scipy"],
+        "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors"],
+        "tpu": [f"jax[tpu]=={_JAX}"],
+        "cuda": [f"jax[cuda12]=={_JAX}"],
+    },
+)

@@ -1,0 +1,12 @@
+"""specdec_jax: exact speculative decoding in JAX/Flax.
+
+The core (sampling, theory, decoding, models, checkpoints) imports with jax,
+flax and numpy alone; TensorFlow, seqio and gin stay in the modules that need
+them (tasks, experiments, training).
+"""
+
+from specdec_jax import sampling
+from specdec_jax import theory
+from specdec_jax.model import Model
+
+__version__ = "0.1.0"

@@ -1,0 +1,101 @@
+"""The contract between the decoding engine and a model.
+
+The engine (`specdec_jax.decoding.engine`) drives any model that implements
+`ModelDef`: Flax T5 (encoder-decoder), the GPT-like decoder-only model, the
+n-gram drafters and the explicit "table" models used in tests.
+
+Positions, caches and rollback
+------------------------------
+A model's decoder cache is a pytree of arrays laid out by absolute decoder
+position: slot `j` holds the keys/values of the token at position `j`. The
+cache itself carries no length. `extend` writes the keys/values of the K new
+tokens at the positions it is given (a scatter, so each row writes at its own
+offset) and then lets a query at position `t` attend to every slot `j <= t`.
+Slots past a row's current position are therefore invisible, whatever stale
+values they hold; rolling back after a rejected draft token only means the
+engine moves that row's position back, and the next `extend` overwrites the
+stale slots before anything can see them.
+
+The decoder sequence of a row is `start_token` at `start_pos` followed by the
+generated tokens at `start_pos + 1, start_pos + 2, ...`. For T5 the start
+token is the decoder start id 0 at position 0 and the encoder output lives in
+the cache; for a decoder-only model the start token is the last prompt token
+and every earlier prompt position is already in the cache after `prefill`.
+
+Dimension letters: B batch, L input length, K new tokens, V vocabulary,
+S cache length (decoder positions).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import flax
+import jax
+
+
+@flax.struct.dataclass
+class Prefill:
+  """What `ModelDef.prefill` returns for a batch of inputs.
+
+  Attributes:
+    cache: model-specific pytree (decoder KV cache, encoder outputs, ...),
+      every leaf with batch as its leading axis.
+    start_token: int32 [B], the decoder token whose logits predict the first
+      generated token. It is NOT yet in the cache.
+    start_pos: int32 [B], the decoder position of `start_token`. Every
+      position below it is already in the cache.
+  """
+
+  cache: Any
+  start_token: jax.Array
+  start_pos: jax.Array
+
+
+@runtime_checkable
+class ModelDef(Protocol):
+  """A hashable, parameter-free model definition the engine can drive.
+
+  Implementations are frozen dataclasses (hashable, so they can be static
+  arguments of `jax.jit`); the parameters travel separately as a pytree.
+  """
+
+  @property
+  def vocab_size(self) -> int:
+    """Width V of the logits."""
+
+  @property
+  def max_input_len(self) -> int | None:
+    """Longest input row the model accepts (None: no limit)."""
+
+  def prefill(self, params: Any, input_ids: jax.Array,
+              num_decode_positions: int) -> Prefill:
+    """Prepares per-example state once per call.
+
+    Args:
+      params: the parameter pytree.
+      input_ids: int32 [B, L], 0-padded on the right, each row ending in EOS.
+      num_decode_positions: how many decoder positions after `start_pos` the
+        engine may write (max_decode_len + gamma + 1); the cache must hold
+        `start_pos + num_decode_positions + 1` slots for every row.
+
+    Returns:
+      A `Prefill`.
+    """
+
+  def extend(self, params: Any, cache: Any, tokens: jax.Array,
+             positions: jax.Array) -> tuple[jax.Array, Any]:
+    """Feeds K tokens per row at the given decoder positions.
+
+    Args:
+      params: the parameter pytree.
+      cache: the cache from `prefill` or a previous `extend`.
+      tokens: int32 [B, K].
+      positions: int32 [B, K], the decoder position of each token;
+        non-decreasing along K (a repeated position rewrites the same slot
+        with the same token, which the engine uses at the start of a row).
+
+    Returns:
+      (logits float32 [B, K, V], the updated cache). logits[:, k] is the
+      distribution of the token at positions[:, k] + 1.
+    """

@@ -1,0 +1,171 @@
+"""Sampling distributions and the speculative rejection sampler (Algorithm 1).
+
+Two rules keep speculative decoding exact, and this module is where both live:
+
+1. The same transform (temperature, top-k, top-p) turns target logits into p
+   and draft logits into q: `SamplingConfig.probs` is the one function for
+   both.
+2. The draft samples from exactly the q that enters the ratio p/q: the engine
+   samples draft tokens from `SamplingConfig.probs(draft_logits)` and hands
+   those same probabilities to `speculative_accept`.
+
+Everything here is float32 and vectorised over the batch (no Python loops).
+
+Dimension letters: B batch, G gamma (draft tokens per step), V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+# Below this total mass the residual max(0, p - l*q) is rounding noise (it is
+# the total variation distance between p and q, and a rejection happens with
+# at most that probability), so we sample from p instead.
+_RESIDUAL_EPS = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How logits become the distribution we sample from.
+
+  Attributes:
+    temperature: 0 means greedy (a one-hot argmax, ties to the lowest id);
+      otherwise logits are divided by it.
+    top_k: keep the k most likely tokens (0 = off). Ties at the k-th value are
+      all kept.
+    top_p: keep the smallest set of most likely tokens whose mass reaches
+      top_p (1.0 = off).
+  """
+
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if self.temperature < 0:
+      raise ValueError(
+          f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+    if self.top_k < 0 or int(self.top_k) != self.top_k:
+      raise ValueError(
+          f"top_k must be a non-negative integer (0 = off), got {self.top_k}.")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1] (1.0 = off), got {self.top_p}.")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+  def probs(self, logits: jax.Array) -> jax.Array:
+    """Turns logits [..., V] into float32 probabilities [..., V]."""
+    logits = jnp.asarray(logits, jnp.float32)
+    vocab = logits.shape[-1]
+    if self.greedy:
+      return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab,
+                            dtype=jnp.float32)
+    logits = logits / jnp.float32(self.temperature)
+    if 0 < self.top_k < vocab:
+      kth = jax.lax.top_k(logits, self.top_k)[0][..., -1:]
+      logits = jnp.where(logits >= kth, logits, -jnp.inf)
+    probs = jax.nn.softmax(logits, axis=-1)
+    if self.top_p < 1.0:
+      sorted_probs = jnp.sort(probs, axis=-1)[..., ::-1]
+      mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+      # The smallest probability still inside the nucleus: every token at
+      # least this likely is kept (the most likely one always is).
+      kept = mass_before < jnp.float32(self.top_p)
+      threshold = jnp.min(jnp.where(kept, sorted_probs, jnp.inf), axis=-1,
+                          keepdims=True)
+      probs = jnp.where(probs >= threshold, probs, 0.0)
+      probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    return probs
+
+
+def logits_to_probs(logits: jax.Array, temperature: float = 0.0,
+                    top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+  """Functional form of `SamplingConfig(temperature, top_k, top_p).probs`."""
+  return SamplingConfig(temperature, top_k, top_p).probs(logits)
+
+
+def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
+  """Samples int32 ids from probabilities [..., V] (zeros are never drawn)."""
+  logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)),
+                   -jnp.inf)
+  return jax.random.categorical(rng, logp, axis=-1).astype(jnp.int32)
+
+
+def _row_keys(rng: jax.Array, batch: int) -> jax.Array:
+  """One key per row: `rng` is one key (split) or already a key per row."""
+  if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    return rng if rng.ndim == 1 else jax.random.split(rng, batch)
+  return rng if rng.ndim == 2 else jax.random.split(rng, batch)
+
+
+def validate_lenience(lenience: float) -> float:
+  if not 0.0 < float(lenience) <= 1.0:
+    raise ValueError(
+        f"lenience must be in (0, 1] (1 = exact speculative sampling, smaller "
+        f"is faster but lossy), got {lenience}.")
+  return float(lenience)
+
+
+def speculative_accept(
+    rng: jax.Array,
+    draft_tokens: jax.Array,
+    draft_probs: jax.Array,
+    target_probs: jax.Array,
+    lenience: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+  """Algorithm 1's accept/reject step, vectorised over batch and gamma.
+
+  Draft token x_i is accepted while r_i * l * q_i(x_i) <= p_i(x_i) with
+  r_i ~ U(0, 1]; at the first rejection (position n+1) the next token is drawn
+  from norm(max(0, p_{n+1} - l * q_{n+1})), or from p_{n+1} if that residual is
+  numerically zero; if all gamma are accepted it is the bonus token, drawn from
+  p_{gamma+1}. With l = 1 the output is distributed exactly as the target's.
+
+  Args:
+    rng: one PRNG key, or one key per row ([B] typed keys or [B, 2] raw).
+    draft_tokens: int32 [B, G], sampled from `draft_probs`.
+    draft_probs: float [B, G, V], the q each draft token was sampled from.
+    target_probs: float [B, G+1, V], p at each of the G+1 verified positions.
+    lenience: l in (0, 1]; 1 is exact, smaller accepts more (lossy).
+
+  Returns:
+    (num_accepted int32 [B] in [0, G], next_token int32 [B]).
+  """
+  lenience = validate_lenience(lenience)
+  batch, gamma = draft_tokens.shape
+  if draft_probs.shape[:2] != (batch, gamma):
+    raise ValueError(f"draft_probs {draft_probs.shape} does not match "
+                     f"draft_tokens {draft_tokens.shape}.")
+  if target_probs.shape[:2] != (batch, gamma + 1):
+    raise ValueError(f"target_probs must be [batch, gamma+1, vocab] = "
+                     f"[{batch}, {gamma + 1}, V], got {target_probs.shape}.")
+  keys = _row_keys(rng, batch)
+  return jax.vmap(_accept_row, in_axes=(0, 0, 0, 0, None))(
+      keys, draft_tokens.astype(jnp.int32),
+      jnp.asarray(draft_probs, jnp.float32),
+      jnp.asarray(target_probs, jnp.float32), lenience)
+
+
+def _accept_row(key, tokens, q, p, lenience):
+  """One row of `speculative_accept`: tokens [G], q [G, V], p [G+1, V]."""
+  gamma = tokens.shape[0]
+  accept_key, sample_key = jax.random.split(key)
+  q_x = jnp.take_along_axis(q, tokens[:, None], axis=-1)[:, 0]
+  p_x = jnp.take_along_axis(p[:gamma], tokens[:, None], axis=-1)[:, 0]
+  # r in (0, 1]: a target probability of exactly 0 can never be accepted.
+  r = 1.0 - jax.random.uniform(accept_key, (gamma,), jnp.float32)
+  accepted = r * (lenience * q_x) <= p_x
+  num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32)))
+  p_next = p[num_accepted]
+  # Past the last draft position the "draft" is empty: the bonus comes from p.
+  q_next = jnp.where(num_accepted < gamma,
+                     q[jnp.minimum(num_accepted, gamma - 1)], 0.0)
+  residual = jnp.maximum(p_next - lenience * q_next, 0.0)
+  mass = jnp.sum(residual)
+  residual = jnp.where(mass > _RESIDUAL_EPS, residual / mass, p_next)
+  return num_accepted.astype(jnp.int32), sample(sample_key, residual)

@@ -1,0 +1,93 @@
+"""The paper's analysis: acceptance rate, expected tokens, speedup, optimal gamma.
+
+Notation (Leviathan et al. 2023, Section 3): alpha is the expected acceptance
+rate E[beta] with beta = sum_x min(p(x), q(x)); gamma the number of draft
+tokens per step; c the walltime cost of one draft run over one target run;
+c_hat the same ratio in arithmetic operations.
+
+Every function takes numpy or jax arrays (broadcasting) and returns the same
+kind; Python scalars give numpy results.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Within this distance of alpha = 1 the closed forms divide 0 by 0; a first
+# order expansion around alpha = 1 is exact to ~1e-12 there.
+_NEAR_ONE = 1e-6
+
+
+def _xp(*xs):
+  return jnp if any(isinstance(x, jax.Array) for x in xs) else np
+
+
+def acceptance_rate(p, q):
+  """beta = sum_x min(p(x), q(x)) over the last axis (Definition 3.2)."""
+  xp = _xp(p, q)
+  return xp.sum(xp.minimum(p, q), axis=-1)
+
+
+def lk_divergence(p, q):
+  """D_LK(p, q) = sum_x |p(x) - M(x)|, M = (p + q) / 2; equals 1 - beta."""
+  xp = _xp(p, q)
+  return xp.sum(xp.abs(p - q), axis=-1) / 2
+
+
+def expected_tokens(alpha, gamma):
+  """Theorem 3.1: E[tokens per target run] = (1 - alpha^(gamma+1)) / (1 - alpha).
+
+  Equals gamma + 1 at alpha = 1 and 1 at alpha = 0.
+  """
+  xp = _xp(alpha, gamma)
+  alpha = xp.asarray(alpha, dtype=xp.float64 if xp is np else None)
+  gamma = xp.asarray(gamma)
+  one_minus = 1.0 - alpha
+  near_one = xp.abs(one_minus) < _NEAR_ONE
+  safe = xp.where(near_one, 1.0, one_minus)
+  closed = (1.0 - alpha ** (gamma + 1)) / safe
+  # d/d(alpha) of sum_{i<=gamma} alpha^i at alpha = 1 is gamma(gamma+1)/2.
+  expansion = (gamma + 1) - one_minus * gamma * (gamma + 1) / 2
+  return xp.where(near_one, expansion, closed)
+
+
+def walltime_improvement(alpha, gamma, c):
+  """Theorem 3.8: (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))."""
+  return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
+
+
+def operations_factor(alpha, gamma, c_hat):
+  """Theorem 3.11: (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)).
+
+  The factor by which total arithmetic operations grow (>= 1 unless alpha = 1
+  and c_hat = 0).
+  """
+  return (gamma * c_hat + gamma + 1.0) / expected_tokens(alpha, gamma)
+
+
+def min_improvement(alpha, c):
+  """Corollary 3.9: when alpha > c, some gamma improves walltime by at least
+  (1 + alpha) / (1 + c) (gamma = 1 attains it). NaN where alpha <= c."""
+  xp = _xp(alpha, c)
+  alpha = xp.asarray(alpha, dtype=xp.float64 if xp is np else None)
+  bound = (1.0 + alpha) / (1.0 + c)
+  return xp.where(alpha > c, bound, xp.nan)
+
+
+def optimal_gamma(alpha, c, max_gamma: int = 64):
+  """The integer gamma in [1, max_gamma] maximising Theorem 3.8 (Figure 3).
+
+  Returns int arrays broadcast from alpha and c. Where even the best gamma
+  gives an improvement below 1 (alpha <= c), speculative decoding does not
+  pay off; the argmax is still returned (use `walltime_improvement` to see).
+  """
+  if max_gamma < 1:
+    raise ValueError(f"max_gamma must be >= 1, got {max_gamma}.")
+  xp = _xp(alpha, c)
+  alpha = xp.asarray(alpha)[..., None]
+  c = xp.asarray(c)[..., None]
+  gammas = xp.arange(1, max_gamma + 1)
+  speed = walltime_improvement(alpha, gammas, c)
+  return xp.argmax(speed, axis=-1) + 1

@@ -1,0 +1,248 @@
+"""Tests for specdec_jax.sampling: the transforms and the exact rejection sampler.
+
+Statistical tests use Pearson's chi-square goodness of fit at significance
+SIGNIFICANCE = 1e-3 per test (fixed seeds, so each run is deterministic; a
+correct sampler fails a given test with probability 1e-3 over seeds). With
+N = 200,000 draws the negative controls below deviate by >= 0.05 in some cell
+probability, which gives a chi-square statistic in the thousands: their power
+at this level is essentially 1, and the tests assert that they fail.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from specdec_jax import sampling
+from specdec_jax import theory
+
+SIGNIFICANCE = 1e-3
+N = 200_000
+GAMMA = 3
+VOCAB = 5
+
+
+def _dists(case, seed=0):
+  """Fixed per-position target p [G+1, V] and draft q [G, V] for one case."""
+  rng = np.random.default_rng(seed)
+  p = rng.dirichlet(np.ones(VOCAB), size=GAMMA + 1)
+  if case == "random":
+    q = rng.dirichlet(np.ones(VOCAB), size=GAMMA)
+  elif case == "disjoint":
+    p = np.zeros((GAMMA + 1, VOCAB))
+    p[:, :2] = rng.dirichlet(np.ones(2), size=GAMMA + 1)
+    q = np.zeros((GAMMA, VOCAB))
+    q[:, 2:] = rng.dirichlet(np.ones(VOCAB - 2), size=GAMMA)
+  elif case == "equal":
+    q = p[:GAMMA].copy()
+  elif case == "onehot_q":
+    q = np.eye(VOCAB)[rng.integers(0, VOCAB, size=GAMMA)]
+  elif case == "sharp":
+    logits = rng.normal(size=(GAMMA * 2 + 1, VOCAB)) * 6.0
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    p, q = probs[:GAMMA + 1], probs[GAMMA + 1:]
+  else:
+    raise ValueError(case)
+  return p.astype(np.float32), q.astype(np.float32)
+
+
+def _draw(p, q, accept_fn, *, argmax_draft=False, seed=1):
+  """Runs N independent rows of one speculative step.
+
+  Returns (num_accepted [N], emitted [N, G+1]) where emitted[:, k] is the
+  token at position k+1 when n >= k, else -1.
+  """
+  key_draft, key_accept = jax.random.split(jax.random.key(seed))
+  qb = jnp.broadcast_to(q, (N,) + q.shape)
+  pb = jnp.broadcast_to(p, (N,) + p.shape)
+  if argmax_draft:
+    tokens = jnp.broadcast_to(jnp.argmax(q, -1), (N, GAMMA)).astype(jnp.int32)
+  else:
+    tokens = sampling.sample(key_draft, qb)
+  n, nxt = accept_fn(key_accept, tokens, qb, pb)
+  n, nxt, tokens = map(np.asarray, (n, nxt, tokens))
+  emitted = np.full((N, GAMMA + 1), -1)
+  for k in range(GAMMA + 1):
+    draft_tok = tokens[:, k] if k < GAMMA else np.full(N, -1)
+    emitted[:, k] = np.where(n > k, draft_tok, np.where(n == k, nxt, -1))
+  return n, emitted
+
+
+def _chisquare_pvalue(observed, expected_probs):
+  """Chi-square p-value; cells with zero expected mass must be empty."""
+  observed = np.asarray(observed, np.float64)
+  expected_probs = np.asarray(expected_probs, np.float64)
+  support = expected_probs > 1e-12
+  if observed[~support].sum() > 0:
+    return 0.0
+  if support.sum() <= 1:
+    return 1.0
+  probs = expected_probs[support] / expected_probs[support].sum()
+  return stats.chisquare(observed[support],
+                         probs * observed[support].sum()).pvalue
+
+
+def _exactness_pvalues(p, q, n, emitted):
+  """p-values for P(n = k) and for each position's token given n >= k."""
+  beta = theory.acceptance_rate(p[:GAMMA].astype(np.float64),
+                                q.astype(np.float64))
+  reach = np.concatenate([[1.0], np.cumprod(beta)])  # P(n >= k), k = 0..G
+  p_n = reach.copy()
+  p_n[:-1] -= reach[1:]  # P(n = k) = P(n >= k) - P(n >= k+1)
+  pvalues = {"n": _chisquare_pvalue(np.bincount(n, minlength=GAMMA + 1),
+                                    p_n / p_n.sum())}
+  for k in range(GAMMA + 1):
+    rows = n >= k
+    if rows.sum() < 1000:
+      continue  # position rarely reached: too few samples to test.
+    counts = np.bincount(emitted[rows, k], minlength=VOCAB)
+    pvalues[f"token{k + 1}"] = _chisquare_pvalue(counts, p[k] / p[k].sum())
+  return pvalues
+
+
+_accept = jax.jit(sampling.speculative_accept)
+
+
+@pytest.mark.parametrize("case",
+                         ["random", "disjoint", "equal", "onehot_q", "sharp"])
+def test_speculative_accept_is_exact(case):
+  """P(n >= k) = prod_{i<=k} beta_i and, given n >= k, the token at position
+  k+1 is distributed as p_{k+1}: the output distribution is the target's."""
+  p, q = _dists(case)
+  n, emitted = _draw(p, q, _accept)
+  pvalues = _exactness_pvalues(p, q, n, emitted)
+  failed = {k: v for k, v in pvalues.items() if v < SIGNIFICANCE}
+  assert not failed, f"{case}: chi-square rejects exactness: {failed}"
+  if case == "equal":
+    assert np.all(n == GAMMA)
+  if case == "disjoint":
+    assert np.all(n == 0)
+
+
+@jax.jit
+def _accept_resampling_from_p(rng, draft_tokens, draft_probs, target_probs):
+  """Negative control: on rejection, sample from p instead of the residual."""
+  n, _ = sampling.speculative_accept(rng, draft_tokens, draft_probs,
+                                     target_probs)
+  p_next = jnp.take_along_axis(target_probs, n[:, None, None], axis=1)[:, 0]
+  keys = jax.random.split(jax.random.fold_in(rng, 7), n.shape[0])
+  return n, jax.vmap(sampling.sample)(keys, p_next)
+
+
+@pytest.mark.parametrize("case", ["random", "sharp"])
+def test_negative_control_resampling_from_p_fails(case):
+  """A sampler that skips the residual correction must fail the same test."""
+  p, q = _dists(case)
+  n, emitted = _draw(p, q, _accept_resampling_from_p)
+  pvalues = _exactness_pvalues(p, q, n, emitted)
+  assert min(pvalues.values()) < SIGNIFICANCE, pvalues
+
+
+def test_negative_control_argmax_draft_fails():
+  """A draft that takes its argmax while reporting softmax q must fail."""
+  p, q = _dists("random")
+  n, emitted = _draw(p, q, _accept, argmax_draft=True)
+  pvalues = _exactness_pvalues(p, q, n, emitted)
+  assert min(pvalues.values()) < SIGNIFICANCE, pvalues
+
+
+def test_greedy_accepts_while_draft_matches_target_argmax():
+  """With one-hot p and q: accept exactly the prefix where the draft token is
+  the target's argmax, then emit the target's argmax."""
+  rng = np.random.default_rng(3)
+  batch, vocab = 64, 6
+  greedy = sampling.SamplingConfig(temperature=0.0)
+  target_logits = rng.normal(size=(batch, GAMMA + 1, vocab))
+  target_argmax = target_logits.argmax(-1)
+  # Draft agrees with the target on a random prefix, then disagrees.
+  agree = rng.integers(0, GAMMA + 1, size=batch)
+  draft_tokens = target_argmax[:, :GAMMA].copy()
+  for b in range(batch):
+    if agree[b] < GAMMA:
+      draft_tokens[b, agree[b]] = (draft_tokens[b, agree[b]] + 1) % vocab
+  q = greedy.probs(jnp.asarray(np.eye(vocab)[draft_tokens] * 5.0))
+  p = greedy.probs(jnp.asarray(target_logits))
+  n, nxt = _accept(jax.random.key(0), jnp.asarray(draft_tokens, jnp.int32), q,
+                   p)
+  np.testing.assert_array_equal(np.asarray(n), agree)
+  np.testing.assert_array_equal(np.asarray(nxt),
+                                target_argmax[np.arange(batch), agree])
+
+
+def test_per_row_keys_make_rows_independent_of_batch():
+  """Row b of a batch given key k_b equals a batch-1 call with key k_b."""
+  p, q = _dists("random")
+  keys = jax.random.split(jax.random.key(5), 4)
+  tokens = sampling.sample(jax.random.key(6), jnp.broadcast_to(q, (4,) + q.shape))
+  pb, qb = jnp.broadcast_to(p, (4,) + p.shape), jnp.broadcast_to(q, (4,) + q.shape)
+  n, nxt = _accept(keys, tokens, qb, pb)
+  for b in range(4):
+    n1, nxt1 = _accept(keys[b:b + 1], tokens[b:b + 1], qb[b:b + 1], pb[b:b + 1])
+    assert (int(n1[0]), int(nxt1[0])) == (int(n[b]), int(nxt[b]))
+
+
+def test_temperature_top_k_top_p_hand_computed():
+  """Hand-computed cases for each transform."""
+  logits = jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05]))
+  np.testing.assert_allclose(sampling.logits_to_probs(logits, 1.0),
+                             [0.5, 0.3, 0.15, 0.05], atol=1e-6)
+  np.testing.assert_array_equal(sampling.logits_to_probs(logits, 0.0),
+                                [1, 0, 0, 0])
+  # Temperature 0.5 squares the probabilities before renormalising.
+  sq = np.array([0.25, 0.09, 0.0225, 0.0025])
+  np.testing.assert_allclose(sampling.logits_to_probs(logits, 0.5),
+                             sq / sq.sum(), atol=1e-6)
+  np.testing.assert_allclose(sampling.logits_to_probs(logits, 1.0, top_k=2),
+                             [0.625, 0.375, 0, 0], atol=1e-6)
+  # top_p = 0.8 keeps {0.5, 0.3}: mass before 0.3 is 0.5 < 0.8, before 0.15
+  # is 0.8, not < 0.8.
+  np.testing.assert_allclose(sampling.logits_to_probs(logits, 1.0, top_p=0.8),
+                             [0.625, 0.375, 0, 0], atol=1e-6)
+  np.testing.assert_allclose(sampling.logits_to_probs(logits, 1.0, top_p=0.81),
+                             np.array([0.5, 0.3, 0.15, 0]) / 0.95, atol=1e-6)
+  # The most likely token survives any top_p.
+  np.testing.assert_allclose(sampling.logits_to_probs(logits, 1.0, top_p=0.1),
+                             [1, 0, 0, 0], atol=1e-6)
+  # Greedy ties go to the lowest id; probabilities are float32.
+  tie = sampling.logits_to_probs(jnp.array([1.0, 3.0, 3.0], jnp.bfloat16))
+  assert tie.dtype == jnp.float32
+  np.testing.assert_array_equal(tie, [0, 1, 0])
+
+
+def test_invalid_settings_raise():
+  """Bad lenience / temperature / top-k / top-p name the valid range."""
+  p, q = _dists("random")
+  toks = jnp.zeros((1, GAMMA), jnp.int32)
+  for bad in [0.0, -0.5, 1.5]:
+    with pytest.raises(ValueError, match="lenience must be in"):
+      sampling.speculative_accept(jax.random.key(0), toks, q[None], p[None],
+                                  lenience=bad)
+  with pytest.raises(ValueError, match="temperature"):
+    sampling.SamplingConfig(temperature=-1.0)
+  with pytest.raises(ValueError, match="top_k"):
+    sampling.SamplingConfig(top_k=-2)
+  with pytest.raises(ValueError, match="top_p"):
+    sampling.SamplingConfig(top_p=0.0)
+  with pytest.raises(ValueError, match="gamma"):
+    sampling.speculative_accept(jax.random.key(0), toks, q[None], p[None, :2])
+
+
+def test_lenience_accepts_more_and_uses_its_residual():
+  """With lenience l, P(accept x_1) = sum_x q(x) min(1, p(x)/(l q(x))), and a
+  rejection samples norm(max(0, p - l q)): checked by chi-square on n=0 rows."""
+  p, q = _dists("random")
+  lenience = 0.5
+  fn = jax.jit(functools.partial(sampling.speculative_accept,
+                                 lenience=lenience))
+  n, emitted = _draw(p, q, fn)
+  accept1 = np.sum(q[0] * np.minimum(1.0, p[0] / (lenience * q[0])))
+  observed = np.mean(n >= 1)
+  assert abs(observed - accept1) < 5 * np.sqrt(accept1 * (1 - accept1) / N)
+  assert accept1 > theory.acceptance_rate(p[0], q[0])
+  residual = np.maximum(p[0] - lenience * q[0], 0)
+  counts = np.bincount(emitted[n == 0, 0], minlength=VOCAB)
+  assert _chisquare_pvalue(counts, residual / residual.sum()) > SIGNIFICANCE

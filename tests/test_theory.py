@@ -1,0 +1,81 @@
+"""Tests for specdec_jax.theory against the numbers printed in the paper."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import theory
+
+
+def test_table1_speed_and_operations():
+  """Table 1 (c = c_hat = 0): alpha=.8, gamma=5 -> 3.69x speed, 1.63x ops;
+  alpha=.9, gamma=10 -> 6.86x, 1.60x."""
+  for alpha, gamma, speed, ops in [(0.8, 5, 3.69, 1.63), (0.9, 10, 6.86, 1.60)]:
+    assert theory.walltime_improvement(alpha, gamma, 0.0) == pytest.approx(
+        speed, abs=0.005)
+    assert theory.operations_factor(alpha, gamma, 0.0) == pytest.approx(
+        ops, abs=0.005)
+
+
+def test_theorem_3_8_on_table2_first_row():
+  """EnDe / T5-small, alpha=0.75, gamma=7, c=0.02 predicts 3.16x."""
+  assert theory.walltime_improvement(0.75, 7, 0.02) == pytest.approx(
+      3.16, abs=0.005)
+
+
+def test_optimal_gamma():
+  """Figure 3's optimum: (alpha, c) = (0.75, 0.02) -> 9, (0.53, 0.02) -> 5;
+  and it really is the argmax of Theorem 3.8 over integer gamma."""
+  assert int(theory.optimal_gamma(0.75, 0.02)) == 9
+  assert int(theory.optimal_gamma(0.53, 0.02)) == 5
+  got = theory.optimal_gamma(np.array([0.75, 0.53]), 0.02)
+  np.testing.assert_array_equal(got, [9, 5])
+  gammas = np.arange(1, 65)
+  best = theory.walltime_improvement(0.75, gammas, 0.02)
+  assert best.argmax() + 1 == 9
+
+
+def test_corollary_3_9_bound_holds_on_a_grid():
+  """For alpha > c, the best gamma's improvement >= (1+alpha)/(1+c) > 1."""
+  alphas, cs = np.meshgrid(np.linspace(0.01, 0.99, 50), np.linspace(0, 0.9, 40))
+  mask = alphas > cs
+  g = theory.optimal_gamma(alphas, cs)
+  best = theory.walltime_improvement(alphas, g, cs)
+  bound = theory.min_improvement(alphas, cs)
+  assert np.all(best[mask] >= bound[mask] - 1e-12)
+  assert np.all(bound[mask] > 1.0)
+  assert np.all(np.isnan(bound[~mask]))
+
+
+def test_limits_at_alpha_zero_and_one():
+  """alpha=1: gamma+1 tokens per run; alpha=0: exactly 1; continuous near 1."""
+  for gamma in [1, 3, 7]:
+    assert theory.expected_tokens(1.0, gamma) == gamma + 1
+    assert theory.expected_tokens(0.0, gamma) == 1.0
+    near = theory.expected_tokens(1 - 1e-9, gamma)
+    assert near == pytest.approx(gamma + 1, rel=1e-7)
+    assert theory.walltime_improvement(1.0, gamma, 0.0) == gamma + 1
+    assert theory.operations_factor(1.0, gamma, 0.0) == pytest.approx(1.0)
+  # Matches the geometric series sum_{i<=gamma} alpha^i away from the limits.
+  alpha = np.linspace(0, 0.999, 101)
+  series = sum(alpha**i for i in range(6))
+  np.testing.assert_allclose(theory.expected_tokens(alpha, 5), series,
+                             rtol=1e-12)
+
+
+def test_acceptance_rate_and_lk_divergence():
+  """beta = sum min(p, q) = 1 - D_LK(p, q), on numpy and jax arrays alike."""
+  rng = np.random.default_rng(0)
+  p = rng.dirichlet(np.ones(7), size=4)
+  q = rng.dirichlet(np.ones(7), size=4)
+  beta = theory.acceptance_rate(p, q)
+  np.testing.assert_allclose(beta, 1 - theory.lk_divergence(p, q), atol=1e-12)
+  np.testing.assert_allclose(theory.acceptance_rate(p, p), 1.0)
+  disjoint = theory.acceptance_rate(np.eye(3)[0], np.eye(3)[1])
+  assert disjoint == 0.0
+  jbeta = theory.acceptance_rate(jnp.asarray(p, jnp.float32),
+                                 jnp.asarray(q, jnp.float32))
+  assert isinstance(jbeta, jnp.ndarray)
+  np.testing.assert_allclose(np.asarray(jbeta), beta, atol=1e-6)
+  jtokens = theory.expected_tokens(jnp.float32(0.8), 5)
+  assert float(jtokens) == pytest.approx(3.68928, abs=1e-4)
