@@ -1,0 +1,135 @@
+""""Table" models for engine tests: next-token logits are an explicit function
+of the whole prefix, so sequence probabilities are exactly computable.
+
+The logits of the token after position t are `table[t, h_t]`, where the state
+h_t = (h0 + sum_{j <= t} w_j * (token_j + 1)) mod H hashes every token of the
+decoder sequence up to t. The tokens live in a position-indexed cache, so a
+stale slot that leaked into attention (a broken rollback) changes h_t and the
+logits. `exact_logprob` recomputes the same function in numpy, independently
+of the JAX code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.decoding.protocol import Prefill
+from specdec_jax.model import Model
+
+
+def _weights(n):
+  return np.arange(n) % 5 + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TableDef:
+  vocab: int
+  states: int = 7
+  positions: int = 64
+  decoder_only: bool = False
+  max_input: int | None = None
+
+  @property
+  def vocab_size(self):
+    return self.vocab
+
+  @property
+  def max_input_len(self):
+    return self.max_input
+
+  def prefill(self, params, input_ids, num_decode_positions):
+    del params
+    batch, width = input_ids.shape
+    lengths = jnp.sum(input_ids != 0, axis=1).astype(jnp.int32)
+    if self.decoder_only:
+      slots = width + num_decode_positions + 1
+      tokens = jnp.zeros((batch, slots), jnp.int32).at[:, :width].set(input_ids)
+      start = jnp.take_along_axis(input_ids, (lengths - 1)[:, None], 1)[:, 0]
+      return Prefill(cache={"tokens": tokens, "h0": jnp.zeros((batch,),
+                                                             jnp.int32)},
+                     start_token=start.astype(jnp.int32), start_pos=lengths - 1)
+    h0 = jnp.sum(input_ids * (jnp.arange(width) + 1), axis=1) % self.states
+    tokens = jnp.zeros((batch, num_decode_positions + 1), jnp.int32)
+    return Prefill(cache={"tokens": tokens, "h0": h0.astype(jnp.int32)},
+                   start_token=jnp.zeros((batch,), jnp.int32),
+                   start_pos=jnp.zeros((batch,), jnp.int32))
+
+  def extend(self, params, cache, tokens, positions):
+    batch, slots = cache["tokens"].shape
+    rows = jnp.arange(batch)[:, None]
+    cached = cache["tokens"].at[rows, positions].set(tokens)
+    contrib = jnp.asarray(_weights(slots)) * (cached + 1)  # [B, S]
+    visible = jnp.arange(slots)[None, None, :] <= positions[:, :, None]
+    state = (cache["h0"][:, None] + jnp.sum(
+        jnp.where(visible, contrib[:, None, :], 0), axis=-1)) % self.states
+    pos = jnp.minimum(positions, self.positions - 1)
+    logits = params["table"][pos, state]
+    return logits, dict(cache, tokens=cached)
+
+
+def table_model(vocab, *, seed=0, scale=2.0, states=7, positions=64,
+                decoder_only=False, eos_bias=0.0, max_input=None, base=None,
+                noise=1.0):
+  """A random table model; with `base`, a draft = base table + noise."""
+  rng = np.random.default_rng(seed)
+  table = rng.normal(size=(positions, states, vocab)) * scale
+  if base is not None:
+    table = np.asarray(base.params["table"]) + noise * table / scale
+  else:
+    table[..., 1] += eos_bias
+  definition = TableDef(vocab=vocab, states=states, positions=positions,
+                        decoder_only=decoder_only, max_input=max_input)
+  return Model(definition=definition,
+               params={"table": jnp.asarray(table, jnp.float32)})
+
+
+def next_logits(model, row, sequence):
+  """numpy logits after the decoder `sequence` (start token included)."""
+  d = model.definition
+  table = np.asarray(model.params["table"], np.float64)
+  row = np.asarray(row)
+  if d.decoder_only:
+    length = int((row != 0).sum())
+    seq = list(row[:length]) + list(sequence[1:])
+    h0 = 0
+  else:
+    seq = list(sequence)
+    h0 = int((row * (np.arange(row.size) + 1)).sum()) % d.states
+  t = len(seq) - 1
+  state = (h0 + int((_weights(len(seq)) * (np.array(seq) + 1)).sum())) % d.states
+  return table[min(t, d.positions - 1), state]
+
+
+def start_token(model, row):
+  row = np.asarray(row)
+  if model.definition.decoder_only:
+    return int(row[(row != 0).sum() - 1])
+  return 0
+
+
+def _softmax(x, temperature):
+  z = x / temperature
+  z = np.exp(z - z.max())
+  return z / z.sum()
+
+
+def exact_distribution(model, row, length, temperature=1.0, eos=1):
+  """{tuple of `length` tokens (0 after EOS): probability} under sampling."""
+  vocab = model.definition.vocab
+  out = {}
+  for seq in itertools.product(range(vocab), repeat=length):
+    prob, prefix, emitted = 1.0, [start_token(model, row)], []
+    for tok in seq:
+      prob *= _softmax(next_logits(model, row, prefix), temperature)[tok]
+      prefix.append(tok)
+      emitted.append(tok)
+      if tok == eos:
+        break
+    key = tuple(emitted + [0] * (length - len(emitted)))
+    if len(emitted) == length or emitted[-1] == eos:
+      out[key] = prob  # each truncated sequence is reached exactly once
+  return out
