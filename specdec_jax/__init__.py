@@ -1,12 +1,15 @@
 """specdec_jax: exact speculative decoding in JAX/Flax.
 
-The core (sampling, theory, decoding, models, checkpoints) imports with jax,
-flax and numpy alone; TensorFlow, seqio and gin stay in the modules that need
-them (tasks, experiments, training).
+The core (sampling, theory, decoding, models, checkpoints, sharding) imports
+with jax, flax and numpy alone; TensorFlow, seqio and gin stay in the modules
+that need them (tasks, experiments, training).
 """
 
 from specdec_jax import sampling
 from specdec_jax import theory
+from specdec_jax.decoding.api import DecodeResult
+from specdec_jax.decoding.api import generate
+from specdec_jax.decoding.api import speculative_generate
 from specdec_jax.model import Model
 
 __version__ = "0.1.0"

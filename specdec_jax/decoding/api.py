@@ -7,14 +7,17 @@ with the same shapes and settings reuse the compiled loop.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import numbers
 from typing import Any
 
+import flax.linen as nn
 import jax
 import numpy as np
 
 from specdec_jax import sampling
+from specdec_jax import sharding
 from specdec_jax.decoding import engine
 from specdec_jax.model import Model
 
@@ -103,15 +106,33 @@ def _seeds(seed: Any, batch: int) -> tuple[np.ndarray, np.ndarray]:
   return seeds.astype(np.int32), np.zeros((batch,), np.int32)
 
 
-def _result(tokens, stats) -> DecodeResult:
-  tokens, stats = jax.device_get((tokens, stats))
-  return DecodeResult(tokens=np.asarray(tokens),
-                      stats={k: np.asarray(v) for k, v in stats.items()})
+def _run(fn, params: list[Any], arrays: list[np.ndarray],
+         mesh: jax.sharding.Mesh | None) -> DecodeResult:
+  """Calls a jitted loop, on `mesh` when given, and fetches the result.
+
+  With a mesh, per-row inputs are placed over `data` (replicated when the
+  batch does not divide) and tracing happens under the logical axis rules, so
+  the models' activation and cache constraints take effect. Parameters are
+  used where they already live (see `load_model(mesh=...)`).
+  """
+  if mesh is None:
+    context = contextlib.nullcontext()
+  else:
+    rows = sharding.batch_sharding(mesh, arrays[0].shape[0])
+    arrays = [sharding.put(a, rows) for a in arrays]
+    context = contextlib.ExitStack()
+    context.enter_context(jax.set_mesh(mesh))
+    context.enter_context(nn.logical_axis_rules(sharding.logical_axis_rules()))
+  with context:
+    tokens, stats = fn(*params, *arrays)
+  tokens, stats = sharding.gather((tokens, stats))
+  return DecodeResult(tokens=tokens, stats=stats)
 
 
 def generate(model: Model, input_ids: Any, *, max_decode_len: int,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             seed: Any = 0) -> DecodeResult:
+             seed: Any = 0,
+             mesh: jax.sharding.Mesh | None = None) -> DecodeResult:
   """Plain autoregressive decoding: one target call per token.
 
   Args:
@@ -121,6 +142,7 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
     max_decode_len: the most tokens generated per row.
     temperature, top_k, top_p: see `sampling.SamplingConfig`.
     seed: int, or one int per row (see `DecodeResult` and `_seeds`).
+    mesh: run sharded on this mesh (see `specdec_jax.sharding`).
 
   Returns:
     A `DecodeResult`.
@@ -132,7 +154,7 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
   ids = _check_inputs(input_ids, [("target", model)])
   seeds, rows = _seeds(seed, ids.shape[0])
   fn = engine.build_generate(model.definition, max_decode_len, sampler)
-  return _result(*fn(model.params, ids, seeds, rows))
+  return _run(fn, [model.params], [ids, seeds, rows], mesh)
 
 
 def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
@@ -140,7 +162,9 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
                          temperature: float = 0.0, top_k: int = 0,
                          top_p: float = 1.0, seed: Any = 0,
                          lenience: float = 1.0,
-                         record_trace: bool = False) -> DecodeResult:
+                         record_trace: bool = False,
+                         mesh: jax.sharding.Mesh | None = None
+                         ) -> DecodeResult:
   """Speculative decoding (Algorithm 1): exact samples from the target.
 
   Args:
@@ -155,6 +179,7 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
       variant.
     record_trace: also return per-iteration draft tokens, accepted counts and
       target tokens (`trace_*` stats, [B, max_decode_len, ...]) for plots.
+    mesh: run sharded on this mesh (see `specdec_jax.sharding`).
 
   Returns:
     A `DecodeResult`.
@@ -178,4 +203,4 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
   fn = engine.build_speculative(target.definition, draft.definition, gamma,
                                 max_decode_len, sampler, lenience,
                                 bool(record_trace))
-  return _result(*fn(target.params, draft.params, ids, seeds, rows))
+  return _run(fn, [target.params, draft.params], [ids, seeds, rows], mesh)

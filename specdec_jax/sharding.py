@@ -1,0 +1,183 @@
+"""Meshes, logical axis rules and shardings (SPMD over `data` x `model`).
+
+Models name the axes of every parameter, activation and cache leaf with T5X's
+logical vocabulary (batch, length, embed, mlp, heads, kv, joined_kv, vocab,
+relpos_buckets; caches: cache_batch, cache_sequence, cache_heads, cache_kv).
+`logical_axis_rules` is the one place that maps those names to mesh axes:
+the batch goes over `data`; vocabulary, MLP, heads and the joined head
+dimension over `model` (Megatron-style tensor parallelism); embedding, head
+dimension and sequence stay unsharded.
+
+Everything runs through `jax.jit` with `NamedSharding`s (no pjit). Target and
+draft may use different layouts: by default both follow the same rules, and a
+small draft can instead be replicated (`replicate=True` in `shard_params`),
+which removes its all-reduces from the inner drafting loop at the cost of
+memory it can easily afford.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "model")
+
+
+def logical_axis_rules() -> tuple[tuple[str, str | None], ...]:
+  """Logical axis name -> mesh axis (None: replicated)."""
+  return (
+      ("batch", "data"),
+      ("vocab", "model"),
+      ("mlp", "model"),
+      ("heads", "model"),
+      ("joined_kv", "model"),
+      ("embed", None),
+      ("kv", None),
+      ("length", None),
+      ("relpos_buckets", None),
+      ("cache_batch", "data"),
+      ("cache_heads", "model"),
+      ("cache_sequence", None),
+      ("cache_kv", None),
+  )
+
+
+def make_mesh(data: int = 1, model: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A `data` x `model` device mesh.
+
+  Args:
+    data: size of the data-parallel axis (batch rows).
+    model: size of the model-parallel axis (heads, MLP, vocabulary).
+    devices: the devices to use (default: all of `jax.devices()`, in order,
+      of which the first data * model are taken).
+
+  Returns:
+    A `jax.sharding.Mesh` with axis names ("data", "model").
+  """
+  for name, size in [("data", data), ("model", model)]:
+    if not isinstance(size, (int, np.integer)) or size < 1:
+      raise ValueError(f"mesh axis {name!r} must be a positive int, got "
+                       f"{size!r}.")
+  devices = list(jax.devices() if devices is None else devices)
+  needed = data * model
+  if needed > len(devices):
+    raise ValueError(
+        f"a {data}x{model} (data x model) mesh needs {needed} devices but only "
+        f"{len(devices)} exist ({devices[0].platform}). Use a smaller mesh, or "
+        f"on CPU simulate devices with "
+        f"XLA_FLAGS=--xla_force_host_platform_device_count={needed}.")
+  grid = np.asarray(devices[:needed], dtype=object).reshape(data, model)
+  return Mesh(grid, MESH_AXES)
+
+
+def logical_to_mesh(spec: P, rules=None) -> P:
+  """A PartitionSpec of logical names -> one of mesh axes."""
+  return nn.logical_to_mesh_axes(tuple(spec),
+                                 rules or logical_axis_rules())
+
+
+def _path_name(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def check_divisible(shapes: Any, logical_specs: Any, mesh: Mesh,
+                    rules=None) -> None:
+  """Raises ValueError naming the first leaf whose sharded dims don't divide.
+
+  Args:
+    shapes: pytree of arrays or ShapeDtypeStructs.
+    logical_specs: the same tree of PartitionSpecs of logical names.
+    mesh: the target mesh.
+    rules: logical axis rules (default `logical_axis_rules()`).
+  """
+  flat_shapes = jax.tree_util.tree_flatten_with_path(shapes)[0]
+  flat_specs = jax.tree_util.tree_leaves(
+      logical_specs, is_leaf=lambda x: isinstance(x, P))
+  if len(flat_shapes) != len(flat_specs):
+    raise ValueError(f"the parameter tree has {len(flat_shapes)} leaves but "
+                     f"its logical axes name {len(flat_specs)}.")
+  for (path, leaf), spec in zip(flat_shapes, flat_specs):
+    mesh_spec = logical_to_mesh(spec, rules)
+    for dim, (size, logical, axis) in enumerate(
+        zip(leaf.shape, tuple(spec), tuple(mesh_spec))):
+      if axis is None:
+        continue
+      axes = axis if isinstance(axis, tuple) else (axis,)
+      parts = int(np.prod([mesh.shape[a] for a in axes]))
+      if size % parts:
+        raise ValueError(
+            f"parameter {_path_name(path)} has shape {tuple(leaf.shape)}: its "
+            f"dimension {dim} ({logical!r} -> mesh axis {axis!r}) of size "
+            f"{size} is not divisible by the {parts} devices on that axis. "
+            f"Choose a mesh whose {axis!r} size divides {size}.")
+
+
+def param_shardings(definition: Any, params: Any, mesh: Mesh, *,
+                    replicate: bool = False, rules=None) -> Any:
+  """NamedShardings for `params` of `definition` (checked for divisibility).
+
+  Definitions without `param_logical_axes` (n-gram and table models) and
+  `replicate=True` give fully replicated shardings.
+  """
+  if replicate or not hasattr(definition, "param_logical_axes"):
+    return jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
+  specs = definition.param_logical_axes()
+  check_divisible(params, specs, mesh, rules)
+  return jax.tree.map(
+      lambda spec: NamedSharding(mesh, logical_to_mesh(spec, rules)), specs,
+      is_leaf=lambda x: isinstance(x, P))
+
+
+def put(value: Any, sharding: NamedSharding) -> jax.Array:
+  """Places one host array with `sharding`, on one host or many.
+
+  Every process passes the same full value; each device receives only its
+  shard, so no device ever holds the full array of a sharded parameter.
+  """
+  value = np.asarray(value)
+  return jax.make_array_from_callback(value.shape, sharding,
+                                      lambda index: value[index])
+
+
+def shard_params(definition: Any, params: Any, mesh: Mesh, *,
+                 replicate: bool = False, rules=None) -> Any:
+  """Places `params` on `mesh` leaf by leaf (see `param_shardings`)."""
+  shardings = param_shardings(definition, params, mesh, replicate=replicate,
+                              rules=rules)
+  return jax.tree.map(put, params, shardings)
+
+
+def batch_sharding(mesh: Mesh, batch: int) -> NamedSharding:
+  """Rows over `data` when they divide evenly, else replicated rows."""
+  if batch % mesh.shape["data"] == 0:
+    return NamedSharding(mesh, P("data"))
+  return NamedSharding(mesh, P())
+
+
+def gather(tree: Any) -> Any:
+  """Device arrays -> host numpy, across processes when there are several."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    tree = multihost_utils.process_allgather(tree, tiled=True)
+  return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def maybe_initialize_distributed(enabled: bool = False, **kwargs) -> None:
+  """Calls `jax.distributed.initialize(**kwargs)` once, for multi-host pods.
+
+  On Cloud TPU the coordinator, process count and id are discovered
+  automatically, so no arguments are needed there.
+  """
+  if enabled and not getattr(maybe_initialize_distributed, "_done", False):
+    jax.distributed.initialize(**kwargs)
+    maybe_initialize_distributed._done = True
+
+
+def is_primary() -> bool:
+  """True on the process that writes results (process 0)."""
+  return jax.process_index() == 0
