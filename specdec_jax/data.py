@@ -1,0 +1,294 @@
+"""Examples for decoding: task data as plain numpy, padded into length buckets.
+
+`load_examples` runs a seqio task's TensorFlow pipeline once, up front, and
+keeps plain Python/numpy records, so no TensorFlow runs during (or competes
+with) the decode loop. `batches` then pads them into `Batch`es ready for
+`generate`: int32 input ids [batch, length], 0-padded on the right, each row
+ending in EOS (id 1). Row widths are rounded up to a small set of bucket
+lengths (powers of two by default) so the jitted decoder compiles one program
+per bucket instead of one per input length.
+
+Over-long inputs are truncated, not rejected: a row longer than `max_length`
+(by default the task's input feature length, 512 for the paper's tasks) keeps
+its first `max_length - 1` tokens and then EOS, the same rule as seqio's
+`append_eos_after_trim` that T5 evaluated with. `Batch.truncated` marks those
+rows. Only `load_examples` needs TensorFlow (through `specdec_jax.tasks`);
+the rest of this module is numpy.
+
+`iterate_examples(task, split)` does both steps:
+
+  for batch in iterate_examples("wmt14_ende_local", "test", batch_size=1):
+    tokens = generate(model, batch.input_ids, ...)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+PAD_ID = 0
+EOS_ID = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  """One task example, materialised.
+
+  Attributes:
+    id: the source's id, else the example's 0-based position in the split.
+    inputs: int32 [length], the full tokenized input ending in EOS (not
+      truncated; `batches` truncates).
+    targets: int32 [length], the tokenized reference ending in EOS.
+    inputs_text: the raw input, task prefix included.
+    targets_text: the raw reference, what metrics compare against.
+  """
+
+  id: str
+  inputs: np.ndarray
+  targets: np.ndarray
+  inputs_text: str
+  targets_text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+  """A padded batch of examples, ready for decoding.
+
+  Attributes:
+    input_ids: int32 [batch, bucket], 0-padded on the right; row i holds
+      `input_lengths[i]` tokens, the last of them EOS.
+    input_lengths: int32 [batch], tokens per row, EOS included.
+    truncated: bool [batch], whether the row was cut to `max_length`.
+    ids: [batch] example ids.
+    inputs_text: [batch] raw inputs (before any truncation).
+    targets_text: [batch] raw references.
+  """
+
+  input_ids: np.ndarray
+  input_lengths: np.ndarray
+  truncated: np.ndarray
+  ids: tuple[str, ...]
+  inputs_text: tuple[str, ...]
+  targets_text: tuple[str, ...]
+
+  def __len__(self) -> int:
+    return self.input_ids.shape[0]
+
+
+def default_buckets(max_length: int, smallest: int = 16) -> tuple[int, ...]:
+  """Powers of two from `smallest` up to `max_length`, and `max_length` itself.
+
+  Args:
+    max_length: the longest row a batch may hold.
+    smallest: the shortest bucket; shorter rows are padded to it.
+
+  Returns:
+    Sorted bucket lengths, e.g. (16, 32, 64, 128, 256, 512) for 512.
+  """
+  if max_length < 1 or smallest < 1:
+    raise ValueError(f"max_length ({max_length}) and smallest ({smallest}) "
+                     "must be positive.")
+  buckets, length = [], smallest
+  while length < max_length:
+    buckets.append(length)
+    length *= 2
+  return tuple(buckets) + (max_length,)
+
+
+def _check_buckets(buckets: Iterable[int]) -> tuple[int, ...]:
+  checked = tuple(sorted(set(int(b) for b in buckets)))
+  if not checked or checked[0] < 1:
+    raise ValueError(f"Bucket lengths must be positive integers, got "
+                     f"{list(buckets)}.")
+  return checked
+
+
+def bucket_length(length: int, buckets: Sequence[int]) -> int:
+  """The smallest bucket that holds `length` tokens."""
+  for bucket in _check_buckets(buckets):
+    if bucket >= length:
+      return bucket
+  raise ValueError(f"A row of {length} tokens exceeds the largest bucket "
+                   f"({max(buckets)}); add a larger bucket or truncate.")
+
+
+def _row(tokens: Sequence[int], max_length: int, index: int) -> list[int]:
+  """`tokens` ending in EOS, cut to `max_length` keeping EOS last."""
+  row = [int(t) for t in tokens]
+  if not row:
+    raise ValueError(f"Row {index} is empty; every input needs at least one "
+                     "token before EOS.")
+  if PAD_ID in row:
+    raise ValueError(f"Row {index} contains the pad id {PAD_ID}, which "
+                     "models read as padding: {row}")
+  if row[-1] != EOS_ID:
+    row.append(EOS_ID)
+  if len(row) > max_length:
+    row = row[:max_length - 1] + [EOS_ID]
+  return row
+
+
+def batch_examples(token_lists: Sequence[Sequence[int]],
+                   buckets: Sequence[int], *,
+                   max_length: int | None = None) -> np.ndarray:
+  """Pads token lists into one int32 [batch, bucket] array.
+
+  Each row gets EOS appended unless it already ends in EOS, is cut to
+  `max_length` tokens (the first `max_length - 1`, then EOS), and is
+  0-padded on the right to the smallest bucket holding the longest row.
+
+  Args:
+    token_lists: [batch] sequences of token ids (no pad ids).
+    buckets: allowed row widths.
+    max_length: longest row kept, EOS included; default the largest bucket.
+
+  Returns:
+    int32 [batch, bucket] input ids.
+  """
+  buckets = _check_buckets(buckets)
+  max_length = buckets[-1] if max_length is None else int(max_length)
+  if not 1 <= max_length <= buckets[-1]:
+    raise ValueError(f"max_length {max_length} must be in [1, largest bucket "
+                     f"{buckets[-1]}]; add a bucket of at least {max_length}.")
+  if len(token_lists) == 0:  # pylint: disable=g-explicit-length-test
+    raise ValueError("No token lists to batch.")
+  rows = [_row(t, max_length, i) for i, t in enumerate(token_lists)]
+  width = bucket_length(max(len(r) for r in rows), buckets)
+  ids = np.full((len(rows), width), PAD_ID, dtype=np.int32)
+  for i, row in enumerate(rows):
+    ids[i, :len(row)] = row
+  return ids
+
+
+def _check_batching(batch_size: int, buckets: Sequence[int] | None,
+                    max_length: int) -> tuple[int, ...]:
+  """Validated buckets (default `default_buckets(max_length)`)."""
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+  buckets = _check_buckets(
+      default_buckets(max_length) if buckets is None else buckets)
+  if not 1 <= max_length <= buckets[-1]:
+    raise ValueError(f"max_length {max_length} must be in [1, largest bucket "
+                     f"{buckets[-1]}]; add a bucket of at least {max_length}.")
+  return buckets
+
+
+def batches(examples: Sequence[Example], *, batch_size: int = 1,
+            buckets: Sequence[int] | None = None,
+            max_length: int) -> Iterator[Batch]:
+  """Splits `examples` in order into `Batch`es of `batch_size` rows.
+
+  The last batch holds the remainder and may be smaller. Arguments are
+  checked here, before the first batch is requested.
+
+  Args:
+    examples: the examples, e.g. from `load_examples`.
+    batch_size: rows per batch (1: one example at a time).
+    buckets: allowed row widths; default `default_buckets(max_length)`.
+    max_length: longest input row kept, EOS included.
+
+  Returns:
+    An iterator of batches.
+  """
+  buckets = _check_batching(batch_size, buckets, max_length)
+  if not examples:
+    raise ValueError("No examples to batch.")
+
+  def generator() -> Iterator[Batch]:
+    for start in range(0, len(examples), batch_size):
+      chunk = examples[start:start + batch_size]
+      input_ids = batch_examples([e.inputs for e in chunk], buckets,
+                                 max_length=max_length)
+      yield Batch(
+          input_ids=input_ids,
+          input_lengths=(input_ids != PAD_ID).sum(axis=1).astype(np.int32),
+          truncated=np.array([len(e.inputs) > max_length for e in chunk]),
+          ids=tuple(e.id for e in chunk),
+          inputs_text=tuple(e.inputs_text for e in chunk),
+          targets_text=tuple(e.targets_text for e in chunk))
+
+  return generator()
+
+
+def _text(value, ids: np.ndarray, vocab) -> str:
+  if value is None:
+    return vocab.decode([int(t) for t in ids if t != EOS_ID])
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def load_examples(task_name: str, split: str, *,
+                  max_examples: int | None = None) -> list[Example]:
+  """Runs a seqio task's pipeline and returns its examples as numpy.
+
+  Inputs and targets come back whole (seqio is asked for no sequence
+  length), ending in EOS; `batches` applies the truncation.
+
+  Args:
+    task_name: a registered seqio task, e.g. one of
+      `specdec_jax.tasks.FEATURE_LENGTHS`.
+    split: "train", "validation" or "test".
+    max_examples: keep only the first this many (None: all).
+
+  Returns:
+    The examples in the split's order.
+  """
+  # Only here does this module need TensorFlow; importing tasks registers them.
+  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+
+  if max_examples is not None and max_examples < 1:
+    raise ValueError(f"max_examples must be positive or None, got "
+                     f"{max_examples}.")
+  task = tasks.get_task(task_name)
+  vocab = task.output_features["inputs"].vocabulary
+  # Loading now raises a VocabularyError as it is; inside the tf.data map it
+  # would arrive wrapped in an autograph StagingError.
+  _ = vocab.vocab_size
+  dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False,
+                             trim_output_features=False,
+                             try_in_mem_cache=False)
+  if max_examples is not None:
+    dataset = dataset.take(max_examples)
+  examples = []
+  for index, record in enumerate(dataset.as_numpy_iterator()):
+    inputs = np.asarray(record["inputs"], dtype=np.int32)
+    targets = np.asarray(record["targets"], dtype=np.int32)
+    examples.append(Example(
+        id=_text(record.get("id", str(index)), inputs, vocab),
+        inputs=inputs, targets=targets,
+        inputs_text=_text(record.get("inputs_pretokenized"), inputs, vocab),
+        targets_text=_text(record.get("targets_pretokenized"), targets,
+                           task.output_features["targets"].vocabulary)))
+  if not examples:
+    raise ValueError(f"Task {task_name!r} split {split!r} has no examples.")
+  return examples
+
+
+def iterate_examples(task_name: str, split: str, *, batch_size: int = 1,
+                     buckets: Sequence[int] | None = None,
+                     max_length: int | None = None,
+                     max_examples: int | None = None) -> Iterator[Batch]:
+  """Loads a task split up front and iterates it in padded batches.
+
+  Args:
+    task_name: a registered seqio task.
+    split: the split to read.
+    batch_size: rows per batch (1: one example at a time).
+    buckets: allowed row widths; default powers of two from 16 up to
+      `max_length`.
+    max_length: longest input row, EOS included; longer inputs are truncated
+      keeping EOS last. Default the task's input feature length
+      (`specdec_jax.tasks.FEATURE_LENGTHS`).
+    max_examples: read only the first this many examples.
+
+  Returns:
+    An iterator of `Batch`es in the split's order.
+  """
+  if max_length is None:
+    from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+    max_length = tasks.feature_lengths(task_name)["inputs"]
+  _check_batching(batch_size, buckets, max_length)  # Fail before loading.
+  examples = load_examples(task_name, split, max_examples=max_examples)
+  return batches(examples, batch_size=batch_size, buckets=buckets,
+                 max_length=max_length)

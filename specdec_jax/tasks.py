@@ -1,0 +1,457 @@
+"""seqio tasks for the paper's benchmarks, WMT EnDe and CNN/DM, online or off.
+
+Importing this module registers these seqio tasks:
+
+- `wmt14_ende`: TFDS `wmt14_translate/de-en:1.0.0`; test is newstest2014.
+- `wmt_t2t_ende`: TFDS `wmt_t2t_translate/de-en:1.0.0`, T5's EnDe data;
+  validation is newstest2013, test newstest2014.
+- `cnn_dailymail`: TFDS `cnn_dailymail:3.4.0`.
+- `wmt14_ende_local`: aligned `.en`/`.de` text files, one segment a line;
+  by default the test split is newstest2014.dev100 from the shared data.
+- `multi30k_ende_local`: the same reader over Multi30k train/validation, the
+  data the tiny demo models fit on a CPU.
+- `cnn_dailymail_local`: JSONL with `article`, `highlights` (and `id`); by
+  default the test split is cnndm_test_frank250.dev100.jsonl.
+
+Every task produces T5's text-to-text format: `inputs` is
+"translate English to German: {en}" or "summarize: {article}", `targets` the
+German reference or the highlights. Both are tokenized with the T5
+SentencePiece vocabulary (32000 pieces + 100 extra ids; pad 0, EOS 1) and end
+in EOS; the raw strings stay in `inputs_pretokenized`/`targets_pretokenized`
+(seqio's convention), and an `id` feature is kept where the source has one.
+
+Where the data and the vocabulary live is a `TaskConfig`, bound with gin
+(`TaskConfig.vocab_path = '...'`) or set from Python (`set_config`,
+`override_config`). It is read when a dataset or the vocabulary is first used,
+not at import, so bindings parsed after this module was imported still apply.
+Nothing here downloads: an unprepared TFDS dataset is an error that says how to
+prepare it, and the `*_local` tasks read plain files.
+
+`FEATURE_LENGTHS` holds the lengths each task is meant to be decoded with;
+`specdec_jax.data` truncates inputs to them. TensorFlow and seqio are imported
+here and in nothing the core library imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import gin
+import seqio
+import tensorflow as tf
+
+from specdec_jax import metrics
+
+DEFAULT_VOCAB_PATH = (
+    "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model")
+NUM_EXTRA_IDS = 100
+TRANSLATE_PREFIX = "translate English to German: "
+SUMMARIZE_PREFIX = "summarize: "
+SHARED_DATA_ENV = "SPECDEC_SHARED_DATA"
+
+WMT14_ENDE = "wmt14_ende"
+WMT_T2T_ENDE = "wmt_t2t_ende"
+CNN_DAILYMAIL = "cnn_dailymail"
+WMT14_ENDE_LOCAL = "wmt14_ende_local"
+MULTI30K_ENDE_LOCAL = "multi30k_ende_local"
+CNN_DAILYMAIL_LOCAL = "cnn_dailymail_local"
+
+_SPLITS = ("train", "validation", "test")
+
+# T5 fine-tuned and evaluated both WMT EnDe and CNN/DM with 512 input and 512
+# target tokens (t5/models/gin/sequence_lengths/{wmt_t2t_ende_v003,
+# cnn_dailymail_v002}.gin). Inputs longer than 512 are truncated keeping EOS
+# last: no newstest2014 sentence comes close, but most CNN/DM articles do (81
+# of the 100 dev articles), exactly as in T5's own evaluation. The target
+# length only bounds the reference token ids; the paper does not cut outputs
+# short, so decode with max_decode_len = 512 and let EOS end each row (the
+# longest dev reference is 83 tokens before EOS for EnDe, 232 for CNN/DM).
+# Multi30k captions are short (at most 63 input and 74 target tokens with
+# EOS), so 128 truncates nothing and keeps the tiny demo models' buffers small.
+FEATURE_LENGTHS: Mapping[str, Mapping[str, int]] = {
+    WMT14_ENDE: {"inputs": 512, "targets": 512},
+    WMT_T2T_ENDE: {"inputs": 512, "targets": 512},
+    CNN_DAILYMAIL: {"inputs": 512, "targets": 512},
+    WMT14_ENDE_LOCAL: {"inputs": 512, "targets": 512},
+    MULTI30K_ENDE_LOCAL: {"inputs": 128, "targets": 128},
+    CNN_DAILYMAIL_LOCAL: {"inputs": 512, "targets": 512},
+}
+
+
+class VocabularyError(OSError):
+  """The SentencePiece vocabulary file could not be read or parsed."""
+
+
+class TfdsNotPreparedError(FileNotFoundError):
+  """A TFDS dataset has not been downloaded and prepared in the data dir."""
+
+
+def default_local_data_dir() -> Path:
+  """`$SPECDEC_SHARED_DATA`, else the `shared/data` folder beside the repo."""
+  if os.environ.get(SHARED_DATA_ENV):
+    return Path(os.environ[SHARED_DATA_ENV])
+  return Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+  """Where the tasks find their vocabulary and data.
+
+  Relative local paths resolve against `local_data_dir`; absolute paths and
+  `gs://` paths are used as they are.
+
+  Attributes:
+    vocab_path: the T5 SentencePiece model (cc_all.32000; the 100 extra ids
+      are added on load).
+    tfds_data_dir: the TFDS data dir holding prepared datasets. None: seqio's
+      override (t5x's --tfds_data_dir) or TFDS's default ($TFDS_DATA_DIR or
+      ~/tensorflow_datasets).
+    local_data_dir: base of relative local paths. None:
+      `default_local_data_dir()`.
+    wmt_ende_files: split -> path prefix of aligned `<prefix>.en` and
+      `<prefix>.de` files (one segment a line) for `wmt14_ende_local`.
+    multi30k_files: the same for `multi30k_ende_local`.
+    cnndm_files: split -> JSONL file, one object a line with string fields
+      `article` and `highlights` (and optionally `id`), for
+      `cnn_dailymail_local`.
+  """
+
+  vocab_path: str = DEFAULT_VOCAB_PATH
+  tfds_data_dir: str | None = None
+  local_data_dir: str | None = None
+  wmt_ende_files: Mapping[str, str] = dataclasses.field(
+      default_factory=lambda: {"test": "newstest2014.dev100"})
+  multi30k_files: Mapping[str, str] = dataclasses.field(
+      default_factory=lambda: {"train": "multi30k.train",
+                               "validation": "multi30k.val"})
+  cnndm_files: Mapping[str, str] = dataclasses.field(
+      default_factory=lambda: {"test": "cnndm_test_frank250.dev100.jsonl"})
+
+  def resolve(self, path: str) -> str:
+    """`path` made absolute against `local_data_dir` unless it already is."""
+    if "://" in path or os.path.isabs(path):
+      return path
+    base = self.local_data_dir or str(default_local_data_dir())
+    return os.path.join(base, path)
+
+
+_config_override: TaskConfig | None = None
+
+
+def current_config() -> TaskConfig:
+  """The config in force: the one `set_config` installed, else gin's."""
+  return _config_override if _config_override is not None else TaskConfig()
+
+
+def set_config(config: TaskConfig | None) -> TaskConfig | None:
+  """Installs `config` for every task (None: back to gin); returns the old."""
+  global _config_override
+  previous, _config_override = _config_override, config
+  return previous
+
+
+@contextlib.contextmanager
+def override_config(**changes: Any) -> Iterator[TaskConfig]:
+  """Within the block, `current_config()` with `changes` applied."""
+  config = dataclasses.replace(current_config(), **changes)
+  previous = set_config(config)
+  try:
+    yield config
+  finally:
+    set_config(previous)
+
+
+# ------------------------------- vocabulary ----------------------------------
+
+
+def _vocabulary_error(path: str, error: Exception) -> VocabularyError:
+  local_copy = default_local_data_dir() / "t5" / "spiece.model"
+  hint = (f" A local copy of the T5 vocabulary is at {local_copy}."
+          if local_copy.exists() else "")
+  return VocabularyError(
+      f"Could not load the SentencePiece vocabulary from {path!r} "
+      f"({type(error).__name__}: {error}). Point the tasks at a readable copy "
+      "of the T5 vocabulary (cc_all.32000): in gin "
+      "`TaskConfig.vocab_path = '/path/to/spiece.model'` (or the flag "
+      "--gin.TaskConfig.vocab_path=\"'/path/to/spiece.model'\"), in Python "
+      "`tasks.set_config(tasks.TaskConfig(vocab_path=...))` or "
+      f"`tasks.get_vocabulary(path)`.{hint}")
+
+
+class _T5Vocabulary(seqio.SentencePieceVocabulary):
+  """A SentencePieceVocabulary whose file is looked up when it first loads.
+
+  With no fixed path it follows `current_config().vocab_path`, so the tasks
+  registered at import honour a vocabulary configured afterwards; if the
+  configured path changes, the next use loads the new file. A file that does
+  not load raises `VocabularyError` naming the path and the fix.
+  """
+
+  def __init__(self, path: str | None):
+    super().__init__(path or "", extra_ids=NUM_EXTRA_IDS)
+    self._fixed_path = path
+
+  @property
+  def sentencepiece_model_file(self) -> str:
+    return self._fixed_path or current_config().vocab_path
+
+  def _model_context(self):
+    path = self.sentencepiece_model_file
+    if self._model is None or self._sentencepiece_model_file != path:
+      self._model = None
+      self._sentencepiece_model_file = path
+      try:
+        super()._model_context()
+      except Exception as e:  # tf.errors, protobuf and sentencepiece errors.
+        raise _vocabulary_error(path, e) from e
+    return self._model
+
+
+_CONFIGURED_VOCABULARY = _T5Vocabulary(None)
+
+
+def get_vocabulary(path: str | None = None) -> seqio.SentencePieceVocabulary:
+  """The T5 vocabulary (100 extra ids), loaded lazily on first use.
+
+  Args:
+    path: a SentencePiece model file. None: `current_config().vocab_path`,
+      looked up at each load (the vocabulary every task here uses).
+
+  Returns:
+    A seqio vocabulary: pad 0, EOS 1, UNK 2, `vocab_size` 32100 for T5. Its
+    first use raises `VocabularyError` if the file does not load.
+  """
+  return _CONFIGURED_VOCABULARY if path is None else _T5Vocabulary(path)
+
+
+def _output_features() -> dict[str, seqio.Feature]:
+  vocab = get_vocabulary()
+  return {"inputs": seqio.Feature(vocab, add_eos=True),
+          "targets": seqio.Feature(vocab, add_eos=True)}
+
+
+# ------------------------------ preprocessors --------------------------------
+
+
+def _with_id(example: Mapping[str, tf.Tensor], out: dict[str, tf.Tensor]):
+  if "id" in example:
+    out["id"] = example["id"]
+  return out
+
+
+@seqio.map_over_dataset
+def translate_en_to_de(
+    example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+  """{'en', 'de'[, 'id']} -> {'inputs': prefix + en, 'targets': de[, 'id']}."""
+  return _with_id(example, {
+      "inputs": tf.strings.join([TRANSLATE_PREFIX, example["en"]]),
+      "targets": example["de"]})
+
+
+@seqio.map_over_dataset
+def summarize_article(
+    example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+  """{'article', 'highlights'[, 'id']} -> {'inputs', 'targets'[, 'id']}."""
+  return _with_id(example, {
+      "inputs": tf.strings.join([SUMMARIZE_PREFIX, example["article"]]),
+      "targets": example["highlights"]})
+
+
+_TOKENIZE_AND_EOS = (seqio.preprocessors.tokenize,
+                     seqio.preprocessors.append_eos_after_trim)
+
+# ------------------------------- TFDS sources --------------------------------
+
+
+class _TfdsSource(seqio.TfdsDataSource):
+  """A TFDS source that reads `TaskConfig.tfds_data_dir` when it loads.
+
+  It never downloads (read_only), and an unprepared dataset raises
+  `TfdsNotPreparedError` with the command that prepares it.
+  """
+
+  def __init__(self, tfds_name: str, offline_task: str):
+    super().__init__(tfds_name=tfds_name, splits=_SPLITS, read_only=True)
+    self._tfds_name = tfds_name
+    self._offline_task = offline_task
+    self._loaders: dict[str | None, seqio.LazyTfdsLoader] = {}
+
+  @property
+  def tfds_dataset(self) -> seqio.LazyTfdsLoader:
+    data_dir = current_config().tfds_data_dir
+    if data_dir not in self._loaders:
+      self._loaders[data_dir] = seqio.LazyTfdsLoader(
+          self._tfds_name, data_dir=data_dir,
+          split_map={s: s for s in _SPLITS}, read_only=True)
+    return self._loaders[data_dir]
+
+  def _not_prepared(self, split: str, error: Exception) -> TfdsNotPreparedError:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    data_dir = self.tfds_dataset.data_dir or tfds.core.constants.DATA_DIR
+    return TfdsNotPreparedError(
+        f"TFDS dataset {self._tfds_name!r} (split {split!r}) is not prepared "
+        f"in {data_dir} ({type(error).__name__}: {error}). Prepare it once "
+        f"on a machine with network access: `tfds build {self._tfds_name} "
+        f"--data_dir={data_dir}`, then point the tasks at that dir: gin "
+        "`TaskConfig.tfds_data_dir = '<dir>'`, t5x's --tfds_data_dir, or "
+        f"$TFDS_DATA_DIR. Offline, use the task {self._offline_task!r} on "
+        "local files instead.")
+
+  def get_dataset(self, split=None, shuffle=True, seed=None, shard_info=None,
+                  **kwargs) -> tf.data.Dataset:
+    split = split or "train"
+    try:
+      return super().get_dataset(split, shuffle, seed, shard_info, **kwargs)
+    except (AssertionError, KeyError, OSError, tf.errors.OpError) as e:
+      raise self._not_prepared(split, e) from e
+
+  def num_input_examples(self, split: str) -> int | None:
+    try:
+      return super().num_input_examples(split)
+    except (AssertionError, KeyError, OSError, tf.errors.OpError) as e:
+      raise self._not_prepared(split, e) from e
+
+
+# ------------------------------- local sources -------------------------------
+
+
+def _split_path(task: str, field: str, split: str) -> str:
+  config = current_config()
+  files = getattr(config, field)
+  if split not in files:
+    raise ValueError(
+        f"Task {task!r} has no file configured for split {split!r} "
+        f"(configured: {sorted(files)}). Set `TaskConfig.{field}`, e.g. in gin "
+        f"`TaskConfig.{field} = {{'{split}': '/path/to/file'}}`.")
+  return config.resolve(files[split])
+
+
+def _read_text(path: str, task: str, field: str) -> str:
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(
+        f"Local data file not found: {path} (task {task!r}). Create it, or "
+        f"point `TaskConfig.{field}` (or `TaskConfig.local_data_dir`, or "
+        f"${SHARED_DATA_ENV}) at an existing file.")
+  with tf.io.gfile.GFile(path, "rb") as f:
+    return f.read().decode("utf-8")
+
+
+def _lines(path: str, task: str, field: str) -> list[str]:
+  """One segment a line, surrounding whitespace (and '\\r') trimmed."""
+  # str.splitlines would also split on U+2028 and friends inside a segment.
+  lines = _read_text(path, task, field).split("\n")
+  if lines[-1] == "":  # The file's final newline ends a line, not starts one.
+    lines.pop()
+  if not lines:
+    raise ValueError(f"Local data file {path} (task {task!r}) is empty.")
+  return [line.strip() for line in lines]
+
+
+def _parallel_text_fn(task: str, field: str) -> Callable[..., tf.data.Dataset]:
+  """A seqio dataset_fn over aligned `<prefix>.en`/`<prefix>.de` files."""
+
+  def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
+    del shuffle_files  # One file a language: nothing to shuffle.
+    prefix = _split_path(task, field, split)
+    en = _lines(prefix + ".en", task, field)
+    de = _lines(prefix + ".de", task, field)
+    if len(en) != len(de):
+      raise ValueError(
+          f"Misaligned parallel files for task {task!r}: {prefix}.en has "
+          f"{len(en)} lines but {prefix}.de has {len(de)}.")
+    ids = [str(i) for i in range(len(en))]
+    return tf.data.Dataset.from_tensor_slices({"en": en, "de": de, "id": ids})
+
+  return dataset_fn
+
+
+def _jsonl_fn(task: str, field: str) -> Callable[..., tf.data.Dataset]:
+  """A seqio dataset_fn over a JSONL file of articles and highlights."""
+
+  def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
+    del shuffle_files
+    path = _split_path(task, field, split)
+    rows = {"article": [], "highlights": [], "id": []}
+    for number, line in enumerate(_lines(path, task, field), start=1):
+      if not line:
+        continue
+      try:
+        record = json.loads(line)
+        article, highlights = record["article"], record["highlights"]
+        if not (isinstance(article, str) and isinstance(highlights, str)):
+          raise TypeError("'article' and 'highlights' must be strings")
+      except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"{path} line {number} (task {task!r}) is not a JSON object with "
+            f"string fields 'article' and 'highlights': {e!r}") from e
+      # Without an id, a record is known by its position among the records.
+      rows["id"].append(str(record.get("id", len(rows["id"]))))
+      rows["article"].append(article)
+      rows["highlights"].append(highlights)
+    if not rows["id"]:
+      raise ValueError(f"Local data file {path} (task {task!r}) is empty.")
+    return tf.data.Dataset.from_tensor_slices(rows)
+
+  return dataset_fn
+
+
+# ------------------------------- registration --------------------------------
+
+
+def _register(name: str, source: seqio.DataSource, text_preprocessor,
+              metric_fn) -> None:
+  # Re-importing (e.g. importlib.reload in a notebook) must not fail on the
+  # duplicate name.
+  if name in seqio.TaskRegistry.names():
+    seqio.TaskRegistry.remove(name)
+  seqio.TaskRegistry.add(
+      name, source=source, output_features=_output_features(),
+      preprocessors=[text_preprocessor, *_TOKENIZE_AND_EOS],
+      metric_fns=[metric_fn])
+
+
+def _register_all() -> None:
+  _register(WMT14_ENDE, _TfdsSource("wmt14_translate/de-en:1.0.0",
+                                    WMT14_ENDE_LOCAL),
+            translate_en_to_de, metrics.bleu)
+  _register(WMT_T2T_ENDE, _TfdsSource("wmt_t2t_translate/de-en:1.0.0",
+                                      WMT14_ENDE_LOCAL),
+            translate_en_to_de, metrics.bleu)
+  _register(CNN_DAILYMAIL, _TfdsSource("cnn_dailymail:3.4.0",
+                                       CNN_DAILYMAIL_LOCAL),
+            summarize_article, metrics.rouge)
+  for name, field, fn, prep, metric_fn in (
+      (WMT14_ENDE_LOCAL, "wmt_ende_files", _parallel_text_fn,
+       translate_en_to_de, metrics.bleu),
+      (MULTI30K_ENDE_LOCAL, "multi30k_files", _parallel_text_fn,
+       translate_en_to_de, metrics.bleu),
+      (CNN_DAILYMAIL_LOCAL, "cnndm_files", _jsonl_fn, summarize_article,
+       metrics.rouge)):
+    source = seqio.FunctionDataSource(fn(name, field), splits=_SPLITS)
+    _register(name, source, prep, metric_fn)
+
+
+_register_all()
+
+
+def get_task(name: str) -> seqio.Task:
+  """The registered seqio task `name` (one of FEATURE_LENGTHS or any other)."""
+  try:
+    return seqio.get_mixture_or_task(name)
+  except ValueError as e:
+    raise ValueError(f"Unknown task {name!r}; this module registers "
+                     f"{sorted(FEATURE_LENGTHS)}. ({e})") from e
+
+
+def feature_lengths(name: str) -> Mapping[str, int]:
+  """{'inputs': L_in, 'targets': L_out} for a task registered here."""
+  if name not in FEATURE_LENGTHS:
+    raise ValueError(f"No feature lengths for task {name!r}; known: "
+                     f"{sorted(FEATURE_LENGTHS)}. Pass lengths explicitly.")
+  return FEATURE_LENGTHS[name]

@@ -1,0 +1,336 @@
+"""Tests for specdec_jax.tasks and the task-backed half of specdec_jax.data.
+
+Offline throughout: the TFDS tasks are exercised by running their
+preprocessors on in-memory datasets with the TFDS features, the local tasks on
+files written here. Core tests use a tiny SentencePiece model trained in the
+test (T5's special ids: pad 0, EOS 1, UNK 2, no BOS). Tests that need the real
+T5 vocabulary or the shared dev data read them from SPECDEC_SHARED_DATA or
+../shared/data and are skipped when it is absent.
+"""
+
+import io
+import json
+import os
+from pathlib import Path
+import random
+import string
+
+import gin
+import numpy as np
+import pytest
+import sentencepiece as spm
+import seqio
+import tensorflow as tf
+
+from specdec_jax import data
+from specdec_jax import tasks
+
+SHARED = Path(os.environ.get("SPECDEC_SHARED_DATA")
+              or Path(__file__).resolve().parents[2] / "shared" / "data")
+T5_VOCAB = SHARED / "t5" / "spiece.model"
+needs_shared = pytest.mark.skipif(
+    not (T5_VOCAB.exists() and (SHARED / "newstest2014.dev100.en").exists()),
+    reason=f"shared data not found at {SHARED}")
+
+HOUSE = "The house is wonderful."
+HOUSE_IDS = [13959, 1566, 12, 2968, 10, 37, 629, 19, 1627, 5]  # PROVENANCE.md
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab(tmp_path_factory):
+  """Path of a 200-piece BPE SentencePiece model covering printable ASCII.
+
+  The task prefixes and the words below are single pieces, so the lengths the
+  tests rely on are easy to count: "translate English to German: the house is
+  wonderful" is 9 pieces.
+  """
+  rng = random.Random(0)
+  words = ("the a house is wonderful cat sat on mat news today article das "
+           "Haus ist wunderbar Katze auf der Matte").split()
+  prefixes = (tasks.TRANSLATE_PREFIX, tasks.SUMMARIZE_PREFIX, "")
+  lines = [rng.choice(prefixes) + " ".join(
+      rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(300)]
+  lines.append(" ".join(string.ascii_letters + string.digits +
+                        string.punctuation))
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(lines), model_writer=model, vocab_size=200,
+      model_type="bpe", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+      hard_vocab_limit=False, character_coverage=1.0, minloglevel=2)
+  path = tmp_path_factory.mktemp("vocab") / "tiny.model"
+  path.write_bytes(model.getvalue())
+  return str(path)
+
+
+def _write_parallel(tmp_path, en, de, name="corpus"):
+  (tmp_path / f"{name}.en").write_text("".join(f"{s}\n" for s in en), "utf-8")
+  (tmp_path / f"{name}.de").write_text("".join(f"{s}\n" for s in de), "utf-8")
+  return str(tmp_path / name)
+
+
+def _preprocess(task_name, features, sequence_length):
+  """Runs a registered task's preprocessors on in-memory examples."""
+  task = seqio.get_mixture_or_task(task_name)
+  ds = tf.data.Dataset.from_tensor_slices(features)
+  ds = task.preprocess_precache(ds)
+  ds = task.preprocess_postcache(ds, sequence_length=sequence_length)
+  return list(ds.as_numpy_iterator())
+
+
+def test_tasks_registered_with_tfds_sources_and_lengths():
+  """Importing the module registers the six tasks; the TFDS ones read the
+  datasets and versions the paper's T5 setup used; lengths are T5's."""
+  names = set(seqio.TaskRegistry.names())
+  assert set(tasks.FEATURE_LENGTHS) <= names
+  sources = {tasks.WMT14_ENDE: "wmt14_translate/de-en:1.0.0",
+             tasks.WMT_T2T_ENDE: "wmt_t2t_translate/de-en:1.0.0",
+             tasks.CNN_DAILYMAIL: "cnn_dailymail:3.4.0"}
+  for name, tfds_name in sources.items():
+    task = seqio.get_mixture_or_task(name)
+    assert task.source.tfds_dataset.name == tfds_name
+    assert tasks.feature_lengths(name) == {"inputs": 512, "targets": 512}
+    assert set(task.output_features) == {"inputs", "targets"}
+  assert tasks.feature_lengths(tasks.MULTI30K_ENDE_LOCAL)["inputs"] == 128
+  with pytest.raises(ValueError, match="No feature lengths"):
+    tasks.feature_lengths("no_such_task")
+
+
+@pytest.mark.parametrize("name", [tasks.WMT14_ENDE, tasks.WMT_T2T_ENDE])
+def test_wmt_preprocessing_on_tfds_features(tiny_vocab, name):
+  """TFDS Translation examples {'de', 'en'} become T5 EnDe inputs/targets:
+  prefixed text, tokens ending in EOS, trimmed to the sequence length with
+  EOS kept last."""
+  features = {"de": ["das Haus ist wunderbar", "der Hund"],
+              "en": ["the house is wonderful", "the dog sat on the mat " * 5]}
+  with tasks.override_config(vocab_path=tiny_vocab):
+    vocab = tasks.get_vocabulary()
+    out = _preprocess(name, features, {"inputs": 16, "targets": 16})
+  assert out[0]["inputs_pretokenized"] == (
+      b"translate English to German: the house is wonderful")
+  assert out[0]["targets_pretokenized"] == b"das Haus ist wunderbar"
+  for ex in out:
+    for key in ("inputs", "targets"):
+      assert ex[key][-1] == 1 and len(ex[key]) <= 16
+  with tasks.override_config(vocab_path=tiny_vocab):
+    assert vocab.decode(out[0]["inputs"][:-1].tolist()) == (
+        "translate English to German: the house is wonderful")
+  assert len(out[1]["inputs"]) == 16  # The long input was trimmed.
+
+
+def test_cnndm_preprocessing_on_tfds_features(tiny_vocab):
+  """TFDS cnn_dailymail 3.4.0 examples become 'summarize: {article}' ->
+  highlights; the id survives and unused features (publisher) are dropped."""
+  features = {"article": ["the cat sat on the mat today"],
+              "highlights": ["cat sat"], "id": ["abc123"],
+              "publisher": ["cnn"]}
+  with tasks.override_config(vocab_path=tiny_vocab):
+    (ex,) = _preprocess(tasks.CNN_DAILYMAIL, features,
+                        {"inputs": 512, "targets": 512})
+  assert ex["inputs_pretokenized"] == b"summarize: the cat sat on the mat today"
+  assert ex["targets_pretokenized"] == b"cat sat"
+  assert ex["id"] == b"abc123"
+  assert "publisher" not in ex
+
+
+@pytest.mark.parametrize("name,tfds_name,local", [
+    (tasks.WMT14_ENDE, "wmt14_translate/de-en:1.0.0", tasks.WMT14_ENDE_LOCAL),
+    (tasks.CNN_DAILYMAIL, "cnn_dailymail:3.4.0", tasks.CNN_DAILYMAIL_LOCAL)])
+def test_unprepared_tfds_data_says_how_to_prepare_it(tmp_path, tiny_vocab,
+                                                     name, tfds_name, local):
+  """A TFDS task whose data was never built fails at once (no download) and
+  names the data dir, the `tfds build` command and the offline task."""
+  with tasks.override_config(vocab_path=tiny_vocab,
+                             tfds_data_dir=str(tmp_path)):
+    with pytest.raises(tasks.TfdsNotPreparedError) as info:
+      data.load_examples(name, "test")
+  message = str(info.value)
+  assert f"tfds build {tfds_name} --data_dir={tmp_path}" in message
+  assert "TaskConfig.tfds_data_dir" in message and repr(local) in message
+
+
+def test_local_parallel_text_task(tmp_path, tiny_vocab):
+  """Aligned .en/.de lines become examples in file order with line-number
+  ids; token ids decode back to the text; batches use the promised buckets."""
+  en = ["the cat sat on the mat", "a house", "the dog is wonderful " * 10]
+  de = ["die Katze auf der Matte\r", "ein Haus", "der Hund"]  # CRLF trimmed.
+  prefix = _write_parallel(tmp_path, en, de)
+  with tasks.override_config(vocab_path=tiny_vocab,
+                             wmt_ende_files={"test": prefix}):
+    examples = data.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    batches = list(data.iterate_examples(
+        tasks.WMT14_ENDE_LOCAL, "test", batch_size=2, buckets=(8, 16, 32),
+        max_length=32))
+    vocab = tasks.get_vocabulary()
+    assert [vocab.decode(e.inputs[:-1].tolist()) for e in examples] == [
+        e.inputs_text for e in examples]
+  assert [e.id for e in examples] == ["0", "1", "2"]
+  assert examples[0].inputs_text == f"{tasks.TRANSLATE_PREFIX}{en[0]}"
+  assert [e.targets_text for e in examples] == [d.strip() for d in de]
+  assert all(e.inputs[-1] == 1 and e.targets[-1] == 1 for e in examples)
+  assert [b.input_ids.shape[1] for b in batches] == [16, 32]
+  assert [len(b) for b in batches] == [2, 1]
+  assert batches[1].truncated.tolist() == [True]
+  assert batches[1].input_ids[0, -1] == 1
+  assert batches[0].input_ids.dtype == np.int32
+
+
+def test_local_jsonl_task(tmp_path, tiny_vocab):
+  """JSONL rows become 'summarize:' examples; ids come from the 'id' field
+  or, without one, the row number; the max_examples cap is honoured."""
+  path = tmp_path / "cnndm.jsonl"
+  rows = [{"id": "x1", "article": "the cat sat", "highlights": "cat"},
+          {"article": "a house", "highlights": "house", "url": "u"},
+          {"id": "x3", "article": "news", "highlights": "today"}]
+  path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", "utf-8")
+  with tasks.override_config(vocab_path=tiny_vocab,
+                             cnndm_files={"test": str(path)}):
+    examples = data.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
+    first = data.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test",
+                               max_examples=1)
+  assert [e.id for e in examples] == ["x1", "1", "x3"]
+  assert examples[0].inputs_text == "summarize: the cat sat"
+  assert [e.targets_text for e in examples] == ["cat", "house", "today"]
+  assert [e.id for e in first] == ["x1"]
+
+
+def test_local_data_errors_name_the_file(tmp_path, tiny_vocab):
+  """Missing files, unconfigured splits, misaligned files and malformed
+  JSONL raise errors that say which file or setting to fix."""
+  with tasks.override_config(vocab_path=tiny_vocab,
+                             local_data_dir=str(tmp_path)):
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.en"):
+      with tasks.override_config(wmt_ende_files={"test": "nowhere"}):
+        data.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    with pytest.raises(ValueError, match="TaskConfig.multi30k_files"):
+      with tasks.override_config(multi30k_files={}):
+        data.load_examples(tasks.MULTI30K_ENDE_LOCAL, "test")
+    prefix = _write_parallel(tmp_path, ["a", "b"], ["a"], name="skew")
+    with pytest.raises(ValueError, match="Misaligned.*2 lines.*1"):
+      with tasks.override_config(wmt_ende_files={"test": prefix}):
+        data.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    (tmp_path / "bad.jsonl").write_text('{"article": "a"}\n', "utf-8")
+    with pytest.raises(ValueError, match=r"bad\.jsonl line 1"):
+      with tasks.override_config(cnndm_files={"test": "bad.jsonl"}):
+        data.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
+
+
+def test_vocabulary_that_does_not_load(tmp_path):
+  """A missing or corrupt vocabulary file raises VocabularyError naming the
+  path and the setting to change, also through a task's pipeline."""
+  garbage = tmp_path / "garbage.model"
+  garbage.write_bytes(b"\x00 this is not a sentencepiece model")
+  for path in (str(tmp_path / "missing.model"), str(garbage)):
+    with pytest.raises(tasks.VocabularyError) as info:
+      tasks.get_vocabulary(path).encode("hello")
+    assert path in str(info.value)
+    assert "TaskConfig.vocab_path" in str(info.value)
+  prefix = _write_parallel(tmp_path, ["a"], ["b"])
+  with tasks.override_config(vocab_path=str(garbage),
+                             wmt_ende_files={"test": prefix}):
+    with pytest.raises(tasks.VocabularyError, match="garbage.model"):
+      data.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+
+
+def test_configured_vocabulary_follows_the_config(tmp_path, tiny_vocab):
+  """The tasks' shared vocabulary reads the config when it loads, so a path
+  set after import (or changed later) is the one used."""
+  vocab = tasks.get_vocabulary()
+  with tasks.override_config(vocab_path=tiny_vocab):
+    assert vocab.sentencepiece_model_file == tiny_vocab
+    size = vocab.vocab_size
+  assert size == spm.SentencePieceProcessor(model_file=tiny_vocab
+                                            ).get_piece_size() + 100
+  with tasks.override_config(vocab_path=str(tmp_path / "other.model")):
+    with pytest.raises(tasks.VocabularyError, match="other.model"):
+      vocab.encode("x")
+
+
+def test_gin_binds_task_config():
+  """TaskConfig is a gin configurable: a binding changes current_config(),
+  in plain and in dynamic-registration gin files."""
+  try:
+    gin.parse_config("TaskConfig.vocab_path = '/v/a.model'")
+    assert tasks.current_config().vocab_path == "/v/a.model"
+    gin.clear_config()
+    gin.parse_config("\n".join([
+        "from __gin__ import dynamic_registration",
+        "from specdec_jax import tasks",
+        "tasks.TaskConfig.tfds_data_dir = '/tfds'"]))
+    assert tasks.current_config().tfds_data_dir == "/tfds"
+    assert tasks.current_config().vocab_path == tasks.DEFAULT_VOCAB_PATH
+  finally:
+    gin.clear_config()
+
+
+def test_batch_truncation_matches_seqio(tmp_path, tiny_vocab):
+  """`batches` truncates exactly as seqio does when the task is read with a
+  sequence length (append_eos_after_trim): same ids, EOS last."""
+  prefix = _write_parallel(tmp_path, ["the cat sat on the mat " * 6, "a"],
+                           ["x", "y"])
+  with tasks.override_config(vocab_path=tiny_vocab,
+                             wmt_ende_files={"test": prefix}):
+    task = seqio.get_mixture_or_task(tasks.WMT14_ENDE_LOCAL)
+    seqio_rows = [ex["inputs"] for ex in task.get_dataset(
+        {"inputs": 12, "targets": 12}, split="test",
+        shuffle=False).as_numpy_iterator()]
+    (batch,) = data.iterate_examples(tasks.WMT14_ENDE_LOCAL, "test",
+                                     batch_size=2, max_length=12)
+  for row, length, expected in zip(batch.input_ids, batch.input_lengths,
+                                   seqio_rows):
+    np.testing.assert_array_equal(row[:length], expected)
+  assert batch.truncated.tolist() == [True, False]
+
+
+@needs_shared
+def test_t5_vocabulary_matches_reference_ids(tmp_path):
+  """The real T5 vocabulary through the EnDe pipeline gives the token ids
+  PROVENANCE.md records for the prefix sentence, then EOS 1."""
+  prefix = _write_parallel(tmp_path, [HOUSE], ["Das Haus ist wunderbar."])
+  with tasks.override_config(vocab_path=str(T5_VOCAB),
+                             wmt_ende_files={"test": prefix}):
+    (example,) = data.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    vocab = tasks.get_vocabulary()
+    assert vocab.vocab_size == 32100
+    assert vocab.decode(example.inputs.tolist()) == example.inputs_text
+  assert example.inputs.tolist() == HOUSE_IDS + [1]
+
+
+@needs_shared
+def test_shared_newstest_dev100():
+  """newstest2014.dev100 loads as 100 examples in file order; ids round-trip
+  to the text unless the T5 vocabulary lacks a character (UNK 2, e.g.
+  'Ö'); batches of 8 use the default power-of-two buckets."""
+  en = (SHARED / "newstest2014.dev100.en").read_text("utf-8").splitlines()
+  with tasks.override_config(vocab_path=str(T5_VOCAB),
+                             local_data_dir=str(SHARED)):
+    examples = data.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    vocab = tasks.get_vocabulary()
+    for e in examples:
+      for ids, text in ((e.inputs, e.inputs_text), (e.targets, e.targets_text)):
+        assert 2 in ids or vocab.decode(ids.tolist()) == text
+    out = list(data.batches(examples, batch_size=8, max_length=512))
+  assert len(examples) == 100
+  assert examples[0].inputs_text == tasks.TRANSLATE_PREFIX + en[0]
+  assert [len(b) for b in out] == [8] * 12 + [4]
+  assert {b.input_ids.shape[1] for b in out} <= {16, 32, 64, 128}
+  assert not any(b.truncated.any() for b in out)
+
+
+@needs_shared
+def test_shared_cnndm_dev100_truncates_long_articles():
+  """The CNN/DM dev JSONL loads with its ids; articles past 512 tokens are
+  cut to 512 with EOS last, and exactly those rows are flagged."""
+  ids = [json.loads(line)["id"] for line in
+         (SHARED / "cnndm_test_frank250.dev100.jsonl").read_text("utf-8")
+         .splitlines()]
+  with tasks.override_config(vocab_path=str(T5_VOCAB),
+                             local_data_dir=str(SHARED)):
+    examples = data.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
+  assert [e.id for e in examples] == ids
+  out = list(data.batches(examples, batch_size=10, max_length=512))
+  truncated = np.concatenate([b.truncated for b in out])
+  assert truncated.tolist() == [len(e.inputs) > 512 for e in examples]
+  assert truncated.sum() > 50  # Most articles are longer than T5's 512.
+  for b in out:
+    rows = b.input_ids[b.truncated]
+    assert rows.shape[1] == 512 and (rows[:, -1] == 1).all()
