@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat setup.py | sha1sum | cut -c1-12)
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
 	rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)

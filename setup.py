@@ -8,7 +8,7 @@ setuptools.setup(
     name="specdec_jax",
     version="0.1.0",
     description="Exact speculative decoding for Flax T5 and decoder-only models.",
-    packages=setuptools.find_packages(include=["specdec_jax", "specdec_jax.*"]),
+    packages=setuptools.find_namespace_packages(include=["specdec_jax", "specdec_jax.*"]),
     package_data={"specdec_jax": ["demo_models/**/*", "demo_data/*"]},
     include_package_data=True,
     python_requires=">=3.10",

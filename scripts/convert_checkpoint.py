@@ -1,0 +1,46 @@
+r"""Converts a Hugging Face or T5X checkpoint into our format.
+
+  python scripts/convert_checkpoint.py --input=hf:/ckpt/t5-v1_1-small \
+      --output=/models/t5_1_1_small
+  python scripts/convert_checkpoint.py --config=t5_1_1_xxl \
+      --input=t5x:gs://BUCKET/t5_1_1_xxl/checkpoint_1000000 \
+      --param_dtype=bfloat16 --output=/models/t5_1_1_xxl
+
+Expected: it prints the output directory, which then loads with
+`specdec_jax.load_model(DIR)` (config.json + orbax params). T5X checkpoints
+need --config (a config name or a gin file under configs/models), since
+they do not record their architecture.
+"""
+
+from absl import app
+from absl import flags
+
+from specdec_jax import checkpoints
+
+_INPUT = flags.DEFINE_string(
+    "input", None, "hf:DIR or t5x:PATH (a checkpoint_<step> directory).",
+    required=True)
+_OUTPUT = flags.DEFINE_string("output", None, "Directory to write.",
+                              required=True)
+_CONFIG = flags.DEFINE_string(
+    "config", None, "t5x only: a config name (e.g. t5_1_1_xxl) or gin file.")
+_PARAM_DTYPE = flags.DEFINE_string(
+    "param_dtype", None, "Store the parameters in this dtype (e.g. bfloat16).")
+_VOCAB = flags.DEFINE_string(
+    "vocab", None, "SentencePiece model file to copy next to the params.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False,
+                               "Replace an existing output directory.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  output = checkpoints.convert(
+      _INPUT.value, _OUTPUT.value, config=_CONFIG.value,
+      param_dtype=_PARAM_DTYPE.value, vocab=_VOCAB.value,
+      overwrite=_OVERWRITE.value)
+  print(output)
+
+
+if __name__ == "__main__":
+  app.run(main)

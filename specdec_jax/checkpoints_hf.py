@@ -1,0 +1,363 @@
+"""Loads Hugging Face `T5ForConditionalGeneration` checkpoints into our T5.
+
+A checkpoint directory holds `config.json` and the weights as
+`model.safetensors`, sharded safetensors with `model.safetensors.index.json`,
+or `pytorch_model.bin` (which needs torch: `pip install -e '.[hf]'`).
+Safetensors are read with `safetensors` in numpy, one tensor at a time, and
+each is transposed into T5X's layout and cast before the next is read, so
+the parameters are never held twice.
+
+Output layer conventions (checked against transformers 5.24's T5 code):
+  * Hub T5 v1.1 configs say `tie_word_embeddings: false` and ship
+    `lm_head.weight`: separate output layer, no scaling of the decoder output.
+  * Original T5 configs leave `tie_word_embeddings` unset (true) and ship no
+    `lm_head.weight`: the output layer is the embedding and the decoder
+    output is scaled by d_model**-0.5 first.
+  * Configs written by transformers 5 always say `tie_word_embeddings: true`
+    and carry `scale_decoder_outputs`, which then decides the scaling; the
+    weights are tied only if `lm_head.weight` is absent or equal to
+    `shared.weight` (transformers 5 unties two different weights).
+A combination that T5X cannot express (tied but unscaled, or untied but
+scaled) becomes an untied `logits_dense` kernel with the scale folded in.
+
+Name mapping (HF [out, in] Linear weights are transposed to T5X [in, out]):
+  shared.weight -> token_embedder/embedding
+  X.block.0.layer.0.SelfAttention.relative_attention_bias.weight [R, N]
+      -> X/relpos_bias/rel_embedding [N, R]   (X = encoder or decoder)
+  encoder.block.i.layer.0.SelfAttention.{q,k,v,o}
+      -> encoder/layers_i/attention/{query,key,value,out}/kernel
+  encoder.block.i.layer.0.layer_norm -> .../pre_attention_layer_norm/scale
+  encoder.block.i.layer.1.DenseReluDense.{wi,wi_0,wi_1,wo} -> .../mlp/...
+  encoder.block.i.layer.1.layer_norm -> .../pre_mlp_layer_norm/scale
+  decoder.block.i.layer.{0,1,2}: SelfAttention, EncDecAttention and
+      DenseReluDense with their layer_norms -> self_attention,
+      encoder_decoder_attention, mlp and pre_*_layer_norm
+  X.final_layer_norm.weight -> X/{encoder,decoder}_norm/scale
+  lm_head.weight [V, D] -> decoder/logits_dense/kernel [D, V]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import safetensors
+
+from specdec_jax.models.t5 import T5Config, T5Def
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_FILE = "pytorch_model.bin"
+TORCH_INDEX = "pytorch_model.bin.index.json"
+ARCHITECTURE = "T5ForConditionalGeneration"
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that exists but cannot be loaded."""
+
+
+class UnsupportedCheckpointError(CheckpointError):
+  """Not a T5ForConditionalGeneration (or an unsupported variant of it)."""
+
+
+class ParameterShapeError(CheckpointError):
+  """A tensor's shape disagrees with the config."""
+
+
+class MissingParameterError(CheckpointError):
+  """A tensor the config needs is not in the checkpoint."""
+
+
+class CheckpointNotFoundError(FileNotFoundError):
+  """The directory, its config or its weights are missing."""
+
+
+# HF `feed_forward_proj` -> our MLP activations. HF maps "gated-gelu" to the
+# tanh approximation ("gelu_new") but a plain "gelu" to the exact erf form.
+_FEED_FORWARD = (
+    ("relu", ("relu",)),
+    ("gated-relu", ("relu", "linear")),
+    ("gelu", ("gelu_exact",)),
+    ("gated-gelu", ("gelu", "linear")),
+    ("gelu_new", ("gelu",)),
+    ("gated-gelu_new", ("gelu", "linear")),
+    ("silu", ("silu",)),
+    ("gated-silu", ("silu", "linear")),
+)
+
+
+def read_hf_config(path: str) -> dict[str, Any]:
+  """Reads `config.json` of a checkpoint directory and checks it is a T5."""
+  if not os.path.isdir(path):
+    raise CheckpointNotFoundError(
+        f"HF checkpoint directory not found: {path!r}")
+  config_file = os.path.join(path, CONFIG_FILE)
+  if not os.path.isfile(config_file):
+    raise CheckpointNotFoundError(
+        f"missing {CONFIG_FILE} in HF checkpoint directory {path!r}")
+  with open(config_file) as f:
+    hf = json.load(f)
+  model_type = hf.get("model_type")
+  architectures = hf.get("architectures") or [ARCHITECTURE]
+  if model_type != "t5" or ARCHITECTURE not in architectures:
+    raise UnsupportedCheckpointError(
+        f"{config_file}: unsupported model_type={model_type!r}, "
+        f"architectures={architectures}; only model_type 't5' with "
+        f"{ARCHITECTURE} can be loaded")
+  return hf
+
+
+def t5_config_from_hf(hf: dict[str, Any], *, logits_via_embedding: bool,
+                      dtype: str = "float32",
+                      param_dtype: str = "float32") -> T5Config:
+  """Our T5Config for an HF T5 config dict.
+
+  Args:
+    hf: the parsed config.json.
+    logits_via_embedding: whether the output layer is the scaled tied
+      embedding (decided by `load_t5` from the config and the weights).
+    dtype: compute dtype.
+    param_dtype: parameter dtype.
+
+  Returns:
+    The T5Config.
+  """
+  proj = hf.get("feed_forward_proj", "relu")
+  activations = next((a for name, a in _FEED_FORWARD if name == proj), None)
+  if activations is None:
+    known = ", ".join(name for name, _ in _FEED_FORWARD)
+    raise UnsupportedCheckpointError(
+        f"unsupported feed_forward_proj {proj!r}; known: {known}")
+  num_layers = hf.get("num_layers", 6)
+  return T5Config(
+      vocab_size=hf.get("vocab_size", 32128),
+      emb_dim=hf.get("d_model", 512),
+      num_heads=hf.get("num_heads", 8),
+      num_encoder_layers=num_layers,
+      num_decoder_layers=hf.get("num_decoder_layers") or num_layers,
+      head_dim=hf.get("d_kv", 64),
+      mlp_dim=hf.get("d_ff", 2048),
+      mlp_activations=activations,
+      logits_via_embedding=logits_via_embedding,
+      relative_attention_num_buckets=hf.get(
+          "relative_attention_num_buckets", 32),
+      relative_attention_max_distance=hf.get(
+          "relative_attention_max_distance", 128),
+      dtype=dtype, param_dtype=param_dtype,
+      max_input_len=hf.get("n_positions") or 512,
+      layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6))
+
+
+class _Tensors:
+  """Reads named tensors of a checkpoint one at a time, as numpy arrays."""
+
+  def __init__(self, path: str):
+    self._files: dict[str, str] = {}  # tensor name -> file
+    self._torch_state = None
+    single = os.path.join(path, SAFETENSORS_FILE)
+    index = os.path.join(path, SAFETENSORS_INDEX)
+    torch_file = os.path.join(path, TORCH_FILE)
+    if os.path.isfile(single):
+      with safetensors.safe_open(single, framework="np") as f:
+        self._files = {name: single for name in f.keys()}
+    elif os.path.isfile(index):
+      with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+      for name, shard in weight_map.items():
+        shard_path = os.path.join(path, shard)
+        if not os.path.isfile(shard_path):
+          raise CheckpointNotFoundError(
+              f"missing safetensors shard {shard!r} listed in {index}")
+        self._files[name] = shard_path
+    elif os.path.isfile(torch_file):
+      self._torch_state = _torch_load(torch_file)
+    elif os.path.isfile(os.path.join(path, TORCH_INDEX)):
+      raise UnsupportedCheckpointError(
+          f"sharded {TORCH_INDEX} in {path!r} is not supported; load it "
+          "with transformers and save_pretrained() it as safetensors")
+    else:
+      raise CheckpointNotFoundError(
+          f"no weights in HF checkpoint directory {path!r}: expected "
+          f"{SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or {TORCH_FILE}")
+    self._handles: dict[str, Any] = {}
+    # Some checkpoints (older .bin files) carry the embedding only under the
+    # names of its tied copies.
+    self._aliases: dict[str, str] = {}
+    if not self._has("shared.weight"):
+      for copy in ("encoder.embed_tokens.weight",
+                   "decoder.embed_tokens.weight"):
+        if self._has(copy):
+          self._aliases["shared.weight"] = copy
+          break
+
+  def _has(self, name: str) -> bool:
+    if self._torch_state is not None:
+      return name in self._torch_state
+    return name in self._files
+
+  def __contains__(self, name: str) -> bool:
+    return self._has(self._aliases.get(name, name))
+
+  def get(self, name: str) -> np.ndarray:
+    name = self._aliases.get(name, name)
+    if self._torch_state is not None:
+      return _torch_to_numpy(self._torch_state[name])
+    file = self._files[name]
+    if file not in self._handles:
+      # Opened once per shard and kept: safe_open memory-maps the file, so a
+      # handle costs no memory for the tensors not read yet.
+      self._handles[file] = safetensors.safe_open(file, framework="np")
+    return self._handles[file].get_tensor(name)
+
+
+def _torch_load(file: str):
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ImportError(
+        f"reading {file} needs torch, which is not installed; install it "
+        "with `pip install -e '.[hf]'` or convert the checkpoint to "
+        "safetensors") from None
+  try:
+    # Memory-mapped, so tensors are paged in one at a time as converted.
+    return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+  except RuntimeError:  # legacy (pre-zip) format cannot be memory-mapped
+    return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def _torch_to_numpy(tensor) -> np.ndarray:
+  import torch  # pylint: disable=g-import-not-at-top
+  if tensor.dtype == torch.bfloat16:
+    import ml_dtypes  # pylint: disable=g-import-not-at-top
+    return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+  return tensor.numpy()
+
+
+def _hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
+  """HF tensor name for one of our parameter paths, and whether to transpose.
+
+  Args:
+    path: e.g. ('decoder', 'layers_3', 'self_attention', 'query', 'kernel').
+
+  Returns:
+    (name, transpose).
+  """
+  stack = path[0]  # encoder / decoder / token_embedder
+  if path == ("token_embedder", "embedding"):
+    return "shared.weight", False
+  if path[1] == "relpos_bias":
+    return (f"{stack}.block.0.layer.0.SelfAttention."
+            "relative_attention_bias.weight", True)
+  if path[1] in ("encoder_norm", "decoder_norm"):
+    return f"{stack}.final_layer_norm.weight", False
+  if path[1] == "logits_dense":
+    return "lm_head.weight", True
+  block = f"{stack}.block.{int(path[1].removeprefix('layers_'))}"
+  sublayer = path[2]
+  # Sub-layer index inside an HF block, and the HF module name.
+  where = {
+      "attention": ("0", "SelfAttention"),
+      "pre_attention_layer_norm": ("0", None),
+      "self_attention": ("0", "SelfAttention"),
+      "pre_self_attention_layer_norm": ("0", None),
+      "encoder_decoder_attention": ("1", "EncDecAttention"),
+      "pre_cross_attention_layer_norm": ("1", None),
+      "mlp": ("1" if stack == "encoder" else "2", "DenseReluDense"),
+      "pre_mlp_layer_norm": ("1" if stack == "encoder" else "2", None),
+  }
+  index, module = where[sublayer]
+  if module is None:
+    return f"{block}.layer.{index}.layer_norm.weight", False
+  leaf = {"query": "q", "key": "k", "value": "v", "out": "o"}.get(
+      path[3], path[3])
+  return f"{block}.layer.{index}.{module}.{leaf}.weight", True
+
+
+def _paths(tree: Any) -> Iterator[tuple[tuple[str, ...], Any]]:
+  for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    yield tuple(k.key for k in keypath), leaf
+
+
+def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def load_t5(path: str, *, dtype: str = "float32",
+            param_dtype: str = "float32") -> tuple[T5Config, Any]:
+  """Loads an HF T5ForConditionalGeneration directory.
+
+  Args:
+    path: directory with config.json and the weights.
+    dtype: compute dtype of the returned config.
+    param_dtype: dtype of the returned parameters.
+
+  Returns:
+    (T5Config, parameter tree of numpy arrays in T5X's layout).
+
+  Raises:
+    CheckpointNotFoundError: missing directory, config or weights.
+    UnsupportedCheckpointError: not a T5ForConditionalGeneration.
+    MissingParameterError: a tensor the config needs is missing.
+    ParameterShapeError: a tensor has the wrong shape for the config.
+    ImportError: a pytorch_model.bin without torch installed.
+  """
+  hf = read_hf_config(path)
+  tensors = _Tensors(path)
+  if "shared.weight" not in tensors:
+    raise MissingParameterError(
+        f"missing parameter 'shared.weight' (token_embedder/embedding) in "
+        f"{path!r}")
+  if "scale_decoder_outputs" in hf:  # written by transformers >= 5
+    scale = bool(hf["scale_decoder_outputs"])
+  else:
+    scale = hf.get("tie_word_embeddings", True) is not False
+  tied = "lm_head.weight" not in tensors or np.array_equal(
+      tensors.get("lm_head.weight"), tensors.get("shared.weight"))
+  config = t5_config_from_hf(hf, logits_via_embedding=tied and scale,
+                             dtype=dtype, param_dtype=param_dtype)
+  # How to fill logits_dense when T5X's two conventions don't fit.
+  logits_source = "shared.weight" if tied else "lm_head.weight"
+  logits_scale = config.emb_dim**-0.5 if scale and not tied else None
+
+  shapes = jax.eval_shape(T5Def(config).init_params, jax.random.PRNGKey(0))
+  params: dict[str, Any] = {}
+  for ours, shape_dtype in _paths(shapes):
+    name, transpose = _hf_name(ours)
+    if ours[-2:] == ("logits_dense", "kernel"):
+      name = logits_source
+      value = _convert(tensors, name, ours, shape_dtype.shape, transpose,
+                       param_dtype, logits_scale)
+    else:
+      value = _convert(tensors, name, ours, shape_dtype.shape, transpose,
+                       param_dtype, None)
+    _set(params, ours, value)
+  return config, params
+
+
+def _convert(tensors: _Tensors, name: str, ours: tuple[str, ...],
+             shape: tuple[int, ...], transpose: bool, param_dtype: str,
+             scale: float | None) -> np.ndarray:
+  """Reads one HF tensor and returns it in our layout and dtype."""
+  ours_name = "/".join(ours)
+  if name not in tensors:
+    raise MissingParameterError(
+        f"missing parameter {name!r} ({ours_name}) in the checkpoint")
+  value = tensors.get(name)
+  hf_shape = tuple(reversed(shape)) if transpose else tuple(shape)
+  if value.shape != hf_shape:
+    raise ParameterShapeError(
+        f"parameter {name!r} ({ours_name}) has shape {value.shape}, "
+        f"expected {hf_shape} from config.json")
+  if transpose:
+    value = value.T
+  if scale is not None:
+    value = value.astype(np.float32) * np.float32(scale)
+  # jnp.dtype also knows bfloat16, which plain numpy does not.
+  return np.ascontiguousarray(value.astype(jnp.dtype(param_dtype)))

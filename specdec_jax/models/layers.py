@@ -1,0 +1,445 @@
+"""Flax linen building blocks shared by the T5 and GPT-like models.
+
+Everything here follows T5X's parameter names and layouts (so T5X checkpoints
+load as they are) but is written for a position-addressed KV cache that takes
+a chunk of several tokens at a time (see `specdec_jax.decoding.protocol`).
+
+Dimension letters:
+  B batch, T query length (tokens fed now), S key length (cache slots or
+  keys), D embed (d_model), N heads, H head dim, F mlp hidden,
+  V vocabulary, R relative-position buckets.
+
+Logical axis names. Parameters: `embed`, `mlp`, `heads`, `kv`, `joined_kv`
+(heads*head_dim flattened, T5X's 2-D attention kernels), `vocab`,
+`relpos_buckets`. Activations: `batch`, `length`, `embed`, `heads`, `kv`,
+`mlp`, `vocab`. KV caches: `cache_batch`, `cache_sequence`, `cache_heads`,
+`cache_kv` (see `KV_CACHE_AXES`). Constraints are no-ops until a sharding
+module installs rules with `nn.logical_axis_rules`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Sequence
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Dtype = Any
+Initializer = Callable[..., jax.Array]
+P = jax.sharding.PartitionSpec
+
+# Large enough to zero a masked logit after softmax, small enough to stay
+# finite in bfloat16 and float32 alike.
+NEG_INF = -1e10
+
+# Logical names of one KV cache leaf [B, S, N, H].
+KV_CACHE_AXES = P("cache_batch", "cache_sequence", "cache_heads", "cache_kv")
+
+
+def constrain(x: jax.Array, *names: str | None) -> jax.Array:
+  """Annotates an activation with logical axis names (no-op without rules)."""
+  return nn.with_logical_constraint(x, names)
+
+
+# T5 v1.1's "gated-gelu" is the tanh approximation (HF calls it gelu_new);
+# flax's `nn.gelu` defaults to that approximation, as T5X relies on.
+_ACTIVATIONS: tuple[tuple[str, Callable[[jax.Array], jax.Array]], ...] = (
+    ("relu", nn.relu),
+    ("gelu", functools.partial(nn.gelu, approximate=True)),
+    ("gelu_new", functools.partial(nn.gelu, approximate=True)),
+    ("gelu_exact", functools.partial(nn.gelu, approximate=False)),
+    ("silu", nn.silu),
+    ("linear", lambda x: x),
+)
+ACTIVATION_NAMES = tuple(name for name, _ in _ACTIVATIONS)
+
+
+def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+  """Returns the activation function called `name` (see ACTIVATION_NAMES)."""
+  for known, fn in _ACTIVATIONS:
+    if known == name:
+      return fn
+  raise ValueError(
+      f"unknown MLP activation {name!r}; expected one of {ACTIVATION_NAMES}")
+
+
+def _param(module: nn.Module, name: str, init: Initializer,
+           shape: Sequence[int], dtype: Dtype, axes: Sequence[str | None]):
+  """A parameter carrying its logical axis names (boxed at init time)."""
+  return module.param(name, nn.with_logical_partitioning(init, tuple(axes)),
+                      tuple(shape), jnp.dtype(dtype))
+
+
+class RmsNorm(nn.Module):
+  """T5 layer norm: x / rms(x) * scale, no mean subtraction and no bias.
+
+  The mean square is taken in float32 whatever the compute dtype, as T5X and
+  HF do, so bfloat16 activations do not lose the normalisation.
+
+  Attributes:
+    epsilon: added to the mean square.
+    dtype: output dtype.
+    param_dtype: dtype of `scale` [D].
+  """
+
+  epsilon: float = 1e-6
+  dtype: Dtype = "float32"
+  param_dtype: Dtype = "float32"
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[..., D] -> [..., D] in `dtype`."""
+    x32 = x.astype(jnp.float32)
+    mean2 = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    y = (x32 * jax.lax.rsqrt(mean2 + self.epsilon)).astype(self.dtype)
+    scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],),
+                   self.param_dtype, ("embed",))
+    return y * scale.astype(self.dtype)
+
+
+class DenseGeneral(nn.Module):
+  """A bias-free linear map over one or more trailing axes.
+
+  The kernel is stored 2-D, [prod(input axes), prod(features)], exactly as
+  T5X stores it, and reshaped on use.
+
+  Attributes:
+    features: output feature shape, e.g. V or (N, H).
+    axis: input axes contracted, e.g. -1 or (-2, -1).
+    kernel_axes: logical names of the 2-D kernel.
+    dtype: compute dtype (inputs and kernel are cast to it).
+    param_dtype: dtype of the stored kernel.
+    kernel_init: initializer of the 2-D kernel.
+  """
+
+  features: int | Sequence[int]
+  axis: int | Sequence[int] = -1
+  kernel_axes: Sequence[str | None] = ()
+  dtype: Dtype = "float32"
+  param_dtype: Dtype = "float32"
+  kernel_init: Initializer = nn.initializers.variance_scaling(
+      1.0, "fan_in", "truncated_normal")
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    features = ((self.features,) if isinstance(self.features, int)
+                else tuple(self.features))
+    axis = (self.axis,) if isinstance(self.axis, int) else tuple(self.axis)
+    axis = tuple(a % x.ndim for a in axis)
+    in_shape = tuple(x.shape[a] for a in axis)
+    kernel = _param(self, "kernel", self.kernel_init,
+                    (math.prod(in_shape), math.prod(features)),
+                    self.param_dtype, self.kernel_axes)
+    kernel = kernel.astype(self.dtype).reshape(in_shape + features)
+    x = x.astype(self.dtype)
+    return jax.lax.dot_general(
+        x, kernel, ((axis, tuple(range(len(axis)))), ((), ())))
+
+
+class Embed(nn.Module):
+  """Token embedding table [V, D], also usable as the tied output layer.
+
+  Attributes:
+    num_embeddings: V.
+    features: D.
+    dtype: dtype of the looked-up vectors.
+    param_dtype: dtype of the table.
+    embedding_init: T5X initialises with a unit normal.
+  """
+
+  num_embeddings: int
+  features: int
+  dtype: Dtype = "float32"
+  param_dtype: Dtype = "float32"
+  embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
+
+  def setup(self):
+    self.embedding = _param(self, "embedding", self.embedding_init,
+                            (self.num_embeddings, self.features),
+                            self.param_dtype, ("vocab", "embed"))
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    """int [B, T] -> [B, T, D]."""
+    x = jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+    return constrain(x, "batch", "length", "embed")
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """[B, T, D] -> float32 logits [B, T, V] against the table."""
+    return jnp.einsum("BTD,VD->BTV", x.astype(jnp.float32),
+                      self.embedding.astype(jnp.float32))
+
+
+def _log_bucket_table(num_buckets: int, max_distance: int) -> np.ndarray:
+  """Bucket of each non-negative distance n = 0..max(max_distance, R).
+
+  Computed once in numpy float32 with the same formula (and epsilon) as T5X,
+  so the result never depends on the accelerator's `log`; distances past the
+  end of the table all fall in the last bucket.
+  """
+  max_exact = num_buckets // 2
+  n = np.arange(max(max_distance, num_buckets) + 1)
+  large = max_exact + (
+      np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
+      / np.log(max_distance / max_exact) * (num_buckets - max_exact)
+  ).astype(np.int32)
+  large = np.minimum(large, num_buckets - 1)
+  return np.where(n < max_exact, n, large).astype(np.int32)
+
+
+def relative_position_bucket(relative_position: jax.Array, *,
+                             bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> jax.Array:
+  """T5's bucketing of `key_position - query_position` into [0, R).
+
+  Small distances get their own bucket, larger ones share log-spaced buckets,
+  and everything at or beyond `max_distance` shares the last one. A
+  unidirectional (decoder) bias folds keys after the query into bucket 0;
+  they are masked anyway.
+
+  Args:
+    relative_position: int array, key position minus query position.
+    bidirectional: whether keys after the query get buckets of their own.
+    num_buckets: R.
+    max_distance: distance from which all keys share the last bucket.
+
+  Returns:
+    int32 array of the same shape, values in [0, R).
+  """
+  n = -relative_position.astype(jnp.int32)
+  if bidirectional:
+    per_side = num_buckets // 2
+    offset = jnp.where(n < 0, per_side, 0)
+    n = jnp.abs(n)
+  else:
+    per_side = num_buckets
+    offset = 0
+    n = jnp.maximum(n, 0)
+  table = jnp.asarray(_log_bucket_table(per_side, max_distance))
+  return offset + table[jnp.minimum(n, table.shape[0] - 1)]
+
+
+class RelativePositionBias(nn.Module):
+  """T5 relative position biases, one scalar per (head, bucket).
+
+  Attributes:
+    num_heads: N.
+    num_buckets: R.
+    max_distance: see `relative_position_bucket`.
+    bidirectional: True for the encoder, False for decoders.
+    dtype: unused for the bias itself, which stays float32 because it is
+      added to float32 attention logits.
+    param_dtype: dtype of `rel_embedding` [N, R].
+  """
+
+  num_heads: int
+  num_buckets: int = 32
+  max_distance: int = 128
+  bidirectional: bool = True
+  dtype: Dtype = "float32"
+  param_dtype: Dtype = "float32"
+  embedding_init: Initializer = nn.initializers.variance_scaling(
+      1.0, "fan_avg", "uniform")
+
+  @nn.compact
+  def __call__(self, query_pos: jax.Array, key_pos: jax.Array) -> jax.Array:
+    """Bias from positions.
+
+    Args:
+      query_pos: int [B, T] (or [1, T]).
+      key_pos: int [B, S] (or [1, S]).
+
+    Returns:
+      float32 [B, N, T, S].
+    """
+    table = _param(self, "rel_embedding", self.embedding_init,
+                   (self.num_heads, self.num_buckets), self.param_dtype,
+                   ("heads", "relpos_buckets"))
+    bucket = relative_position_bucket(
+        key_pos[:, None, :] - query_pos[:, :, None],
+        bidirectional=self.bidirectional, num_buckets=self.num_buckets,
+        max_distance=self.max_distance)                   # [B, T, S]
+    bias = jnp.take(table.astype(jnp.float32), bucket, axis=1)  # [N,B,T,S]
+    return jnp.moveaxis(bias, 0, 1)
+
+
+def mask_to_bias(mask: jax.Array) -> jax.Array:
+  """bool mask (True = may attend) -> float32 additive bias (0 or NEG_INF)."""
+  return jnp.where(mask, 0.0, NEG_INF).astype(jnp.float32)
+
+
+def causal_bias(query_pos: jax.Array, key_pos: jax.Array) -> jax.Array:
+  """A query at position t sees keys at positions j <= t.
+
+  This one rule is all the cache needs: slots past a row's current position
+  hold stale or unwritten values and are hidden by it.
+
+  Args:
+    query_pos: int [B, T].
+    key_pos: int [B, S] (or [1, S]).
+
+  Returns:
+    float32 [B, 1, T, S] additive bias.
+  """
+  return mask_to_bias(key_pos[:, None, None, :] <= query_pos[:, None, :, None])
+
+
+def padding_bias(key_valid: jax.Array) -> jax.Array:
+  """bool [B, S] (True = real key) -> float32 [B, 1, 1, S] additive bias."""
+  return mask_to_bias(key_valid[:, None, None, :])
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Keys and values of one attention layer, laid out by position.
+
+  Attributes:
+    key: [B, S, N, H]; slot j holds the key of the token at position j.
+    value: [B, S, N, H].
+  """
+
+  key: jax.Array
+  value: jax.Array
+
+  @classmethod
+  def zeros(cls, batch: int, length: int, num_heads: int, head_dim: int,
+            dtype: Dtype) -> "KVCache":
+    shape = (batch, length, num_heads, head_dim)
+    return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+  def write(self, key: jax.Array, value: jax.Array,
+            positions: jax.Array) -> "KVCache":
+    """Scatters new keys/values into their slots (each row at its own offset).
+
+    A slot is overwritten, never accumulated into, so a repeated position
+    with the same token and a rewrite after rollback are both harmless.
+    Positions past the end of the cache are dropped.
+
+    Args:
+      key: [B, T, N, H].
+      value: [B, T, N, H].
+      positions: int [B, T].
+
+    Returns:
+      The updated cache.
+    """
+    rows = jnp.arange(positions.shape[0])[:, None]
+    def put(slots, new):
+      slots = slots.at[rows, positions].set(new.astype(slots.dtype),
+                                            mode="drop")
+      return constrain(slots, *KV_CACHE_AXES)
+    return KVCache(put(self.key, key), put(self.value, value))
+
+
+class MultiHeadAttention(nn.Module):
+  """T5X-layout multi-head attention with separately usable projections.
+
+  `project_kv` and `__call__` are split so that callers can cache keys and
+  values (decoder self-attention) or compute them once (cross-attention).
+  As in T5, attention logits are NOT scaled by 1/sqrt(H) at run time: the
+  scaling lives in the query kernel (folded into its initialiser here, and
+  into the trained weights of T5 checkpoints).
+
+  Attributes:
+    num_heads: N.
+    head_dim: H.
+    out_features: D of the output projection.
+    dtype: compute dtype; logits and softmax are float32 regardless.
+    param_dtype: dtype of the kernels.
+    kernel_init: initializer of the 2-D kernels.
+  """
+
+  num_heads: int
+  head_dim: int
+  out_features: int
+  dtype: Dtype = "float32"
+  param_dtype: Dtype = "float32"
+  kernel_init: Initializer = nn.initializers.variance_scaling(
+      1.0, "fan_in", "normal")
+
+  def setup(self):
+    proj = functools.partial(
+        DenseGeneral, features=(self.num_heads, self.head_dim), axis=-1,
+        kernel_axes=("embed", "joined_kv"), dtype=self.dtype,
+        param_dtype=self.param_dtype)
+    depth_scaling = math.sqrt(self.head_dim)
+    query_init = lambda *a: self.kernel_init(*a) / depth_scaling
+    self.query = proj(kernel_init=query_init)
+    self.key = proj(kernel_init=self.kernel_init)
+    self.value = proj(kernel_init=self.kernel_init)
+    self.out = DenseGeneral(
+        features=self.out_features, axis=(-2, -1),
+        kernel_axes=("joined_kv", "embed"), dtype=self.dtype,
+        param_dtype=self.param_dtype, kernel_init=self.kernel_init)
+
+  def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[B, S, D] -> (keys, values), each [B, S, N, H]."""
+    k = constrain(self.key(x), "batch", "length", "heads", "kv")
+    v = constrain(self.value(x), "batch", "length", "heads", "kv")
+    return k, v
+
+  def __call__(self, x: jax.Array, key: jax.Array, value: jax.Array,
+               bias: jax.Array) -> jax.Array:
+    """Attends queries from `x` to the given keys/values.
+
+    Args:
+      x: [B, T, D] query inputs.
+      key: [B, S, N, H].
+      value: [B, S, N, H].
+      bias: float32, broadcastable to [B, N, T, S]: relative position bias
+        plus NEG_INF where attention is not allowed.
+
+    Returns:
+      [B, T, D] in the compute dtype.
+    """
+    q = constrain(self.query(x), "batch", "length", "heads", "kv")
+    logits = jnp.einsum("BTNH,BSNH->BNTS", q, key.astype(self.dtype),
+                        preferred_element_type=jnp.float32)
+    weights = jax.nn.softmax(logits + bias, axis=-1).astype(self.dtype)
+    out = jnp.einsum("BNTS,BSNH->BTNH", weights, value.astype(self.dtype))
+    out = constrain(out, "batch", "length", "heads", "kv")
+    return constrain(self.out(out), "batch", "length", "embed")
+
+
+class MlpBlock(nn.Module):
+  """T5 feed-forward block: wo(prod_i act_i(wi_i(x))).
+
+  One activation gives `wi`/`wo` (T5 v1.0, ReLU); several give `wi_0`,
+  `wi_1`, ... whose activations are multiplied (T5 v1.1 gated GELU is
+  ('gelu', 'linear')).
+
+  Attributes:
+    hidden_dim: F.
+    activations: activation names, see ACTIVATION_NAMES.
+    dtype: compute dtype.
+    param_dtype: dtype of the kernels.
+  """
+
+  hidden_dim: int
+  activations: Sequence[str] = ("relu",)
+  dtype: Dtype = "float32"
+  param_dtype: Dtype = "float32"
+  kernel_init: Initializer = nn.initializers.variance_scaling(
+      1.0, "fan_in", "truncated_normal")
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[B, T, D] -> [B, T, D]."""
+    hidden = None
+    for i, name in enumerate(self.activations):
+      h = DenseGeneral(
+          self.hidden_dim, kernel_axes=("embed", "mlp"), dtype=self.dtype,
+          param_dtype=self.param_dtype, kernel_init=self.kernel_init,
+          name="wi" if len(self.activations) == 1 else f"wi_{i}")(x)
+      h = activation(name)(h)
+      hidden = h if hidden is None else hidden * h
+    hidden = constrain(hidden, "batch", "length", "mlp")
+    out = DenseGeneral(
+        x.shape[-1], kernel_axes=("mlp", "embed"), dtype=self.dtype,
+        param_dtype=self.param_dtype, kernel_init=self.kernel_init,
+        name="wo")(hidden)
+    return constrain(out, "batch", "length", "embed")

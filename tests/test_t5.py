@@ -1,0 +1,262 @@
+"""Tests of the Flax T5, its cache contract, the registry and gin configs."""
+
+import dataclasses
+import glob
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax.decoding.protocol import ModelDef
+from specdec_jax.models import layers
+from specdec_jax.models import registry
+from specdec_jax.models import t5
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAMES = ("t5_tiny", "t5_1_1_tiny")
+
+
+class Jitted:
+  """A definition's entry points under jit (eager Flax is slow on CPU)."""
+
+  def __init__(self, definition):
+    self.definition = definition
+    self.forward = jax.jit(definition.forward)
+    self.prefill = jax.jit(definition.prefill, static_argnums=2)
+    self.extend = jax.jit(definition.extend)
+    self.cache_logical_axes = definition.cache_logical_axes
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def model(request):
+  definition = t5.T5Def(registry.get_config(request.param))
+  params = definition.init_params(jax.random.PRNGKey(0))
+  return Jitted(definition), params
+
+
+def _inputs():
+  input_ids = np.array([[5, 6, 7, 8, 9, 1], [10, 11, 1, 0, 0, 0]], np.int32)
+  decoder_ids = np.array([[0, 3, 4, 5, 6, 7, 8], [0, 9, 9, 2, 3, 4, 5]],
+                         np.int32)
+  return input_ids, decoder_ids
+
+
+def _tree_paths(tree):
+  return {"/".join(k.key for k in path): leaf.shape
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def test_param_tree_has_t5x_names_shapes_and_axes():
+  """Params use T5X's names, 2-D kernel layouts and logical axis names."""
+  v10 = t5.T5Def(registry.get_config("t5_tiny"))
+  v11 = t5.T5Def(registry.get_config("t5_1_1_tiny"))
+  shapes11 = jax.eval_shape(v11.init_params, jax.random.PRNGKey(0))
+  p10 = _tree_paths(jax.eval_shape(v10.init_params, jax.random.PRNGKey(0)))
+  p11 = _tree_paths(shapes11)
+  assert p10["token_embedder/embedding"] == (128, 32)
+  assert p10["encoder/relpos_bias/rel_embedding"] == (4, 32)
+  assert p10["encoder/layers_1/attention/query/kernel"] == (32, 32)
+  assert p10["encoder/layers_0/attention/out/kernel"] == (32, 32)
+  assert p10["encoder/layers_0/mlp/wi/kernel"] == (32, 64)
+  assert p10["encoder/layers_0/mlp/wo/kernel"] == (64, 32)
+  assert p10["encoder/encoder_norm/scale"] == (32,)
+  for sub in ("self_attention/key/kernel",
+              "encoder_decoder_attention/value/kernel",
+              "pre_self_attention_layer_norm/scale",
+              "pre_cross_attention_layer_norm/scale",
+              "pre_mlp_layer_norm/scale"):
+    assert f"decoder/layers_1/{sub}" in p10
+  assert "decoder/logits_dense/kernel" not in p10  # tied
+  assert p11["decoder/logits_dense/kernel"] == (32, 128)
+  assert p11["decoder/layers_0/mlp/wi_0/kernel"] == (32, 64)
+  assert p11["decoder/layers_0/mlp/wi_1/kernel"] == (32, 64)
+  axes = v11.param_logical_axes()
+  layer = axes["decoder"]["layers_0"]
+  attention = layer["self_attention"]
+  assert tuple(attention["query"]["kernel"]) == ("embed", "joined_kv")
+  assert tuple(attention["out"]["kernel"]) == ("joined_kv", "embed")
+  assert tuple(layer["mlp"]["wo"]["kernel"]) == ("mlp", "embed")
+  assert tuple(axes["decoder"]["logits_dense"]["kernel"]) == ("embed", "vocab")
+  assert tuple(axes["token_embedder"]["embedding"]) == ("vocab", "embed")
+  assert tuple(axes["encoder"]["relpos_bias"]["rel_embedding"]) == (
+      "heads", "relpos_buckets")
+  assert jax.tree.structure(axes) == jax.tree.structure(shapes11)
+
+
+def test_definition_is_a_hashable_model_def():
+  """The engine needs a hashable ModelDef to use as a static jit argument."""
+  definition = t5.T5Def(registry.get_config("t5_tiny"))
+  assert isinstance(definition, ModelDef)
+  assert hash(definition) == hash(t5.T5Def(registry.get_config("t5_tiny")))
+  assert definition.vocab_size == 128 and definition.max_input_len == 64
+
+
+def test_prefill_allocates_cache_and_starts_at_zero(model):
+  """prefill: start token 0 at position 0, S = num_decode_positions + 1."""
+  definition, params = model
+  input_ids, _ = _inputs()
+  pre = definition.prefill(params, input_ids, 9)
+  np.testing.assert_array_equal(pre.start_token, [0, 0])
+  np.testing.assert_array_equal(pre.start_pos, [0, 0])
+  assert pre.cache.self_attention[0].key.shape == (2, 10, 4, 8)
+  assert pre.cache.cross_attention[1].value.shape == (2, 6, 4, 8)
+  np.testing.assert_array_equal(pre.cache.encoder_mask, input_ids > 0)
+  axes = definition.cache_logical_axes(pre.cache)
+  assert jax.tree.structure(axes) == jax.tree.structure(pre.cache)
+  assert tuple(axes.self_attention[0].key) == (
+      "cache_batch", "cache_sequence", "cache_heads", "cache_kv")
+
+
+def test_cached_decoding_equals_uncached_forward(model):
+  """One token at a time through the cache == the teacher-forced pass."""
+  definition, params = model
+  input_ids, decoder_ids = _inputs()
+  expected = definition.forward(params, input_ids, decoder_ids)
+  assert expected.dtype == jnp.float32
+  cache = definition.prefill(params, input_ids, decoder_ids.shape[1]).cache
+  for t in range(decoder_ids.shape[1]):
+    logits, cache = definition.extend(params, cache, decoder_ids[:, t:t + 1],
+                           np.full((2, 1), t, np.int32))
+    np.testing.assert_allclose(logits[:, 0], expected[:, t], atol=1e-5)
+
+
+def test_chunk_at_per_row_offsets_equals_single_steps(model):
+  """A chunk of K tokens at per-row offsets == K single steps."""
+  definition, params = model
+  input_ids, decoder_ids = _inputs()
+  expected = definition.forward(params, input_ids, decoder_ids)
+  cache = definition.prefill(params, input_ids, 8).cache
+  # Row 0 has seen positions 0..1, row 1 positions 0..3.
+  done = np.array([2, 4])
+  for t in range(4):
+    positions = np.minimum(t, done - 1)[:, None].astype(np.int32)
+    tokens = np.take_along_axis(decoder_ids, positions, axis=1)
+    _, cache = definition.extend(params, cache, tokens, positions)
+  positions = (done[:, None] + np.arange(3)).astype(np.int32)
+  tokens = np.take_along_axis(decoder_ids, positions, axis=1)
+  logits, _ = definition.extend(params, cache, tokens, positions)
+  for row in range(2):
+    np.testing.assert_allclose(logits[row], expected[row, positions[row]],
+                               atol=1e-5)
+
+
+def test_repeated_position_changes_nothing(model):
+  """Rewriting a position with the same token leaves logits and cache as is."""
+  definition, params = model
+  input_ids, decoder_ids = _inputs()
+  cache = definition.prefill(params, input_ids, 6).cache
+  plain, plain_cache = definition.extend(
+      params, cache, decoder_ids[:, :3], np.tile(np.arange(3), (2, 1)))
+  tokens = np.concatenate([decoder_ids[:, :1], decoder_ids[:, :3]], axis=1)
+  positions = np.tile(np.array([0, 0, 1, 2]), (2, 1))
+  repeated, repeated_cache = definition.extend(params, cache, tokens,
+                                               positions)
+  np.testing.assert_allclose(repeated[:, 1:], plain, atol=1e-6)
+  np.testing.assert_allclose(repeated[:, 0], plain[:, 0], atol=1e-6)
+  for a, b in zip(jax.tree.leaves(plain_cache),
+                  jax.tree.leaves(repeated_cache)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_stale_slots_do_not_affect_logits(model):
+  """Rollback is by position: whatever sits in slots past t is invisible."""
+  definition, params = model
+  input_ids, decoder_ids = _inputs()
+  cache = definition.prefill(params, input_ids, 8).cache
+  # Write a draft of 6 tokens, then roll back to position 2 and continue
+  # with different tokens, as after a rejected draft.
+  _, cache = definition.extend(params, cache, decoder_ids[:, :6],
+                               np.tile(np.arange(6), (2, 1)))
+  # Fill every slot past position 2 with garbage as well.
+  noise = lambda kv: layers.KVCache(kv.key.at[:, 3:].set(1e3),
+                                    kv.value.at[:, 3:].set(-7.0))
+  cache = cache.replace(self_attention=tuple(
+      noise(kv) for kv in cache.self_attention))
+  new = np.array([[50, 51], [52, 53]], np.int32)
+  logits, _ = definition.extend(params, cache, new,
+                                np.tile(np.array([3, 4]), (2, 1)))
+  fresh = np.concatenate([decoder_ids[:, :3], new], axis=1)
+  expected = definition.forward(params, input_ids, fresh)
+  np.testing.assert_allclose(logits, expected[:, 3:], atol=1e-5)
+
+
+def test_bfloat16_compute_gives_float32_logits():
+  """Logits are float32 whatever the compute dtype, and stay close."""
+  input_ids, decoder_ids = _inputs()
+  cfg = registry.get_config("t5_1_1_tiny")
+  f32 = Jitted(t5.T5Def(cfg))
+  bf16 = Jitted(t5.T5Def(dataclasses.replace(cfg, dtype="bfloat16")))
+  params = f32.definition.init_params(jax.random.PRNGKey(1))
+  cache = bf16.prefill(params, input_ids, 4).cache
+  assert cache.self_attention[0].key.dtype == jnp.bfloat16
+  logits, _ = bf16.extend(params, cache, decoder_ids[:, :2],
+                          np.tile(np.arange(2), (2, 1)))
+  assert logits.dtype == jnp.float32
+  expected = f32.forward(params, input_ids, decoder_ids[:, :2])
+  scale = float(jnp.abs(expected).max())
+  np.testing.assert_allclose(logits, expected, atol=0.05 * scale)
+
+
+def test_input_longer_than_max_input_len_is_rejected():
+  """A too-long input fails before compiling, naming the limit."""
+  definition = t5.T5Def(registry.get_config("t5_tiny"))
+  with pytest.raises(ValueError, match="max_input_len=64"):
+    definition.prefill(None, np.ones((1, 65), np.int32), 4)
+
+
+def test_relative_position_buckets():
+  """T5 buckets: exact below R/2 per side, log-spaced up to max_distance."""
+  rel = jnp.array([0, -1, -7, -8, -12, -16, -32, -64, -127, -128, -1000,
+                   1, 5, 200])
+  bi = layers.relative_position_bucket(rel, bidirectional=True,
+                                       num_buckets=32, max_distance=128)
+  np.testing.assert_array_equal(
+      bi, [0, 1, 7, 8, 9, 10, 12, 14, 15, 15, 15, 17, 21, 31])
+  uni = layers.relative_position_bucket(rel, bidirectional=False,
+                                        num_buckets=32, max_distance=128)
+  np.testing.assert_array_equal(
+      uni, [0, 1, 7, 8, 12, 16, 21, 26, 31, 31, 31, 0, 0, 0])
+
+
+def test_unknown_activation_is_rejected():
+  """A config naming an unknown MLP activation fails when it is built."""
+  with pytest.raises(ValueError, match="unknown MLP activation 'gelu2'"):
+    t5.T5Config(vocab_size=8, mlp_activations=("gelu2",))
+
+
+@pytest.mark.parametrize("name,millions", [("t5_small", 60), ("t5_base", 222),
+                                           ("t5_1_1_small", 77),
+                                           ("t5_1_1_base", 248)])
+def test_registry_sizes_match_published_parameter_counts(name, millions):
+  """The registry's real sizes give the published parameter counts."""
+  definition = registry.make_def(registry.get_config(name))
+  shapes = jax.eval_shape(definition.init_params, jax.random.PRNGKey(0))
+  count = sum(np.prod(s.shape) for s in jax.tree.leaves(shapes))
+  assert abs(count / 1e6 - millions) / millions < 0.03, count
+
+
+def test_registry_rejects_unknown_names_and_fields():
+  """Unknown config names and override fields raise, naming the choices."""
+  with pytest.raises(ValueError, match="t5_1_1_xxl"):
+    registry.get_config("t5_xxxl")
+  with pytest.raises(ValueError, match="bad override"):
+    registry.get_config("t5_small", n_layers=3)
+  assert registry.get_config("t5_1_1_xxl", dtype="bfloat16").dtype == "bfloat16"
+
+
+def test_gin_files_bind_the_registry_configs():
+  """configs/models/<name>.gin gives exactly registry.get_config(name)."""
+  gin = pytest.importorskip("gin")
+  files = sorted(glob.glob(os.path.join(REPO, "configs", "models", "*.gin")))
+  assert {os.path.basename(f)[:-4] for f in files} == set(registry.NAMES)
+  gin.clear_config()
+  try:
+    for f in files:  # all at once: the scopes must keep them apart
+      gin.parse_config_file(f)
+    for name in registry.NAMES:
+      ref = gin.query_parameter(f"%{name.upper()}")
+      assert ref.scoped_configurable_fn() == registry.get_config(name), name
+  finally:
+    gin.clear_config()
