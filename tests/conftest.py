@@ -5,8 +5,41 @@ which pytest imports before any test module. Single-device tests are
 unaffected: they run on the first device.
 """
 
+import io
 import os
+import random
+import string
+
+import pytest
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab(tmp_path_factory):
+  """Path of a 200-piece BPE SentencePiece model covering printable ASCII,
+  with T5's special ids (pad 0, EOS 1, UNK 2, no BOS).
+
+  The task prefixes and the words below are single pieces, so the lengths the
+  tests rely on are easy to count: "translate English to German: the house is
+  wonderful" is 9 pieces.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  rng = random.Random(0)
+  words = ("the a house is wonderful cat sat on mat news today article das "
+           "Haus ist wunderbar Katze auf der Matte").split()
+  prefixes = ("translate English to German: ", "summarize: ", "")
+  lines = [rng.choice(prefixes) + " ".join(
+      rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(300)]
+  lines.append(" ".join(string.ascii_letters + string.digits +
+                        string.punctuation))
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(lines), model_writer=model, vocab_size=200,
+      model_type="bpe", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+      hard_vocab_limit=False, character_coverage=1.0, minloglevel=2)
+  path = tmp_path_factory.mktemp("vocab") / "tiny.model"
+  path.write_bytes(model.getvalue())
+  return str(path)

@@ -36,32 +36,6 @@ HOUSE = "The house is wonderful."
 HOUSE_IDS = [13959, 1566, 12, 2968, 10, 37, 629, 19, 1627, 5]  # PROVENANCE.md
 
 
-@pytest.fixture(scope="module")
-def tiny_vocab(tmp_path_factory):
-  """Path of a 200-piece BPE SentencePiece model covering printable ASCII.
-
-  The task prefixes and the words below are single pieces, so the lengths the
-  tests rely on are easy to count: "translate English to German: the house is
-  wonderful" is 9 pieces.
-  """
-  rng = random.Random(0)
-  words = ("the a house is wonderful cat sat on mat news today article das "
-           "Haus ist wunderbar Katze auf der Matte").split()
-  prefixes = (tasks.TRANSLATE_PREFIX, tasks.SUMMARIZE_PREFIX, "")
-  lines = [rng.choice(prefixes) + " ".join(
-      rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(300)]
-  lines.append(" ".join(string.ascii_letters + string.digits +
-                        string.punctuation))
-  model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(lines), model_writer=model, vocab_size=200,
-      model_type="bpe", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-      hard_vocab_limit=False, character_coverage=1.0, minloglevel=2)
-  path = tmp_path_factory.mktemp("vocab") / "tiny.model"
-  path.write_bytes(model.getvalue())
-  return str(path)
-
-
 def _write_parallel(tmp_path, en, de, name="corpus"):
   (tmp_path / f"{name}.en").write_text("".join(f"{s}\n" for s in en), "utf-8")
   (tmp_path / f"{name}.de").write_text("".join(f"{s}\n" for s in de), "utf-8")

@@ -1,0 +1,120 @@
+r"""Accelerator benchmark: T5 v1.1 step times against the bandwidth floor.
+
+Needs only jax, flax and numpy (no gin, seqio, TensorFlow or network), and
+runs from the source tree:
+
+  python benchmarks/gpu.py                       # small..xxl, a few minutes
+  python benchmarks/gpu.py --sizes=t5_1_1_tiny   # smoke test on a CPU
+
+For each T5 v1.1 size (random bfloat16 weights, batch 1) it measures: the
+time of one cached decoder step and its ratio to the bandwidth floor
+(decoder + embedding bytes / measured device copy bandwidth: a step must read
+every decoder parameter once); the cost of verifying gamma + 1 tokens in one
+call relative to one token; c of each smaller size against the largest; and
+the walltime speedup Theorem 3.8 then predicts with the paper's alpha values
+(Table 2, greedy EnDe). Results print as a table and go to --out as JSON.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from specdec_jax import Model, theory  # noqa: E402
+from specdec_jax import costs  # noqa: E402
+from specdec_jax.models import registry  # noqa: E402
+
+PAPER_ALPHA = {"t5_1_1_small": 0.75, "t5_1_1_base": 0.80, "t5_1_1_large": 0.82}
+
+
+def copy_bandwidth(num_bytes=2 << 30, repeats=10):
+  """Device memory bandwidth (bytes/s) of a read+write elementwise copy."""
+  x = jnp.ones((num_bytes // 2,), jnp.bfloat16)
+  f = jax.jit(lambda a: a * 2)
+  f(x).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    f(x).block_until_ready()
+    times.append(time.perf_counter() - t0)
+  return 2 * num_bytes / float(np.median(times))
+
+
+def random_model(name, seed):
+  cfg = registry.get_config(name, dtype="bfloat16", param_dtype="bfloat16")
+  definition = registry.make_def(cfg)
+  params = jax.jit(definition.init_params)(jax.random.PRNGKey(seed))
+  return Model(definition, params)
+
+
+def step_bytes(model):
+  """Bytes a decoder step reads: every parameter but the encoder's."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
+      {k: v for k, v in model.params.items() if k != "encoder"}))
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--sizes", default="t5_1_1_small,t5_1_1_base,"
+                      "t5_1_1_large,t5_1_1_xl,t5_1_1_xxl")
+  parser.add_argument("--gammas", default="3,5,7")
+  parser.add_argument("--input_len", type=int, default=64)
+  parser.add_argument("--cache_positions", type=int, default=256)
+  parser.add_argument("--out", default=os.path.join(
+      os.environ.get("OUT", "."), "gpu_benchmark.json"))
+  args = parser.parse_args()
+  sizes = args.sizes.split(",")
+  gammas = [int(g) for g in args.gammas.split(",")]
+  print(f"devices: {jax.devices()}", flush=True)
+  bandwidth = copy_bandwidth(64 << 20 if jax.devices()[0].platform == "cpu"
+                             else 2 << 30)
+  print(f"copy bandwidth: {bandwidth / 1e9:.0f} GB/s", flush=True)
+  ids = np.zeros((1, args.input_len), np.int32)
+  ids[0, :-1] = np.arange(2, args.input_len + 1) % 1000 + 2
+  ids[0, -1] = 1
+  results = {"bandwidth_GBps": bandwidth / 1e9, "sizes": {}}
+  step = {}
+  for i, name in enumerate(sizes):
+    model = random_model(name, i)
+    kw = dict(cache_positions=args.cache_positions, repeats=5)
+    t1 = costs.time_extend(model, ids, num_tokens=1, **kw)
+    floor = step_bytes(model) / bandwidth
+    row = {"step_ms": t1 * 1e3, "floor_ms": floor * 1e3,
+           "step_over_floor": t1 / floor,
+           "params_M": costs.count_params(model.params) / 1e6}
+    for g in gammas:
+      row[f"verify_cost_g{g}"] = costs.time_extend(
+          model, ids, num_tokens=g + 1, **kw) / t1
+    step[name] = t1
+    results["sizes"][name] = row
+    print(name, {k: round(v, 3) for k, v in row.items()}, flush=True)
+    del model
+  largest = sizes[-1]
+  for name in sizes[:-1]:
+    c = step[name] / step[largest]
+    alpha = PAPER_ALPHA.get(name)
+    entry = {"c": c}
+    if alpha is not None:
+      g = int(theory.optimal_gamma(alpha, c))
+      entry.update(alpha_paper=alpha, optimal_gamma=g,
+                   predicted_speedup=float(
+                       theory.walltime_improvement(alpha, g, c)),
+                   predicted_speedup_g7=float(
+                       theory.walltime_improvement(alpha, 7, c)))
+    results["sizes"][name]["vs_largest"] = entry
+    print(f"{name} drafting for {largest}: {entry}", flush=True)
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(results, f, indent=2)
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()

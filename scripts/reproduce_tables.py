@@ -1,0 +1,52 @@
+r"""Runs experiment configs and assembles Table 2 and Table 3.
+
+  python scripts/reproduce_tables.py \
+    --experiments='experiments/table2/*.gin' --gin_file=runs/tpu_v4.gin \
+    --workdir=$WORKDIR/table2
+
+Each experiment resumes where it stopped; --assemble_only rebuilds the
+tables from finished workdirs.
+"""
+
+import glob
+import os
+
+from absl import flags
+
+from specdec_jax import gin_utils
+from specdec_jax import reproduce
+from specdec_jax import tasks  # noqa: F401  (registers tasks and TaskConfig)
+
+_EXPERIMENTS = flags.DEFINE_multi_string(
+    "experiments", [], "Experiment gin files or globs (relative paths are "
+    "also looked up under configs/).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.",
+                               required=True)
+_ASSEMBLE_ONLY = flags.DEFINE_bool("assemble_only", False,
+                                   "Only rebuild the tables.")
+
+
+def _expand(patterns):
+  files = []
+  for pattern in patterns:
+    matches = (sorted(glob.glob(pattern)) or
+               sorted(glob.glob(os.path.join(gin_utils.CONFIGS_DIR, pattern))))
+    if not matches:
+      raise FileNotFoundError(f"no experiment config matches {pattern!r}")
+    files += [m for m in matches if not m.endswith(("checkpoints.gin",
+                                                    "ende.gin", "cnndm.gin"))]
+  return files
+
+
+def main(argv):
+  del argv
+  if not _ASSEMBLE_ONLY.value:
+    reproduce.run_configs(_expand(_EXPERIMENTS.value), _WORKDIR.value,
+                          flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
+  tables = reproduce.assemble(_WORKDIR.value)
+  for name in tables:
+    print(open(os.path.join(_WORKDIR.value, f"{name}.md")).read())
+
+
+if __name__ == "__main__":
+  gin_utils.run(main)

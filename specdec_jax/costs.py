@@ -1,0 +1,128 @@
+"""Measured and counted costs: c (walltime ratio) and c_hat (operations ratio).
+
+c is the paper's cost coefficient: the time of one draft run over the time of
+one target run, both jitted, on the same inputs and cache length as real
+decoding. We time a `lax.fori_loop` of many cached `extend` calls inside one
+jitted function, so Python dispatch does not inflate the (tiny) draft step.
+
+Dimension letters: B batch, L input length, K tokens per extend call.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.decoding.protocol import ModelDef
+from specdec_jax.model import Model
+
+
+@functools.lru_cache(maxsize=32)
+def _build_timed_loop(definition: ModelDef, num_tokens: int, steps: int,
+                      num_positions: int):
+  """jit(params, input_ids) -> scalar: prefill, then `steps` extends of K."""
+
+  @jax.jit
+  def prefill(params, input_ids):
+    pre = definition.prefill(params, input_ids, num_positions)
+    return pre.cache, pre.start_pos
+
+  @jax.jit
+  def loop(params, cache, start_pos):
+    batch = start_pos.shape[0]
+
+    def body(i, carry):
+      cache, acc = carry
+      positions = start_pos[:, None] + i * num_tokens + jnp.arange(num_tokens)
+      # Feed back the argmax so each step depends on the previous one, as in
+      # decoding (and nothing can be hoisted out of the loop).
+      tokens = jnp.broadcast_to(acc[:, None], (batch, num_tokens))
+      logits, cache = definition.extend(params, cache, tokens, positions)
+      return cache, jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+
+    _, acc = jax.lax.fori_loop(0, steps, body,
+                               (cache, jnp.zeros((batch,), jnp.int32)))
+    return acc
+
+  return prefill, loop
+
+
+def time_extend(model: Model, input_ids: np.ndarray, *, num_tokens: int = 1,
+                cache_positions: int = 64, steps: int = 16,
+                repeats: int = 5) -> float:
+  """Median seconds of one cached `extend` of `num_tokens` tokens per row.
+
+  Args:
+    model: the model to time.
+    input_ids: int32 [B, L] inputs (as in decoding).
+    num_tokens: K tokens fed per call (1 for a decoding step, gamma + 1 for a
+      verification).
+    cache_positions: decoder positions the cache holds (decoding uses
+      max_decode_len + gamma + 1), since attention cost grows with it.
+    steps: extend calls per timed loop (capped so the positions fit).
+    repeats: timed loops; the median is returned.
+
+  Returns:
+    Seconds per extend call.
+  """
+  steps = max(1, min(steps, (cache_positions - 1) // num_tokens))
+  prefill, loop = _build_timed_loop(model.definition, num_tokens, steps,
+                                    cache_positions)
+  ids = jnp.asarray(input_ids, jnp.int32)
+  cache, start_pos = jax.block_until_ready(prefill(model.params, ids))
+  jax.block_until_ready(loop(model.params, cache, start_pos))  # compile
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(loop(model.params, cache, start_pos))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times) / steps
+
+
+def count_params(params: Any) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def decode_params(model: Model) -> int:
+  """Parameters touched per decoded token (an encoder's run once per example,
+  so it is excluded; n-gram tables count 0, they do no arithmetic)."""
+  params = model.params
+  if isinstance(params, dict) and "log_probs" in params:
+    return 0
+  if isinstance(params, dict) and "encoder" in params:
+    params = {k: v for k, v in params.items() if k != "encoder"}
+  return count_params(params)
+
+
+def measure_costs(target: Model, draft: Model, input_ids: np.ndarray, *,
+                  gamma: int, cache_positions: int,
+                  repeats: int = 5) -> dict[str, float]:
+  """c, c_hat and the verification cost for one input shape.
+
+  Returns:
+    target_step_s, draft_step_s: seconds per one-token step;
+    verify_step_s: seconds for one target call on gamma + 1 tokens;
+    c: draft_step_s / target_step_s (the paper's c);
+    verify_cost: verify_step_s / target_step_s (1 in the paper's model of a
+      parallel target; larger where the device is not idle, e.g. CPUs);
+    c_hat: ratio of parameters touched per token (~ arithmetic per token).
+  """
+  kw = dict(cache_positions=cache_positions, repeats=repeats)
+  target_s = time_extend(target, input_ids, num_tokens=1, **kw)
+  draft_s = time_extend(draft, input_ids, num_tokens=1, **kw)
+  verify_s = time_extend(target, input_ids, num_tokens=gamma + 1, **kw)
+  target_ops = decode_params(target)
+  return {
+      "target_step_s": target_s,
+      "draft_step_s": draft_s,
+      "verify_step_s": verify_s,
+      "c": draft_s / target_s,
+      "verify_cost": verify_s / target_s,
+      "c_hat": decode_params(draft) / target_ops if target_ops else float("nan"),
+  }

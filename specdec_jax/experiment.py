@@ -1,0 +1,365 @@
+"""One experiment: target alone vs speculative decoding on a task, measured.
+
+For each example (batch size 1, as in the paper) we decode with the target
+alone and with speculative decoding for each gamma, timing each call after
+its shapes are compiled. Results go to the workdir as they are produced, so a
+killed run resumes where it stopped:
+
+  examples.jsonl   one line per finished example (flushed and fsynced)
+  costs.json       measured c, c_hat and verification cost per gamma
+  optimal_gamma.json  the probe behind gamma="optimal" (if used)
+  summary.json     pooled alpha, c, speedups, predictions, quality
+  table.md/.csv    rows in the paper's Table 2 layout
+  *.png, trace.html  plots (see `specdec_jax.report`)
+
+Pooled alpha is the mean of beta = sum_x min(p, q) over all verified
+positions of all examples (each example weighs by its number of verified
+positions), i.e. sum(alpha_sum) / sum(alpha_count).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Sequence
+
+from absl import logging
+import numpy as np
+
+from specdec_jax import theory
+from specdec_jax.decoding.api import generate, speculative_generate
+from specdec_jax.model import Model
+
+EOS_ID = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """What to run. Bind it with gin (configs/experiments/)."""
+
+  task: str = "wmt14_ende_local"
+  split: str = "test"
+  target: str = ""
+  draft: str = ""
+  target_config: Any = None
+  draft_config: Any = None
+  dtype: str | None = None
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  gamma: Any = 7  # int, a tuple of ints (sweep), or "optimal"
+  max_gamma: int = 16  # upper bound for gamma="optimal"
+  probe_gamma: int = 4
+  probe_examples: int = 5
+  max_decode_len: int = 128
+  max_input_len: int | None = None
+  buckets: Sequence[int] | None = None
+  max_examples: int | None = None
+  seed: int = 0
+  repeats: int = 1
+  cost_repeats: int = 5
+  ngram_split: str = "train"
+  ngram_max_examples: int | None = 20000
+  trace_examples: int = 3
+  mesh_shape: Sequence[int] | None = None  # (data, model)
+  distributed: bool = False  # jax.distributed.initialize() (multi-host pods)
+  name: str = ""
+
+  def gammas(self) -> tuple[int, ...] | str:
+    if isinstance(self.gamma, str):
+      return self.gamma
+    if isinstance(self.gamma, (list, tuple)):
+      return tuple(int(g) for g in self.gamma)
+    return (int(self.gamma),)
+
+
+class ConfigError(ValueError):
+  """An experiment config that cannot run; raised before any model loads."""
+
+
+def validate(config: ExperimentConfig) -> None:
+  """Checks everything checkable without loading models or data."""
+  problems = []
+  if not config.target:
+    problems.append("target is empty: set ExperimentConfig.target to a "
+                    "model spec (hf:DIR, t5x:PATH, a directory or a config "
+                    "name)")
+  if not config.draft:
+    problems.append("draft is empty: set ExperimentConfig.draft to a model "
+                    "spec, 'unigram' or 'bigram'")
+  gammas = config.gammas()
+  if isinstance(gammas, str):
+    if gammas != "optimal":
+      problems.append(f"gamma={gammas!r}: use an int, a list of ints or "
+                      f"'optimal'")
+    if config.max_gamma < 1 or config.probe_gamma < 1:
+      problems.append("max_gamma and probe_gamma must be >= 1")
+  elif not gammas or any(g < 1 for g in gammas):
+    problems.append(f"gamma={config.gamma!r}: every gamma must be >= 1")
+  if config.max_decode_len < 1:
+    problems.append(f"max_decode_len={config.max_decode_len} must be >= 1")
+  if config.temperature < 0:
+    problems.append(f"temperature={config.temperature} must be >= 0")
+  if config.repeats < 1:
+    problems.append(f"repeats={config.repeats} must be >= 1")
+  for field in ("target", "draft"):
+    spec = getattr(config, field)
+    if "YOUR_" in spec:
+      problems.append(
+          f"{field}={spec!r} is a placeholder: point the checkpoint macro at "
+          f"your checkpoint (see README, 'Reproduce the paper on Cloud TPU')")
+  if config.mesh_shape is not None and len(config.mesh_shape) != 2:
+    problems.append(f"mesh_shape={config.mesh_shape!r}: use (data, model)")
+  try:
+    from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+    tasks.get_task(config.task)
+  except ValueError as e:
+    problems.append(str(e))
+  if problems:
+    raise ConfigError("bad experiment config:\n  - " + "\n  - ".join(problems))
+
+
+# ----------------------------------------------------------------------------
+# Loading.
+
+
+def load_models(config: ExperimentConfig, mesh=None) -> tuple[Model, Model]:
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  target = checkpoints.load_model(config.target, config=config.target_config,
+                                  mesh=mesh, dtype=config.dtype)
+  if config.draft in ("unigram", "bigram"):
+    draft = fit_ngram_draft(config, target)
+  else:
+    draft = checkpoints.load_model(config.draft, config=config.draft_config,
+                                   mesh=mesh, dtype=config.dtype)
+  return target, draft
+
+
+def fit_ngram_draft(config: ExperimentConfig, target: Model) -> Model:
+  """A unigram/bigram drafter from the task's reference targets."""
+  from specdec_jax import data  # pylint: disable=g-import-not-at-top
+  from specdec_jax.decoding import ngram  # pylint: disable=g-import-not-at-top
+  examples = data.load_examples(config.task, config.ngram_split,
+                                max_examples=config.ngram_max_examples)
+  return ngram.fit_ngram([e.targets for e in examples], target.vocab_size,
+                         order=1 if config.draft == "unigram" else 2)
+
+
+def task_vocabulary(config: ExperimentConfig, target: Model):
+  if target.vocab is not None:
+    return target.vocab
+  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  return tasks.get_task(config.task).output_features["targets"].vocabulary
+
+
+def detokenize(vocab, tokens: np.ndarray) -> str:
+  ids = [int(t) for t in tokens]
+  if EOS_ID in ids:
+    ids = ids[:ids.index(EOS_ID)]
+  return vocab.decode([i for i in ids if i != 0])
+
+
+# ----------------------------------------------------------------------------
+# Results that survive a kill.
+
+
+def read_done(path: str, truncate: bool = True) -> list[dict]:
+  """Complete lines of `path`; a torn last line (killed mid-write) is cut.
+
+  Every process reads (all must run the same decode calls); only the
+  primary one, which writes, truncates.
+  """
+  if not os.path.exists(path):
+    return []
+  with open(path, "rb") as f:
+    raw = f.read()
+  keep = raw[:raw.rfind(b"\n") + 1]
+  if truncate and len(keep) != len(raw):
+    with open(path, "wb") as f:
+      f.write(keep)
+  return [json.loads(line) for line in keep.decode().splitlines() if line]
+
+
+def append_line(path: str, record: dict) -> None:
+  with open(path, "a") as f:
+    f.write(json.dumps(record) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def write_json(path: str, obj: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------
+# The run.
+
+
+def _timed(fn, repeats: int):
+  best, out = float("inf"), None
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    out = fn()  # returns host numpy: the device work has finished
+    best = min(best, time.perf_counter() - t0)
+  return out, best
+
+
+def _spec_kwargs(config: ExperimentConfig) -> dict:
+  return dict(max_decode_len=config.max_decode_len,
+              temperature=config.temperature, top_k=config.top_k,
+              top_p=config.top_p)
+
+
+def choose_gamma(config, target, draft, batches, workdir) -> int:
+  """gamma="optimal": probe alpha and c, maximise Theorem 3.8."""
+  path = os.path.join(workdir, "optimal_gamma.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return int(json.load(f)["gamma"])
+  alpha_sum = alpha_count = 0.0
+  for batch in batches[:config.probe_examples]:
+    res = speculative_generate(target, draft, batch.input_ids,
+                               gamma=config.probe_gamma, seed=config.seed,
+                               **_spec_kwargs(config))
+    alpha_sum += float(res.stats["alpha_sum"].sum())
+    alpha_count += float(res.stats["alpha_count"].sum())
+  alpha = alpha_sum / max(alpha_count, 1.0)
+  from specdec_jax import costs  # pylint: disable=g-import-not-at-top
+  c = costs.measure_costs(target, draft, batches[0].input_ids,
+                          gamma=config.probe_gamma,
+                          cache_positions=config.max_decode_len
+                          + config.probe_gamma + 1,
+                          repeats=config.cost_repeats)["c"]
+  gamma = int(theory.optimal_gamma(alpha, c, config.max_gamma))
+  write_json(path, {"gamma": gamma, "alpha": alpha, "c": c,
+                    "probe_gamma": config.probe_gamma,
+                    "probe_examples": config.probe_examples})
+  logging.info("optimal gamma %d from probe alpha=%.3f c=%.4f", gamma, alpha, c)
+  return gamma
+
+
+def run(config: ExperimentConfig, workdir: str) -> dict:
+  """Runs (or resumes) one experiment; returns the summary dict."""
+  validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  from specdec_jax import data, report, sharding  # pylint: disable=g-import-not-at-top
+  sharding.maybe_initialize_distributed(config.distributed)
+  mesh = sharding.make_mesh(*config.mesh_shape) if config.mesh_shape else None
+  target, draft = load_models(config, mesh)
+  max_len = config.max_input_len or target.max_input_len or 512
+  examples = data.load_examples(config.task, config.split,
+                                max_examples=config.max_examples)
+  batches = list(data.batches(examples, batch_size=1, buckets=config.buckets,
+                              max_length=max_len))
+  gammas = config.gammas()
+  if gammas == "optimal":
+    gammas = (choose_gamma(config, target, draft, batches, workdir),)
+  vocab = task_vocabulary(config, target)
+  primary = sharding.is_primary()
+
+  path = os.path.join(workdir, "examples.jsonl")
+  done = read_done(path, truncate=primary)
+  done_ids = {r["id"] for r in done}
+  kwargs = _spec_kwargs(config)
+  warmed: set = set()
+  started, new = time.perf_counter(), 0
+  todo = [b for b in batches if b.ids[0] not in done_ids]
+  for batch in todo:
+    ids = batch.input_ids
+    if ids.shape not in warmed:  # compile outside the timed calls
+      generate(target, ids, seed=config.seed, mesh=mesh, **kwargs)
+      for g in gammas:
+        speculative_generate(target, draft, ids, gamma=g, seed=config.seed,
+                             mesh=mesh, **kwargs)
+      warmed.add(ids.shape)
+    base, base_s = _timed(lambda: generate(  # pylint: disable=cell-var-from-loop
+        target, ids, seed=config.seed, mesh=mesh, **kwargs), config.repeats)
+    record = {
+        "id": batch.ids[0], "input_length": int(batch.input_lengths[0]),
+        "target_text": batch.targets_text[0],
+        "baseline": {"tokens": _tokens(base), "time_s": base_s,
+                     "text": detokenize(vocab, base.tokens[0]),
+                     "target_calls": int(base.stats["target_calls"][0])},
+        "speculative": {},
+    }
+    for g in gammas:
+      spec, spec_s = _timed(lambda: speculative_generate(  # pylint: disable=cell-var-from-loop
+          target, draft, ids, gamma=g, seed=config.seed, mesh=mesh, **kwargs),
+                            config.repeats)
+      st = spec.stats
+      record["speculative"][str(g)] = {
+          "tokens": _tokens(spec), "time_s": spec_s,
+          "text": detokenize(vocab, spec.tokens[0]),
+          "target_calls": int(st["target_calls"][0]),
+          "draft_calls": int(st["draft_calls"][0]),
+          "accepted_histogram": st["accepted_histogram"][0].tolist(),
+          "alpha": float(st["alpha"][0]),
+          "alpha_sum": float(st["alpha_sum"][0]),
+          "alpha_count": int(st["alpha_count"][0]),
+      }
+    if primary:
+      append_line(path, record)
+    done.append(record)
+    new += 1
+    _log_progress(done, new, len(todo), started, gammas)
+
+  cost_path = os.path.join(workdir, "costs.json")
+  costs_by_gamma = _load_or_measure_costs(config, target, draft, batches,
+                                          gammas, cost_path, primary)
+  summary = report.summarize(config, done, costs_by_gamma, gammas,
+                             task_metric(config))
+  if primary:
+    report.write_outputs(workdir, config, summary, done)
+    if config.trace_examples:
+      report.write_traces(workdir, config, target, draft, batches[
+          :config.trace_examples], vocab, gammas[0], mesh)
+  return summary
+
+
+def _tokens(result) -> list[int]:
+  n = int(result.stats["length"][0])
+  return result.tokens[0, :n].tolist()
+
+
+def _load_or_measure_costs(config, target, draft, batches, gammas, path,
+                           primary):
+  if os.path.exists(path):
+    with open(path) as f:
+      stored = json.load(f)
+    if all(str(g) in stored for g in gammas):
+      return {int(g): v for g, v in stored.items()}
+  from specdec_jax import costs  # pylint: disable=g-import-not-at-top
+  # The median input length is representative of the run.
+  lengths = [b.input_ids.shape[1] for b in batches]
+  shape_batch = batches[int(np.argsort(lengths)[len(lengths) // 2])]
+  measured = {
+      g: costs.measure_costs(target, draft, shape_batch.input_ids, gamma=g,
+                             cache_positions=config.max_decode_len + g + 1,
+                             repeats=config.cost_repeats)
+      for g in gammas}
+  if primary:
+    write_json(path, {str(g): v for g, v in measured.items()})
+  return measured
+
+
+def task_metric(config: ExperimentConfig):
+  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  fns = tasks.get_task(config.task).metric_fns
+  return fns[0] if fns else None
+
+
+def _log_progress(done, new, total, started, gammas):
+  elapsed = time.perf_counter() - started
+  eta = elapsed / new * (total - new)
+  g = str(gammas[0])
+  base = sum(r["baseline"]["time_s"] for r in done)
+  spec = sum(r["speculative"][g]["time_s"] for r in done)
+  a_sum = sum(r["speculative"][g]["alpha_sum"] for r in done)
+  a_cnt = sum(r["speculative"][g]["alpha_count"] for r in done)
+  logging.info("[%d/%d] alpha=%.3f speedup(gamma=%s)=%.2fx  ETA %.0fs", new,
+               total, a_sum / max(a_cnt, 1), g, base / max(spec, 1e-9), eta)

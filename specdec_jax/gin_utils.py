@@ -1,0 +1,72 @@
+"""Gin plumbing shared by the absl scripts (T5X-style flags).
+
+`--gin_file=F` (repeatable) parses gin files, searched relative to the
+current directory and to the repository's `configs/` folder, and
+`--gin.NAME=VALUE` is shorthand for `--gin_bindings='NAME = VALUE'`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, Sequence
+
+from absl import app
+from absl import flags
+import gin
+
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "configs")
+
+flags.DEFINE_multi_string("gin_file", [], "Gin config files (repeatable).")
+flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings (repeatable); "
+                          "--gin.NAME=VALUE is shorthand.")
+
+
+def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
+  """Turns each `--gin.NAME=VALUE` into `--gin_bindings=NAME = VALUE`."""
+  out = []
+  for arg in argv:
+    if arg.startswith("--gin."):
+      name, sep, value = arg[len("--gin."):].partition("=")
+      if not sep:
+        raise app.UsageError(f"{arg}: write --gin.NAME=VALUE")
+      out.append(f"--gin_bindings={name} = {value}")
+    else:
+      out.append(arg)
+  return out
+
+
+def parse(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
+  """Parses files and bindings; missing files name the search path."""
+  for path in (os.getcwd(), CONFIGS_DIR, os.path.dirname(CONFIGS_DIR)):
+    gin.add_config_file_search_path(path)
+  for f in gin_files:
+    candidates = [f, os.path.join(CONFIGS_DIR, f),
+                  os.path.join(os.path.dirname(CONFIGS_DIR), f)]
+    if not any(os.path.exists(c) for c in candidates):
+      raise FileNotFoundError(
+          f"gin file {f!r} not found (looked in {os.getcwd()} and "
+          f"{CONFIGS_DIR}). Pass a path like "
+          f"configs/experiments/table2/ende_small_t0.gin.")
+  gin.parse_config_files_and_bindings(list(gin_files), list(bindings),
+                                      finalize_config=False)
+
+
+def write_config(workdir: str, name: str = "config.gin") -> str:
+  """Writes the parsed gin config (what this run was told) to the workdir."""
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, name)
+  with open(path, "w") as f:
+    f.write(gin.config_str())
+  return path
+
+
+def write_operative_config(workdir: str) -> str:
+  """Writes the values the run actually used (after it ran)."""
+  return write_config(workdir, "operative_config.gin")
+
+
+def run(main: Callable[[Sequence[str]], None]) -> None:
+  """absl `app.run` with `--gin.NAME=VALUE` support."""
+  app.run(main, argv=rewrite_gin_args(sys.argv))

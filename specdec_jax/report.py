@@ -1,0 +1,277 @@
+"""Summaries, tables and plots of experiment results.
+
+`summarize` pools per-example records (see `experiment.py`) into the numbers
+a paper row needs; `write_outputs` writes summary.json, table.md, table.csv
+and PNG plots; `write_traces` renders Figure-1-style traces of a few
+examples (accepted draft tokens, rejected ones, the target's corrections) as
+PNG and HTML.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import html
+import json
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from specdec_jax import theory
+
+TABLE_COLUMNS = ("task", "draft", "temperature", "gamma", "alpha", "c",
+                 "speedup", "predicted_speedup", "predicted_with_verify_cost",
+                 "tokens_per_call", "quality_metric", "quality_baseline",
+                 "quality_speculative", "identical", "examples")
+
+
+def _row(config, records: list[dict], gamma: int, costs: dict,
+         metric_fn: Callable | None) -> dict[str, Any]:
+  g = str(gamma)
+  spec = [r["speculative"][g] for r in records]
+  base_time = sum(r["baseline"]["time_s"] for r in records)
+  spec_time = sum(s["time_s"] for s in spec)
+  alpha = sum(s["alpha_sum"] for s in spec) / max(
+      sum(s["alpha_count"] for s in spec), 1)
+  tokens = sum(len(s["tokens"]) for s in spec)
+  calls = sum(s["target_calls"] for s in spec)
+  c = costs["c"]
+  row = {
+      "task": config.task, "target": config.target, "draft": config.draft,
+      "temperature": config.temperature, "gamma": gamma,
+      "examples": len(records), "alpha": alpha, "c": c,
+      "c_hat": costs.get("c_hat"), "verify_cost": costs.get("verify_cost"),
+      "baseline_time_s": base_time, "speculative_time_s": spec_time,
+      "speedup": base_time / spec_time if spec_time else float("nan"),
+      "predicted_speedup": float(theory.walltime_improvement(alpha, gamma, c)),
+      # Theorem 3.8 with the target call priced at what verifying gamma + 1
+      # tokens really costs (the paper assumes it costs one step).
+      "predicted_with_verify_cost": float(
+          theory.expected_tokens(alpha, gamma)
+          / (gamma * c + costs.get("verify_cost", 1.0))),
+      "tokens_per_call": tokens / max(calls, 1),
+      "expected_tokens_per_call": float(theory.expected_tokens(alpha, gamma)),
+      "accepted_histogram": np.sum(
+          [s["accepted_histogram"] for s in spec], axis=0).tolist(),
+      "identical": all(s["tokens"] == r["baseline"]["tokens"]
+                       for s, r in zip(spec, records)),
+  }
+  if config.temperature != 0:
+    row["identical"] = None  # sampled outputs are not expected to match
+  if metric_fn is not None:
+    targets = [r["target_text"] for r in records]
+    base_q = metric_fn(targets, [r["baseline"]["text"] for r in records])
+    spec_q = metric_fn(targets, [s["text"] for s in spec])
+    key = sorted(base_q)[0] if "bleu" not in base_q else "bleu"
+    if "rougeL" in base_q:
+      key = "rougeL"
+    row.update(quality_metric=key, quality_baseline=base_q[key],
+               quality_speculative=spec_q[key], quality_all_baseline=base_q,
+               quality_all_speculative=spec_q)
+  return row
+
+
+def summarize(config, records: list[dict], costs_by_gamma: dict,
+              gammas: Sequence[int], metric_fn: Callable | None) -> dict:
+  """Pools records into one row per gamma (and the first row at top level)."""
+  if not records:
+    raise ValueError("no finished examples to summarize")
+  rows = [_row(config, records, g, costs_by_gamma[g], metric_fn)
+          for g in gammas]
+  summary = dict(rows[0])
+  summary.update(rows=rows, config=_jsonable(dataclasses.asdict(config)),
+                 costs={str(g): costs_by_gamma[g] for g in gammas})
+  return summary
+
+
+def _jsonable(obj):
+  return json.loads(json.dumps(obj, default=str))
+
+
+def _fmt(value) -> str:
+  if isinstance(value, float):
+    return f"{value:.3f}"
+  return "" if value is None else str(value)
+
+
+def write_table(path_stem: str, rows: list[dict],
+                columns: Sequence[str] = TABLE_COLUMNS) -> None:
+  """table.md and table.csv with `columns` (missing values left blank)."""
+  with open(path_stem + ".csv", "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(columns)
+    for row in rows:
+      writer.writerow([row.get(c, "") if row.get(c) is not None else ""
+                       for c in columns])
+  with open(path_stem + ".md", "w") as f:
+    f.write("| " + " | ".join(columns) + " |\n")
+    f.write("|" + "---|" * len(columns) + "\n")
+    for row in rows:
+      f.write("| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |\n")
+
+
+def write_outputs(workdir: str, config, summary: dict, records) -> None:
+  """summary.json, table.md/.csv and the plots."""
+  del records
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(_jsonable(summary), f, indent=2, sort_keys=True)
+  write_table(os.path.join(workdir, "table"), summary["rows"])
+  plot_acceptance(os.path.join(workdir, "acceptance.png"), summary["rows"][0])
+  if len(summary["rows"]) > 1:
+    plot_speedup_vs_gamma(os.path.join(workdir, "speedup_vs_gamma.png"),
+                          summary["rows"], title=f"{config.task}: "
+                          f"{config.draft} drafting for {config.target}")
+
+
+def _pyplot():
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def plot_speedup_vs_gamma(path: str, rows: list[dict], title: str = "") -> None:
+  """Measured speedups over Theorem 3.8's curve from the pooled alpha and c."""
+  plt = _pyplot()
+  gammas = np.array([r["gamma"] for r in rows])
+  alpha = float(np.mean([r["alpha"] for r in rows]))
+  c = float(np.mean([r["c"] for r in rows]))
+  verify = float(np.mean([r.get("verify_cost") or 1.0 for r in rows]))
+  grid = np.arange(1, max(gammas.max(), theory.optimal_gamma(alpha, c)) + 3)
+  fig, ax = plt.subplots(figsize=(6, 4))
+  ax.plot(grid, theory.walltime_improvement(alpha, grid, c), "-",
+          label=f"Theorem 3.8 (alpha={alpha:.2f}, c={c:.3f})")
+  ax.plot(grid, theory.expected_tokens(alpha, grid) / (grid * c + verify),
+          "--", label=f"with measured verify cost ({verify:.2f})")
+  ax.plot(gammas, [r["speedup"] for r in rows], "o", color="black",
+          label="measured")
+  ax.axhline(1.0, color="gray", lw=0.5)
+  ax.set_xlabel("gamma")
+  ax.xaxis.get_major_locator().set_params(integer=True)
+  ax.set_ylabel("walltime speedup")
+  ax.set_title(title, fontsize=9)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def plot_acceptance(path: str, row: dict) -> None:
+  """Accepted draft tokens per iteration: measured vs i.i.d. theory."""
+  plt = _pyplot()
+  hist = np.asarray(row["accepted_histogram"], np.float64)
+  gamma, alpha = len(hist) - 1, row["alpha"]
+  k = np.arange(gamma + 1)
+  expected = alpha**k * (1 - alpha)
+  expected[-1] = alpha**gamma
+  fig, ax = plt.subplots(figsize=(6, 3.5))
+  ax.bar(k, hist / max(hist.sum(), 1), label="measured")
+  ax.plot(k, expected, "o-", color="black",
+          label=f"alpha^k (1 - alpha), alpha={alpha:.2f}")
+  ax.set_xlabel("draft tokens accepted per iteration")
+  ax.set_ylabel("fraction of iterations")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+# ----------------------------------------------------------------------------
+# Figure-1-style traces.
+
+
+def _piece(vocab, token: int) -> str:
+  tokenizer = getattr(vocab, "tokenizer", None)
+  if tokenizer is not None and token < tokenizer.get_piece_size():
+    return tokenizer.id_to_piece(int(token)).replace("\u2581", " ")
+  try:
+    return vocab.decode([int(token)]) or f"<{token}>"
+  except Exception:  # pylint: disable=broad-except
+    return f"<{token}>"
+
+
+def trace_steps(stats: dict, row: int, gamma: int) -> list[dict]:
+  """Per iteration: accepted draft tokens, the rejected one, the target's."""
+  steps = []
+  for it in range(int(stats["target_calls"][row])):
+    n = int(stats["trace_accepted"][row, it])
+    draft = stats["trace_draft"][row, it].tolist()
+    steps.append({"accepted": draft[:n],
+                  "rejected": draft[n:n + 1] if n < gamma else [],
+                  "target": int(stats["trace_next"][row, it])})
+  return steps
+
+
+def write_traces(workdir, config, target, draft, batches, vocab, gamma,
+                 mesh=None) -> None:
+  """trace.html and trace.png for the first few examples."""
+  from specdec_jax.decoding.api import speculative_generate  # pylint: disable=g-import-not-at-top
+  traces = []
+  for batch in batches:
+    res = speculative_generate(
+        target, draft, batch.input_ids, gamma=gamma,
+        max_decode_len=config.max_decode_len, temperature=config.temperature,
+        top_k=config.top_k, top_p=config.top_p, seed=config.seed,
+        record_trace=True, mesh=mesh)
+    traces.append((batch.inputs_text[0], trace_steps(res.stats, 0, gamma)))
+  _write_trace_html(os.path.join(workdir, "trace.html"), traces, vocab, gamma)
+  _write_trace_png(os.path.join(workdir, "trace.png"), traces, vocab)
+
+
+def _write_trace_html(path, traces, vocab, gamma) -> None:
+  style = ("body{font-family:sans-serif} .a{background:#c8f0c8} "
+           ".r{background:#f7c6c6;text-decoration:line-through} "
+           ".t{background:#c6d8f7} div.step{margin:2px 0;font-family:monospace}")
+  parts = [f"<html><head><meta charset='utf-8'><style>{style}</style></head>"
+           f"<body><h2>Speculative decoding traces (gamma={gamma})</h2>"
+           "<p><span class=a>accepted draft tokens</span> "
+           "<span class=r>rejected draft token</span> "
+           "<span class=t>target's token (correction or bonus)</span></p>"]
+  for text, steps in traces:
+    parts.append(f"<h3>{html.escape(text)}</h3>")
+    for step in steps:
+      spans = [f"<span class=a>{html.escape(_piece(vocab, t))}</span>"
+               for t in step["accepted"]]
+      spans += [f"<span class=r>{html.escape(_piece(vocab, t))}</span>"
+                for t in step["rejected"]]
+      spans.append(
+          f"<span class=t>{html.escape(_piece(vocab, step['target']))}</span>")
+      parts.append("<div class=step>" + "".join(spans) + "</div>")
+  parts.append("</body></html>")
+  with open(path, "w") as f:
+    f.write("\n".join(parts))
+
+
+def _write_trace_png(path, traces, vocab) -> None:
+  plt = _pyplot()
+  lines = [(text, steps) for text, steps in traces]
+  height = sum(len(s) + 2 for _, s in lines) * 0.22 + 0.5
+  fig = plt.figure(figsize=(10, height))
+  ax = fig.add_axes([0, 0, 1, 1])
+  ax.axis("off")
+  renderer = fig.canvas.get_renderer()
+  y = 1.0
+  step_h = 0.22 / height
+  colors = {"accepted": "#c8f0c8", "rejected": "#f7c6c6", "target": "#c6d8f7"}
+  for text, steps in lines:
+    ax.text(0.01, y - step_h, text[:120], fontsize=8, weight="bold",
+            va="top", transform=ax.transAxes)
+    y -= 1.5 * step_h
+    for step in steps:
+      x = 0.02
+      items = [(t, "accepted") for t in step["accepted"]]
+      items += [(t, "rejected") for t in step["rejected"]]
+      items.append((step["target"], "target"))
+      for tok, kind in items:
+        label = _piece(vocab, tok).strip() or "_"
+        t = ax.text(x, y, label, fontsize=8, family="monospace", va="top",
+                    transform=ax.transAxes,
+                    bbox=dict(facecolor=colors[kind], edgecolor="none",
+                              pad=1))
+        box = t.get_window_extent(renderer=renderer)
+        x += box.width / fig.bbox.width + 0.004
+      y -= step_h
+    y -= 0.5 * step_h
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
