@@ -12,25 +12,10 @@
   NAME         a config name (`registry.NAMES`, e.g. "t5_tiny"): random,
                seeded parameters for tests and benchmarks.
 
-T5X layout (checked against google-research/t5x t5x/checkpoints.py,
-checkpoints_utils.py, checkpoint_utils.py and train_state.py):
-
-  checkpoint_<step>/checkpoint   msgpack (flax.serialization) of
-      {'version': 3, 'optimizer': {'target': params,
-                                   'state': {'step': int32, 'param_states'}}}
-      (version 0 files hold the state dict itself, without 'optimizer').
-      A leaf is either the array itself (flax's ndarray extension: what T5X
-      writes for unpartitioned leaves) or the JSON of a tensorstore spec
-      {'driver': 'zarr', 'dtype', 'kvstore': {'driver': 'file'|'gcs',
-      'path': 'target.encoder.layers_0.attention.query.kernel'},
-      'metadata': {'chunks', 'compressor': {'id': 'gzip'}, 'shape'}}
-      whose path is relative to the checkpoint directory (older tensorstore
-      put it in a top-level 'path'; the gcs bucket is a dummy).
-  checkpoint_<step>/target.<name with / as .>/   one zarr v2 array.
-  checkpoint_<step>/state/   newer T5X: an orbax PyTree checkpoint of
-      {'target': params, 'state': {...}} (no 'optimizer', no 'version').
-Version 3 stores bfloat16 natively; version 2 stored it as uint16, which
-T5X itself refuses to read, and so do we.
+The T5X format (layout, reader, writer) lives in `checkpoints_t5x`, config
+resolution (`resolve_config`) in `model_configs`; both are re-exported here.
+orbax, tensorstore, gin and seqio are imported inside the functions that
+use them, so `import specdec_jax.checkpoints` needs only jax, flax and numpy.
 
 Memory. Loading reads, checks, casts and places one tensor at a time: the
 leaf is read from tensorstore, cast to the config's `param_dtype`, put on
@@ -55,15 +40,11 @@ import dataclasses
 import functools
 import json
 import os
-import posixpath
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-import flax.serialization
 import jax
-import jax.numpy as jnp
 import numpy as np
-import tensorstore as ts
 
 from specdec_jax import checkpoints_hf
 from specdec_jax import sharding as sharding_lib
@@ -71,14 +52,62 @@ from specdec_jax.checkpoints_hf import CheckpointError
 from specdec_jax.checkpoints_hf import CheckpointNotFoundError
 from specdec_jax.checkpoints_hf import MissingParameterError
 from specdec_jax.checkpoints_hf import ParameterShapeError
+# Re-exported: everything below was importable from this module before the
+# T5X format and config resolution moved out. Patch module globals such as
+# _CHUNK_BYTES in the module that defines them, not here.
+from specdec_jax.checkpoints_t5x import _CHUNK_BYTES
+from specdec_jax.checkpoints_t5x import _GCS_DUMMY_BUCKET
+from specdec_jax.checkpoints_t5x import _Placement
+from specdec_jax.checkpoints_t5x import _Stored
+from specdec_jax.checkpoints_t5x import _children
+from specdec_jax.checkpoints_t5x import _chunk_shape
+from specdec_jax.checkpoints_t5x import _flatten
+from specdec_jax.checkpoints_t5x import _is_gcs
+from specdec_jax.checkpoints_t5x import _is_ts_spec
+from specdec_jax.checkpoints_t5x import _isdir
+from specdec_jax.checkpoints_t5x import _join
+from specdec_jax.checkpoints_t5x import _kvstore
+from specdec_jax.checkpoints_t5x import _open_orbax
+from specdec_jax.checkpoints_t5x import _open_t5x
+from specdec_jax.checkpoints_t5x import _open_t5x_msgpack
+from specdec_jax.checkpoints_t5x import _orbax_restore_args
+from specdec_jax.checkpoints_t5x import _place
+from specdec_jax.checkpoints_t5x import _read_bytes
+from specdec_jax.checkpoints_t5x import _split
+from specdec_jax.checkpoints_t5x import _t5x_ts_leaf
+from specdec_jax.checkpoints_t5x import _unflatten
+from specdec_jax.checkpoints_t5x import _write_bytes
+from specdec_jax.checkpoints_t5x import _write_t5x_array
+from specdec_jax.checkpoints_t5x import read_t5x
+from specdec_jax.checkpoints_t5x import T5X_MSGPACK
+from specdec_jax.checkpoints_t5x import T5X_ORBAX_DIR
+from specdec_jax.checkpoints_t5x import T5X_VERSION
+from specdec_jax.checkpoints_t5x import write_t5x
 from specdec_jax.model import Model
+from specdec_jax.model_configs import _FAMILIES
+from specdec_jax.model_configs import _IGNORED_FIELDS
+from specdec_jax.model_configs import _config_from_fields
+from specdec_jax.model_configs import _config_from_gin
+from specdec_jax.model_configs import resolve_config
+from specdec_jax.model_configs import SpecError
 from specdec_jax.models import registry
 from specdec_jax.models.gpt import GPTConfig
 from specdec_jax.models.t5 import T5Config
 
-T5X_VERSION = 3
-T5X_MSGPACK = "checkpoint"
-T5X_ORBAX_DIR = "state"
+__all__ = [
+    "CONFIG_FILE", "CheckpointError", "CheckpointNotFoundError", "DEMO_DIR",
+    "FORMAT", "FORMAT_VERSION", "GPTConfig", "MissingParameterError", "Model",
+    "PARAMS_DIR", "ParameterShapeError", "SPEC_PREFIXES", "SpecError",
+    "T5Config", "T5X_MSGPACK", "T5X_ORBAX_DIR", "T5X_VERSION",
+    "UnexpectedParameterError", "VOCAB_FILE", "convert", "load_model",
+    "read_t5x", "resolve_config", "restore", "save", "write_t5x",
+] + [  # Private, listed so that linters see the re-exports as deliberate.
+    "_CHUNK_BYTES", "_GCS_DUMMY_BUCKET", "_IGNORED_FIELDS", "_Placement",
+    "_chunk_shape", "_config_from_gin", "_is_ts_spec", "_kvstore",
+    "_open_t5x_msgpack", "_orbax_restore_args", "_split", "_t5x_ts_leaf",
+    "_write_t5x_array",
+]
+
 FORMAT = "specdec_jax"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -87,102 +116,13 @@ VOCAB_FILE = "vocab.model"
 DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "demo_models")
 SPEC_PREFIXES = ("hf", "t5x", "demo")
-# T5X's chunk target; any chunking reads back the same.
-_CHUNK_BYTES = 64 * 2**20
-_GCS_DUMMY_BUCKET = "t5x-dummy-bucket"
-# T5X `T5Config` / decoder-only `TransformerConfig` fields that don't matter
-# for inference.
-_IGNORED_FIELDS = ("dropout_rate", "float32_attention_logits")
-_FAMILIES = (("t5", T5Config), ("gpt", GPTConfig))
 
 
 class UnexpectedParameterError(CheckpointError):
   """The checkpoint has parameters the config does not."""
 
 
-class SpecError(ValueError):
-  """A `load_model` spec or config that cannot be understood."""
-
-
-# --- Locations: a local path or gs://bucket/path, read via tensorstore. ---
-
-
-def _is_gcs(path: str) -> bool:
-  return path.startswith("gs://")
-
-
-def _join(path: str, *names: str) -> str:
-  return (posixpath if _is_gcs(path) else os.path).join(path, *names)
-
-
-def _kvstore(directory: str) -> dict[str, Any]:
-  """The tensorstore kvstore spec of a directory."""
-  if _is_gcs(directory):
-    bucket, _, prefix = directory[len("gs://"):].partition("/")
-    prefix = prefix.strip("/")
-    return {"driver": "gcs", "bucket": bucket,
-            "path": prefix + "/" if prefix else ""}
-  return {"driver": "file", "path": os.path.abspath(directory) + "/"}
-
-
-def _split(path: str) -> tuple[str, str]:
-  path = path.rstrip("/")
-  return (posixpath if _is_gcs(path) else os.path).split(path)
-
-
-def _read_bytes(path: str) -> bytes | None:
-  """The contents of a file, or None if it does not exist."""
-  directory, name = _split(path)
-  store = ts.KvStore.open(_kvstore(directory)).result()
-  result = store.read(name).result()
-  return bytes(result.value) if result.state == "value" else None
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-  directory, name = _split(path)
-  ts.KvStore.open(_kvstore(directory)).result().write(name, data).result()
-
-
-def _isdir(path: str) -> bool:
-  if not _is_gcs(path):
-    return os.path.isdir(path)
-  return bool(ts.KvStore.open(_kvstore(path)).result().list().result())
-
-
-def _children(path: str) -> list[str]:
-  """Names of the entries directly inside a directory."""
-  if not _is_gcs(path):
-    return sorted(os.listdir(path)) if os.path.isdir(path) else []
-  keys = ts.KvStore.open(_kvstore(path)).result().list().result()
-  return sorted({k.decode().split("/")[0] for k in keys})
-
-
-# --- Parameter trees as flat {"a/b/c": leaf} dicts. ---
-
-
-def _is_ts_spec(x: Any) -> bool:
-  return isinstance(x, Mapping) and "driver" in x and (
-      "kvstore" in x or "path" in x)
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-  if not isinstance(tree, Mapping) or _is_ts_spec(tree):
-    return {prefix: tree}
-  flat = {}
-  for key, value in tree.items():
-    flat.update(_flatten(value, f"{prefix}/{key}" if prefix else str(key)))
-  return flat
-
-
-def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-  tree: dict[str, Any] = {}
-  for name, value in flat.items():
-    *parents, leaf = name.split("/")
-    node = tree
-    for key in parents:
-      node = node.setdefault(key, {})
-    node[leaf] = value
-  return tree
+# --- Checking parameters against a model definition. ---
 
 
 @functools.lru_cache(maxsize=32)
@@ -214,247 +154,6 @@ def _check(found: Mapping[str, tuple[int, ...]], definition: Any,
           f"parameter {name} in {where} has shape {tuple(found[name])}, but "
           f"the config expects {tuple(want.shape)}{hint}")
   return expected
-
-
-# A placement: (dtype to cast to or None, sharding or None for host numpy).
-_Placement = tuple[Any, Any]
-
-
-def _place(value: np.ndarray, placement: _Placement) -> Any:
-  dtype, sharding = placement
-  if dtype is not None and value.dtype != dtype:
-    value = value.astype(dtype)
-  if sharding is None:
-    return value
-  if isinstance(sharding, jax.sharding.NamedSharding):
-    return sharding_lib.put(value, sharding)
-  return jax.device_put(value, sharding)
-
-
-@dataclasses.dataclass
-class _Stored:
-  """Parameters found in a checkpoint, not read yet.
-
-  Attributes:
-    where: a description for errors.
-    shapes: name -> shape of every parameter.
-    load: {name: _Placement} -> {name: array}, reading as it places.
-  """
-
-  where: str
-  shapes: dict[str, tuple[int, ...]]
-  load: Callable[[dict[str, _Placement]], dict[str, Any]]
-
-
-# --- T5X ---
-
-
-def _t5x_ts_leaf(ckpt_dir: str, name: str, spec: Mapping[str, Any]):
-  """(shape, reader) of a tensorstore-written T5X leaf."""
-  relative = spec.get("kvstore", {}).get("path") or spec.get("path")
-  if not relative:
-    raise CheckpointError(f"{name}: tensorstore spec without a path: {spec}")
-  dtype = spec.get("dtype") or spec.get("metadata", {}).get("dtype")
-  if dtype in ("uint16", "<u2"):
-    raise CheckpointError(
-        f"{name} in {ckpt_dir} is stored as uint16 (a T5X version-2 "
-        "bfloat16); re-save it with a current T5X, which stores bfloat16")
-  # Wherever it was written (file, gfile, gcs with a dummy bucket), the
-  # array now lives next to the msgpack file.
-  open_spec = {"driver": spec["driver"],
-               "kvstore": _kvstore(_join(ckpt_dir, relative.rstrip("/")))}
-  shape = spec.get("metadata", {}).get("shape")
-  if shape is None:
-    shape = ts.open(open_spec, open=True).result().shape
-  return tuple(shape), lambda: ts.open(open_spec, open=True).result().read(
-  ).result()
-
-
-def _open_t5x_msgpack(ckpt_dir: str, data: bytes) -> _Stored:
-  where = f"T5X checkpoint {_join(ckpt_dir, T5X_MSGPACK)}"
-  try:
-    contents = flax.serialization.msgpack_restore(data)
-  except Exception as e:  # msgpack raises several unrelated types
-    raise CheckpointError(f"{where} is not a T5X msgpack file: {e}") from None
-  state = contents.get("optimizer", contents)
-  if not isinstance(state, Mapping) or "target" not in state:
-    raise CheckpointError(
-        f"{where} has no 'target' parameters (top-level keys: "
-        f"{sorted(contents)}); is it a T5X checkpoint?")
-  leaves = {}
-  for name, leaf in _flatten(state["target"]).items():
-    if _is_ts_spec(leaf):
-      leaves[name] = _t5x_ts_leaf(ckpt_dir, name, leaf)
-    else:
-      # A copy: writable, and it frees the msgpack buffer it points into.
-      value = np.array(leaf)
-      leaves[name] = (value.shape, lambda value=value: value)
-
-  def load(placements):
-    out = {}
-    for name, placement in placements.items():
-      # Read, cast and place one leaf; its host copy dies with this frame.
-      out[name] = _place(np.asarray(leaves[name][1]()), placement)
-    return out
-
-  return _Stored(where, {n: s for n, (s, _) in leaves.items()}, load)
-
-
-def _orbax_restore_args(dtype, sharding):
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  if sharding is None:
-    return ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype)
-  return ocp.ArrayRestoreArgs(sharding=sharding, dtype=dtype)
-
-
-def _open_orbax(directory: str, prefix: str, where: str) -> _Stored:
-  """Parameters under `prefix` ('' for all) of an orbax PyTree checkpoint."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  checkpointer = ocp.PyTreeCheckpointer()
-  metadata = checkpointer.metadata(directory)
-  tree = getattr(getattr(metadata, "item_metadata", metadata), "tree",
-                 metadata)
-  if prefix:
-    if prefix not in tree:
-      raise CheckpointError(f"{where} has no '{prefix}' parameters (keys: "
-                            f"{sorted(tree)}); is it a T5X checkpoint?")
-    tree = tree[prefix]
-  leaves = _flatten(tree)
-  shapes = {n: tuple(m.shape) for n, m in leaves.items()}
-
-  def load(placements):
-    def wrap(t):
-      return {prefix: t} if prefix else t
-    item = wrap(_unflatten({
-        n: jax.ShapeDtypeStruct(shapes[n], d or leaves[n].dtype)
-        for n, (d, _) in placements.items()}))
-    args = wrap(_unflatten({n: _orbax_restore_args(*p)
-                            for n, p in placements.items()}))
-    restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
-        item=item, restore_args=args, partial_restore=True))
-    return _flatten(restored[prefix] if prefix else restored)
-
-  return _Stored(where, shapes, load)
-
-
-def _open_t5x(path: str) -> _Stored:
-  """Finds the T5X checkpoint at `path` (a checkpoint_<step> dir or file)."""
-  path = path.rstrip("/")
-  if _split(path)[1] == T5X_MSGPACK and not _isdir(path):
-    path = _split(path)[0]
-  if _isdir(_join(path, T5X_ORBAX_DIR)):
-    state_dir = _join(path, T5X_ORBAX_DIR)
-    return _open_orbax(state_dir, "target", f"T5X orbax checkpoint {path}")
-  if _read_bytes(_join(path, "_METADATA")) is not None:  # the state dir
-    return _open_orbax(path, "target", f"T5X orbax checkpoint {path}")
-  data = _read_bytes(_join(path, T5X_MSGPACK))
-  if data is not None:
-    return _open_t5x_msgpack(path, data)
-  if not _isdir(path):
-    raise CheckpointNotFoundError(f"T5X checkpoint directory not found: "
-                                  f"{path!r}")
-  steps = [c for c in _children(path) if re.fullmatch(r"checkpoint_\d+", c)]
-  hint = (f"; it holds {', '.join(steps)}: pass one of those directories"
-          if steps else "")
-  raise CheckpointNotFoundError(
-      f"no T5X checkpoint in {path!r}: expected a msgpack file "
-      f"'{T5X_MSGPACK}' or an orbax '{T5X_ORBAX_DIR}/' directory{hint}")
-
-
-def read_t5x(path: str) -> dict[str, Any]:
-  """Reads the parameters (`target`) of a T5X checkpoint.
-
-  Args:
-    path: a `checkpoint_<step>` directory (local or gs://), or its msgpack
-      `checkpoint` file. Optimizer states are not read.
-
-  Returns:
-    The parameter tree (nested dicts of numpy arrays, stored dtypes), with
-    T5X's names, e.g. params['encoder']['layers_0']['attention']['query'].
-
-  Raises:
-    CheckpointNotFoundError: no checkpoint at `path`.
-    CheckpointError: a file that is not a T5X checkpoint.
-  """
-  stored = _open_t5x(path)
-  return _unflatten(stored.load({n: (None, None) for n in stored.shapes}))
-
-
-def _chunk_shape(shape: tuple[int, ...], itemsize: int) -> list[int]:
-  """Chunks dividing `shape`, at most _CHUNK_BYTES, largest dims split first."""
-  chunks = [max(int(d), 1) for d in shape]
-  while chunks and int(np.prod(chunks)) * itemsize > _CHUNK_BYTES:
-    i = int(np.argmax(chunks))
-    size = chunks[i]
-    smallest_factor = next(f for f in range(2, size + 1) if size % f == 0)
-    chunks[i] = size // smallest_factor
-  return chunks
-
-
-def _write_t5x_array(ckpt_dir: str, name: str, value: np.ndarray) -> dict:
-  """Writes one zarr array as T5X does; returns the spec for the msgpack."""
-  relative = name.replace("/", ".")
-  kvstore = ({"driver": "gcs", "bucket": _GCS_DUMMY_BUCKET, "path": relative}
-             if _is_gcs(ckpt_dir) else {"driver": "file", "path": relative})
-  spec = {"driver": "zarr", "dtype": jnp.dtype(value.dtype).name,
-          "kvstore": kvstore,
-          "metadata": {"compressor": {"id": "gzip"},
-                       "shape": list(value.shape),
-                       "chunks": _chunk_shape(value.shape,
-                                              value.dtype.itemsize)}}
-  recorded = ts.Spec(spec).to_json()  # normalised, as T5X records it
-  spec = dict(spec, kvstore=_kvstore(_join(ckpt_dir, relative)))
-  ts.open(spec, create=True, open=True).result().write(value).result()
-  return recorded
-
-
-def write_t5x(params: Any, path: str, step: int, *, inline_below: int = 0,
-              param_states: Any = None, use_orbax: bool = False) -> str:
-  """Writes `params` as a T5X checkpoint, `path/checkpoint_<step>`.
-
-  Args:
-    params: parameter tree (numpy or jax arrays) with T5X's names.
-    path: the model directory holding `checkpoint_<step>` (local or gs://).
-    step: the training step.
-    inline_below: arrays smaller than this many bytes go into the msgpack
-      file itself (as T5X does for unpartitioned leaves); the others go to
-      tensorstore. 0: all to tensorstore (a partitioned T5X run).
-    param_states: optional optimizer state tree, stored as T5X stores it
-      under state/param_states (readers must skip it).
-    use_orbax: write newer T5X's orbax layout (`state/`) instead.
-
-  Returns:
-    The checkpoint directory.
-  """
-  ckpt_dir = _join(path, f"checkpoint_{step}")
-  if (_read_bytes(_join(ckpt_dir, T5X_MSGPACK)) is not None
-      or _isdir(_join(ckpt_dir, T5X_ORBAX_DIR))):
-    raise FileExistsError(f"T5X checkpoint {ckpt_dir!r} already exists")
-  host = jax.tree.map(np.asarray, params)
-  state = {"step": np.int32(step)}
-  if param_states is not None:
-    state["param_states"] = jax.tree.map(np.asarray, param_states)
-  if use_orbax:
-    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-    ocp.PyTreeCheckpointer().save(_join(ckpt_dir, T5X_ORBAX_DIR),
-                                  {"target": host, "state": state})
-    return ckpt_dir
-
-  def write(tree, prefix):
-    return _unflatten({
-        name: (value if value.nbytes < inline_below else
-               _write_t5x_array(ckpt_dir, f"{prefix}/{name}", value))
-        for name, value in _flatten(tree).items()})
-
-  state_dict = {"target": write(host, "target"), "state": dict(state)}
-  if param_states is not None:
-    state_dict["state"]["param_states"] = write(state["param_states"],
-                                                "state/param_states")
-  # The msgpack file goes last: its presence marks a complete checkpoint.
-  data = flax.serialization.msgpack_serialize(
-      {"version": T5X_VERSION, "optimizer": state_dict})
-  _write_bytes(_join(ckpt_dir, T5X_MSGPACK), data)
-  return ckpt_dir
 
 
 # --- Our format: config.json + an orbax PyTree checkpoint of the params. ---
@@ -608,120 +307,6 @@ def _load_checked(stored: _Stored, definition: Any,
   return _unflatten(stored.load(
       {n: (s.dtype, shardings[n]) for n, s in expected.items()}))
 
-
-# --- Configs for T5X checkpoints. ---
-
-
-def _config_from_fields(fields: Mapping[str, Any], family: str | None,
-                        where: str) -> T5Config | GPTConfig:
-  """Our config from T5X-named fields (unknown ones are an error)."""
-  fields = {k: v for k, v in fields.items() if k not in _IGNORED_FIELDS}
-  if family is None:
-    family = ("gpt" if "num_layers" in fields
-              and "num_encoder_layers" not in fields else "t5")
-  cls = dict(_FAMILIES).get(family)
-  if cls is None:
-    raise SpecError(f"{where}: unknown model family {family!r}; "
-                    f"known: {', '.join(f for f, _ in _FAMILIES)}")
-  known = [f.name for f in dataclasses.fields(cls)]
-  unknown = sorted(set(fields) - set(known))
-  if unknown:
-    raise SpecError(f"{where}: unknown {cls.__name__} field(s) {unknown}; "
-                    f"known: {', '.join(known + list(_IGNORED_FIELDS))}")
-  for key in ("dtype", "param_dtype"):
-    if key in fields:  # T5X binds jnp.bfloat16 objects; we keep names
-      fields[key] = jnp.dtype(fields[key]).name
-  try:
-    return cls(**fields)
-  except TypeError as e:
-    raise SpecError(f"{where}: incomplete {cls.__name__}: {e}") from None
-
-
-def _config_from_gin(path: str) -> T5Config | GPTConfig:
-  """Reads the T5Config/GPTConfig bindings of a gin file (no global state)."""
-  from gin import config_parser  # pylint: disable=g-import-not-at-top
-
-  @dataclasses.dataclass(frozen=True)
-  class Macro:
-    name: str
-
-  @dataclasses.dataclass(frozen=True)
-  class Reference:
-    name: str
-
-  class Delegate(config_parser.ParserDelegate):
-    def configurable_reference(self, scoped_configurable_name, evaluate):
-      return Reference(scoped_configurable_name)
-
-    def macro(self, macro_name):
-      return Macro(macro_name)
-
-  macros, bound = {}, {}
-  with open(path) as f:
-    for statement in config_parser.ConfigParser(f, Delegate()):
-      if isinstance(statement, config_parser.IncludeStatement):
-        raise SpecError(f"{path}: includes are not followed; bind every "
-                        "config field in the one file")
-      if not isinstance(statement, config_parser.BindingStatement):
-        continue
-      if not statement.arg_name:
-        macros[statement.selector] = statement.value
-        continue
-      cls_name = statement.selector.rsplit(".", 1)[-1]
-      if cls_name in ("T5Config", "GPTConfig", "TransformerConfig"):
-        key = (statement.scope, statement.selector)
-        bound.setdefault(key, {})[statement.arg_name] = statement.value
-  if len(bound) != 1:
-    found = [f"{s}/{c}" if s else c for s, c in bound] or "none"
-    raise SpecError(f"{path}: expected the bindings of exactly one T5Config "
-                    f"or GPTConfig, found {found}")
-  (_, selector), fields = next(iter(bound.items()))
-
-  def resolve(value):
-    if isinstance(value, Macro):
-      if value.name not in macros:
-        raise SpecError(f"{path}: macro %{value.name} is not defined there")
-      return resolve(macros[value.name])
-    if isinstance(value, Reference):
-      raise SpecError(f"{path}: config fields must be plain values, not "
-                      f"@{value.name}")
-    if isinstance(value, (tuple, list)):
-      return type(value)(resolve(v) for v in value)
-    return value
-
-  family = "t5" if selector.endswith("T5Config") else "gpt"
-  return _config_from_fields({k: resolve(v) for k, v in fields.items()},
-                             family, path)
-
-
-def resolve_config(config: Any) -> T5Config | GPTConfig:
-  """A model config from a name, a gin file, a dict of fields or a config.
-
-  Args:
-    config: a `registry.NAMES` entry ("t5_1_1_xxl"), a path to a gin file
-      binding one T5Config/GPTConfig (configs/models/*.gin), a dict of
-      T5X `T5Config` fields (vocab_size, emb_dim, num_heads,
-      num_encoder_layers, num_decoder_layers, head_dim, mlp_dim,
-      mlp_activations, logits_via_embedding, dtype; dropout_rate and
-      float32_attention_logits are ignored; `num_layers` instead of the two
-      depths means decoder-only; fields not given take our defaults), or a
-      T5Config/GPTConfig.
-
-  Returns:
-    A T5Config or GPTConfig.
-  """
-  if isinstance(config, (T5Config, GPTConfig)):
-    return config
-  if isinstance(config, Mapping):
-    return _config_from_fields(dict(config), None, "config dict")
-  if isinstance(config, str):
-    if config.endswith(".gin") or os.path.isfile(config):
-      if not os.path.isfile(config):
-        raise CheckpointNotFoundError(f"gin config file not found: {config!r}")
-      return _config_from_gin(config)
-    return registry.get_config(config)  # raises naming the known configs
-  raise SpecError(f"config must be a config name, gin file, dict or "
-                  f"T5Config/GPTConfig, got {type(config).__name__}")
 
 
 # --- load_model ---

@@ -45,7 +45,6 @@ from typing import Any, Iterator
 import jax
 import jax.numpy as jnp
 import numpy as np
-import safetensors
 
 from specdec_jax.models.t5 import T5Config, T5Def
 
@@ -163,6 +162,7 @@ class _Tensors:
     index = os.path.join(path, SAFETENSORS_INDEX)
     torch_file = os.path.join(path, TORCH_FILE)
     if os.path.isfile(single):
+      import safetensors  # pylint: disable=g-import-not-at-top
       with safetensors.safe_open(single, framework="np") as f:
         self._files = {name: single for name in f.keys()}
     elif os.path.isfile(index):
@@ -209,6 +209,7 @@ class _Tensors:
       return _torch_to_numpy(self._torch_state[name])
     file = self._files[name]
     if file not in self._handles:
+      import safetensors  # pylint: disable=g-import-not-at-top
       # Opened once per shard and kept: safe_open memory-maps the file, so a
       # handle costs no memory for the tensors not read yet.
       self._handles[file] = safetensors.safe_open(file, framework="np")

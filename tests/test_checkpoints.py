@@ -6,6 +6,8 @@ directories; nothing needs the network or /work/shared.
 
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +17,7 @@ import pytest
 
 from specdec_jax import checkpoints
 from specdec_jax import checkpoints_hf
+from specdec_jax import checkpoints_t5x
 from specdec_jax import sharding
 from specdec_jax.model import Model
 from specdec_jax.models import registry
@@ -111,7 +114,8 @@ def test_t5x_msgpack_has_t5x_structure(t5x_dir):
 
 def test_t5x_multi_chunk_arrays(tiny, tmp_path, monkeypatch):
   """Arrays split over several zarr chunks read back exactly."""
-  monkeypatch.setattr(checkpoints, "_CHUNK_BYTES", 1024)
+  # Patched where write_t5x reads it; checkpoints only re-exports it.
+  monkeypatch.setattr(checkpoints_t5x, "_CHUNK_BYTES", 1024)
   path = checkpoints.write_t5x(tiny.params, str(tmp_path), 1)
   emb = os.path.join(path, "target.token_embedder.embedding")
   assert len([f for f in os.listdir(emb) if not f.startswith(".")]) > 1
@@ -333,8 +337,6 @@ def test_t5x_style_gin_with_macros(tiny, t5x_dir, tmp_path):
 def test_convert_script(tiny, t5x_dir, tmp_path):
   """scripts/convert_checkpoint.py turns a T5X checkpoint into our format,
   casting to --param_dtype; the result loads with the same (cast) values."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
   root = os.path.join(os.path.dirname(__file__), os.pardir)
   output = str(tmp_path / "converted")
   subprocess.run(
@@ -350,3 +352,37 @@ def test_convert_script(tiny, t5x_dir, tmp_path):
   _assert_trees_equal(
       jax.tree.map(np.asarray, model.params),
       jax.tree.map(lambda x: x.astype(jnp.bfloat16), tiny.params))
+
+
+# Heavy optional dependencies; a GPU benchmark machine has only jax, flax
+# and numpy, so the core must not import these when it is imported.
+_LAZY_MODULES = ("orbax", "tensorstore", "gin", "tensorflow", "seqio",
+                 "torch", "safetensors")
+
+
+def test_import_needs_only_jax_flax_numpy(tmp_path):
+  """Importing specdec_jax and specdec_jax.checkpoints (and the modules it
+  is split into) imports none of orbax, tensorstore, gin, tensorflow,
+  seqio, torch or safetensors: each is imported inside the function that
+  uses it. Checked in a fresh interpreter, as pytest has imported them;
+  the negative control reads a file, which must bring tensorstore in."""
+  root = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+  code = (
+      "import sys\n"
+      "import specdec_jax\n"
+      "import specdec_jax.checkpoints\n"
+      "import specdec_jax.checkpoints_t5x\n"
+      "import specdec_jax.model_configs\n"
+      f"heavy = {_LAZY_MODULES!r}\n"
+      "def imported():\n"
+      "  return [m for m in heavy if any(k == m or k.startswith(m + '.')\n"
+      "                                  for k in sys.modules)]\n"
+      "print(imported())\n"
+      "specdec_jax.checkpoints._read_bytes(sys.argv[1])\n"
+      "print(imported())\n")
+  result = subprocess.run(
+      [sys.executable, "-c", code, str(tmp_path / "absent")], check=True,
+      cwd=root, capture_output=True, text=True,
+      env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root))
+  lines = result.stdout.split()
+  assert lines == ["[]", "['tensorstore']"], result.stdout + result.stderr
