@@ -52,32 +52,18 @@ from specdec_jax.checkpoints_hf import CheckpointError
 from specdec_jax.checkpoints_hf import CheckpointNotFoundError
 from specdec_jax.checkpoints_hf import MissingParameterError
 from specdec_jax.checkpoints_hf import ParameterShapeError
-# Re-exported: everything below was importable from this module before the
-# T5X format and config resolution moved out. Patch module globals such as
-# _CHUNK_BYTES in the module that defines them, not here.
-from specdec_jax.checkpoints_t5x import _CHUNK_BYTES
-from specdec_jax.checkpoints_t5x import _GCS_DUMMY_BUCKET
-from specdec_jax.checkpoints_t5x import _Placement
 from specdec_jax.checkpoints_t5x import _Stored
 from specdec_jax.checkpoints_t5x import _children
-from specdec_jax.checkpoints_t5x import _chunk_shape
 from specdec_jax.checkpoints_t5x import _flatten
 from specdec_jax.checkpoints_t5x import _is_gcs
-from specdec_jax.checkpoints_t5x import _is_ts_spec
 from specdec_jax.checkpoints_t5x import _isdir
 from specdec_jax.checkpoints_t5x import _join
-from specdec_jax.checkpoints_t5x import _kvstore
 from specdec_jax.checkpoints_t5x import _open_orbax
 from specdec_jax.checkpoints_t5x import _open_t5x
-from specdec_jax.checkpoints_t5x import _open_t5x_msgpack
-from specdec_jax.checkpoints_t5x import _orbax_restore_args
 from specdec_jax.checkpoints_t5x import _place
 from specdec_jax.checkpoints_t5x import _read_bytes
-from specdec_jax.checkpoints_t5x import _split
-from specdec_jax.checkpoints_t5x import _t5x_ts_leaf
 from specdec_jax.checkpoints_t5x import _unflatten
 from specdec_jax.checkpoints_t5x import _write_bytes
-from specdec_jax.checkpoints_t5x import _write_t5x_array
 from specdec_jax.checkpoints_t5x import read_t5x
 from specdec_jax.checkpoints_t5x import T5X_MSGPACK
 from specdec_jax.checkpoints_t5x import T5X_ORBAX_DIR
@@ -85,9 +71,7 @@ from specdec_jax.checkpoints_t5x import T5X_VERSION
 from specdec_jax.checkpoints_t5x import write_t5x
 from specdec_jax.model import Model
 from specdec_jax.model_configs import _FAMILIES
-from specdec_jax.model_configs import _IGNORED_FIELDS
 from specdec_jax.model_configs import _config_from_fields
-from specdec_jax.model_configs import _config_from_gin
 from specdec_jax.model_configs import resolve_config
 from specdec_jax.model_configs import SpecError
 from specdec_jax.models import registry
@@ -101,11 +85,6 @@ __all__ = [
     "T5Config", "T5X_MSGPACK", "T5X_ORBAX_DIR", "T5X_VERSION",
     "UnexpectedParameterError", "VOCAB_FILE", "convert", "load_model",
     "read_t5x", "resolve_config", "restore", "save", "write_t5x",
-] + [  # Private, listed so that linters see the re-exports as deliberate.
-    "_CHUNK_BYTES", "_GCS_DUMMY_BUCKET", "_IGNORED_FIELDS", "_Placement",
-    "_chunk_shape", "_config_from_gin", "_is_ts_spec", "_kvstore",
-    "_open_t5x_msgpack", "_orbax_restore_args", "_split", "_t5x_ts_leaf",
-    "_write_t5x_array",
 ]
 
 FORMAT = "specdec_jax"
