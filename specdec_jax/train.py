@@ -1,0 +1,691 @@
+"""Trains T5 (or GPT-like) models with optax on a seqio task, fast on a CPU.
+
+This is what trains the shipped demo target and drafts on Multi30k. The
+tokenized splits are materialised once as numpy (TensorFlow runs only then);
+batches are cut in numpy from length buckets, so the jitted train step sees
+a handful of static shapes and compiles once per shape:
+
+  * every example gets a key, (input width, target width), from
+    `length_buckets`; keys with less than one full batch fold into the
+    smallest kept key that holds them, else into one catch-all key;
+  * a key's batches have a fixed number of rows (`batch_size`, or as many as
+    fit in `batch_tokens` padded tokens); a short last batch is filled with
+    empty rows of zero loss weight, so no example is dropped;
+  * each epoch shuffles examples within keys, then the order of the batches,
+    from (seed, epoch) alone: step s always sees the same batch, which is all
+    the data position a checkpoint needs.
+
+T5: inputs end in EOS, decoder inputs are the targets shifted right after the
+start id 0, the loss is the token-level cross-entropy on the real target
+tokens (EOS included). GPT-like: a row is inputs + targets and the loss is on
+the target tokens only (the prompt conditions, as when decoding). Optional
+distillation mixes in KL(teacher || student) at a temperature.
+
+Dropout: the models have none of their own, so `dropout_rate` applies it
+around them with a flax method interceptor, to the token embeddings and to
+the output of every attention and MLP block (the residual branches, where T5
+puts it). Evaluation and decoding run without it.
+
+The workdir holds `checkpoints/` (orbax: params, optimizer state, step and
+data position; a restarted run resumes from the latest), `metrics.jsonl`,
+`train_config.json` and, at the end, `model/` in `specdec_jax.checkpoints`
+format: `load_model(workdir + "/model")`.
+
+Dimension letters: B batch rows, L input width, T target width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import json
+import os
+import signal
+import time
+from typing import Any, Mapping, Sequence
+
+from absl import logging
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+from specdec_jax import checkpoints
+from specdec_jax import data
+from specdec_jax import metrics
+from specdec_jax import tasks
+from specdec_jax.decoding.api import generate
+from specdec_jax.model import Model
+from specdec_jax.models import gpt
+from specdec_jax.models import layers
+from specdec_jax.models import registry
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """What to train and how. Bind it with gin (configs/training/*.gin).
+
+  Attributes:
+    task: a task of `specdec_jax.tasks`.
+    model: a `registry` config name, or a T5Config/GPTConfig.
+    model_overrides: config fields replaced on top of `model`.
+    vocab_path: SentencePiece model for the task (None: `TaskConfig`'s);
+      relative to the cwd.
+    train_split, eval_split: split names.
+    max_train_examples: train on the first this many only (None: all).
+    max_input_len, max_target_len: longer rows are cut keeping EOS last
+      (None: the task's feature lengths).
+    length_buckets: allowed row widths (the longest row is always allowed).
+    batch_tokens: padded input + target tokens per batch (0: batch_size).
+    batch_size: rows per batch when batch_tokens is 0.
+    num_steps, num_epochs: how long to train; give exactly one.
+    optimizer: "adamw" or "adafactor".
+    learning_rate: peak learning rate.
+    schedule: after a linear warmup, "rsqrt" (1/sqrt(step)), "cosine" (to
+      10% of the peak at the end) or "constant".
+    warmup_steps: warmup length.
+    weight_decay: AdamW's decoupled weight decay, on matrices only.
+    adam_b2: AdamW's second-moment decay.
+    grad_clip: global-norm clipping (0: none).
+    label_smoothing: probability mass spread uniformly over the vocabulary.
+    dropout_rate: see the module docstring.
+    seed: parameter init, data order and dropout.
+    log_every: steps between progress lines (and metrics.jsonl rows).
+    eval_every: steps between evaluations (0: at the end only).
+    eval_examples: validation examples for loss/accuracy (None: all, 0: no
+      loss).
+    bleu_examples: the first this many validation examples are decoded
+      greedily for BLEU (0: no BLEU).
+    eval_batch_size: rows per decoding batch.
+    max_decode_len: decoding limit for BLEU.
+    checkpoint_every: steps between checkpoints (0: at the end only).
+    keep_checkpoints: how many to keep.
+    workdir: where everything is written; required.
+    teacher: a `checkpoints.load_model` spec (e.g. a directory) to distil.
+    distill_alpha: weight of the KL term; the cross-entropy gets 1 - alpha.
+    distill_temperature: divides both logits in the KL, which is multiplied
+      by its square so the gradients keep their scale (Hinton et al.).
+  """
+
+  task: str = "multi30k_ende_local"
+  model: Any = "t5_tiny"
+  model_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  vocab_path: str | None = None
+  train_split: str = "train"
+  eval_split: str = "validation"
+  max_train_examples: int | None = None
+  max_input_len: int | None = None
+  max_target_len: int | None = None
+  length_buckets: Sequence[int] = (16, 24, 32, 48, 64, 96, 128)
+  batch_tokens: int = 4096
+  batch_size: int = 64
+  num_steps: int | None = None
+  num_epochs: float | None = None
+  optimizer: str = "adamw"
+  learning_rate: float = 1e-3
+  schedule: str = "rsqrt"
+  warmup_steps: int = 1000
+  weight_decay: float = 0.0
+  adam_b2: float = 0.98
+  grad_clip: float = 1.0
+  label_smoothing: float = 0.0
+  dropout_rate: float = 0.0
+  seed: int = 0
+  log_every: int = 50
+  eval_every: int = 0
+  eval_examples: int | None = None
+  bleu_examples: int = 256
+  eval_batch_size: int = 64
+  max_decode_len: int = 96
+  checkpoint_every: int = 1000
+  keep_checkpoints: int = 2
+  workdir: str = ""
+  teacher: str | None = None
+  distill_alpha: float = 0.0
+  distill_temperature: float = 1.0
+
+  def model_config(self) -> Any:
+    """The architecture: `model` with `model_overrides` applied."""
+    if isinstance(self.model, str):
+      return registry.get_config(self.model, **self.model_overrides)
+    return dataclasses.replace(self.model, **self.model_overrides)
+
+  def max_lengths(self) -> tuple[int, int]:
+    lengths = tasks.feature_lengths(self.task)
+    return (self.max_input_len or lengths["inputs"],
+            self.max_target_len or lengths["targets"])
+
+  def check(self) -> None:
+    """Raises ValueError naming the fix for a config that cannot train."""
+    problems = [message for bad, message in (
+        (not self.workdir, "workdir is required (--workdir)"),
+        ((self.num_steps is None) == (self.num_epochs is None),
+         "give exactly one of num_steps and num_epochs"),
+        (self.optimizer not in ("adamw", "adafactor"),
+         f"optimizer {self.optimizer!r} is not 'adamw' or 'adafactor'"),
+        (self.schedule not in ("rsqrt", "cosine", "constant"),
+         f"schedule {self.schedule!r} is not rsqrt, cosine or constant"),
+        (self.batch_tokens <= 0 and self.batch_size <= 0,
+         "set batch_tokens > 0 or batch_size > 0"),
+        (not (0 <= self.dropout_rate < 1 and 0 <= self.label_smoothing < 1),
+         "dropout_rate and label_smoothing must be in [0, 1)"),
+        (not 0 <= self.distill_alpha <= 1 or self.distill_temperature <= 0,
+         "distill_alpha must be in [0, 1] and distill_temperature > 0"),
+        (self.distill_alpha > 0 and not self.teacher,
+         "distill_alpha > 0 needs a teacher (a load_model spec)"))
+                if bad]
+    if problems:
+      raise ValueError("Bad TrainConfig: " + "; ".join(problems) + ".")
+
+
+# ------------------------------- data -----------------------------------------
+
+
+def _bucket(length: int, buckets: Sequence[int]) -> int:
+  return next((b for b in sorted(buckets) if b >= length), length)
+
+
+class BucketedData:
+  """Tokenized examples in numpy, cut into batches of a few static shapes.
+
+  Attributes:
+    inputs, targets: [N] int32 rows, each ending in EOS.
+    decoder_only: one row per example (inputs + targets) instead of two.
+    groups: key (widths) -> indices of its examples.
+    rows: key -> rows per batch.
+    batches_per_epoch: batches that cover every example once.
+  """
+
+  def __init__(self, inputs, targets, buckets: Sequence[int], *,
+               decoder_only: bool, batch_tokens: int, batch_size: int,
+               seed: int):
+    self.inputs, self.targets = inputs, targets
+    self.decoder_only, self._seed = decoder_only, seed
+    keys = [(_bucket(len(a) + len(b), buckets),) if decoder_only else
+            (_bucket(len(a), buckets), _bucket(len(b), buckets))
+            for a, b in zip(inputs, targets)]
+    rows = lambda key: (max(1, batch_tokens // sum(key)) if batch_tokens > 0
+                        else batch_size)
+    counts = collections.Counter(keys)
+    kept = sorted((k for k, n in counts.items() if n >= rows(k)),
+                  key=lambda k: (np.prod(k), k))
+    # A rare key would compile the step for a batch or two: fold it into the
+    # smallest kept key that holds it, else into one catch-all key.
+    rare = [k for k in counts if k not in kept]
+    catch_all = tuple(np.max(rare, axis=0).tolist()) if rare else None
+    remap = {k: next((c for c in kept if all(a >= b for a, b in zip(c, k))),
+                     catch_all) for k in rare}
+    self.groups = collections.defaultdict(list)
+    for index, key in enumerate(keys):
+      self.groups[remap.get(key, key)].append(index)
+    self.rows = {key: rows(key) for key in self.groups}
+    self.batches_per_epoch = sum(-(-len(v) // self.rows[k])
+                                 for k, v in self.groups.items())
+
+  def shapes(self) -> list[tuple[int, ...]]:
+    """(rows, widths...) of every batch shape: one compile each."""
+    return sorted((self.rows[k],) + k for k in self.groups)
+
+  def epoch(self, epoch: int | None) -> list[tuple[tuple[int, ...], Any]]:
+    """An epoch's batches as (key, example indices); None: unshuffled."""
+    rng = None if epoch is None else np.random.default_rng([self._seed, epoch])
+    order = []
+    for key in sorted(self.groups):
+      members = np.asarray(self.groups[key])
+      members = members if rng is None else rng.permutation(members)
+      size = self.rows[key]
+      order += [(key, members[i:i + size])
+                for i in range(0, len(members), size)]
+    return order if rng is None else [order[i] for i in
+                                      rng.permutation(len(order))]
+
+  def batch(self, key: tuple[int, ...], indices) -> dict[str, np.ndarray]:
+    """The padded arrays of one batch; missing rows are all padding.
+
+    Returns:
+      T5: int32 `inputs` [B, L], `decoder_inputs` and `targets` [B, T],
+      float32 `weights` [B, T]. GPT-like: no `inputs`, T = the row width.
+    """
+    rows, width = self.rows[key], key[-1]
+    out = {"decoder_inputs": np.zeros((rows, width), np.int32),
+           "targets": np.zeros((rows, width), np.int32),
+           "weights": np.zeros((rows, width), np.float32)}
+    dec, tgt, weights = out["decoder_inputs"], out["targets"], out["weights"]
+    if not self.decoder_only:
+      out["inputs"] = np.zeros((rows, key[0]), np.int32)
+    for r, i in enumerate(indices):
+      a, b = self.inputs[i], self.targets[i]
+      if self.decoder_only:
+        row = np.concatenate([a, b])
+        dec[r, :len(row)] = row
+        tgt[r, :len(row) - 1] = row[1:]
+        # The logit at position j predicts token j + 1: weigh targets only.
+        weights[r, len(a) - 1:len(row) - 1] = 1.0
+      else:
+        out["inputs"][r, :len(a)] = a
+        tgt[r, :len(b)] = b
+        dec[r, 1:len(b)] = b[:-1]
+        weights[r, :len(b)] = 1.0
+    return out
+
+
+def _load_split(config: TrainConfig, split: str, limit: int | None,
+                decoder_only: bool, keep: int | None = None):
+  """(examples, BucketedData of the first `keep`) of a split, rows cut."""
+  examples = data.load_examples(config.task, split, max_examples=limit)
+  max_in, max_tgt = config.max_lengths()
+  clip = lambda t, n: t if len(t) <= n else np.append(t[:n - 1], EOS_ID)
+  inputs = [clip(e.inputs, max_in) for e in examples[:keep]]
+  targets = [clip(e.targets, max_tgt) for e in examples[:keep]]
+  return examples, BucketedData(
+      inputs, targets, config.length_buckets, decoder_only=decoder_only,
+      batch_tokens=config.batch_tokens, batch_size=config.batch_size,
+      seed=config.seed)
+
+
+# --------------------------- losses and steps ---------------------------------
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
+                  label_smoothing: float = 0.0) -> tuple[jax.Array, ...]:
+  """Token cross-entropy, summed over weighted tokens.
+
+  Args:
+    logits: float32 [B, T, V].
+    targets: int [B, T].
+    weights: float32 [B, T], 0 on padding.
+    label_smoothing: mass spread uniformly over V.
+
+  Returns:
+    Scalars (smoothed loss sum, plain NLL sum, correct-argmax count).
+  """
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  loss = ((1 - label_smoothing) * nll
+          - label_smoothing * jnp.mean(log_probs, axis=-1))
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return (jnp.sum(loss * weights), jnp.sum(nll * weights),
+          jnp.sum(correct * weights))
+
+
+def distillation_kl(student_logits: jax.Array, teacher_logits: jax.Array,
+                    weights: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """KL(teacher || student) at a temperature, summed over weighted tokens.
+
+  Args:
+    student_logits, teacher_logits: float32 [B, T, V].
+    weights: float32 [B, T].
+    temperature: both logits are divided by it.
+
+  Returns:
+    Scalar sum_{b,t} w * sum_x p_t(x) (log p_t(x) - log p_s(x)).
+  """
+  log_p = jax.nn.log_softmax(teacher_logits.astype(jnp.float32) / temperature)
+  log_q = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature)
+  return jnp.sum(jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1) * weights)
+
+
+def _dropout_interceptor(rate: float, key: jax.Array):
+  """A flax interceptor: dropout on embeddings and residual branches."""
+  counter = itertools.count()
+  sites = (layers.Embed, layers.MultiHeadAttention, layers.MlpBlock)
+
+  def interceptor(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if context.method_name != "__call__" or not isinstance(context.module,
+                                                          sites):
+      return out
+    # Tracing visits the sites in a fixed order: each gets its own key.
+    keep = jax.random.bernoulli(jax.random.fold_in(key, next(counter)),
+                                1.0 - rate, out.shape)
+    return jnp.where(keep, out / (1.0 - rate), 0).astype(out.dtype)
+
+  return interceptor
+
+
+def model_logits(definition, params, batch: Mapping[str, jax.Array],
+                 dropout_rate: float = 0.0, key: jax.Array | None = None):
+  """Teacher-forced float32 logits [B, T, V] of a batch (`BucketedData`)."""
+  def run():
+    if isinstance(definition, gpt.GPTDef):
+      return definition.forward(params, batch["decoder_inputs"])
+    return definition.forward(params, batch["inputs"], batch["decoder_inputs"])
+  if not dropout_rate:
+    return run()
+  with nn.intercept_methods(_dropout_interceptor(dropout_rate, key)):
+    return run()
+
+
+@flax.struct.dataclass
+class TrainState:
+  """What a checkpoint holds besides its data position.
+
+  Attributes:
+    step: int32 [], optimizer steps taken.
+    params: the model's parameter pytree.
+    opt_state: the optax state.
+  """
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def make_schedule(config: TrainConfig, total_steps: int):
+  """The learning rate as a function of the step."""
+  peak, warmup = config.learning_rate, max(config.warmup_steps, 1)
+  if config.schedule == "cosine":
+    return optax.warmup_cosine_decay_schedule(
+        0.0, peak, warmup, max(total_steps, warmup + 1), end_value=0.1 * peak)
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32) + 1
+    ramp = peak * jnp.minimum(1.0, step / warmup)
+    if config.schedule == "constant":
+      return ramp
+    return ramp * jnp.sqrt(warmup / jnp.maximum(step, warmup))
+
+  return schedule
+
+
+def make_optimizer(config: TrainConfig,
+                   schedule) -> optax.GradientTransformation:
+  """AdamW (decay on matrices only) or Adafactor, after global-norm clipping."""
+  if config.optimizer == "adafactor":
+    tx = optax.adafactor(learning_rate=schedule)
+  else:
+    tx = optax.adamw(schedule, b1=0.9, b2=config.adam_b2, eps=1e-9,
+                     weight_decay=config.weight_decay,
+                     mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p))
+  if config.grad_clip:
+    tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), tx)
+  return tx
+
+
+def make_train_step(definition, tx, config: TrainConfig, teacher_def=None):
+  """The jitted step: (state, batch, teacher_params) -> (state, sums).
+
+  The state is donated. `sums` are device scalars: loss (the objective),
+  nll, kl (0 without a teacher), correct and tokens summed over the batch's
+  weighted tokens, and grad_norm.
+  """
+  alpha, temp = config.distill_alpha, config.distill_temperature
+
+  def loss_fn(params, batch, teacher_params, key):
+    logits = model_logits(definition, params, batch, config.dropout_rate, key)
+    loss, nll, correct = cross_entropy(logits, batch["targets"],
+                                       batch["weights"], config.label_smoothing)
+    kl = jnp.zeros(())
+    if teacher_def is not None:
+      teacher = jax.lax.stop_gradient(
+          model_logits(teacher_def, teacher_params, batch))
+      kl = distillation_kl(logits, teacher, batch["weights"], temp)
+      loss = (1 - alpha) * loss + alpha * temp**2 * kl
+    tokens = jnp.sum(batch["weights"])
+    sums = dict(loss=loss, nll=nll, kl=kl, correct=correct, tokens=tokens)
+    return loss / jnp.maximum(tokens, 1.0), sums
+
+  def step(state: TrainState, batch, teacher_params):
+    key = jax.random.fold_in(jax.random.key(config.seed), state.step)
+    grads, sums = jax.grad(loss_fn, has_aux=True)(state.params, batch,
+                                                  teacher_params, key)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    sums["grad_norm"] = optax.tree.norm(grads)
+    return TrainState(state.step + 1, params, opt_state), sums
+
+  return jax.jit(step, donate_argnums=0)
+
+
+@jax.jit(static_argnums=0)
+def _eval_step(definition, params, batch):
+  logits = model_logits(definition, params, batch)
+  _, nll, correct = cross_entropy(logits, batch["targets"], batch["weights"])
+  return dict(nll=nll, correct=correct, tokens=jnp.sum(batch["weights"]))
+
+
+def evaluate(model: Model, eval_data: BucketedData | None, examples,
+             config: TrainConfig) -> dict[str, Any]:
+  """Validation loss and accuracy, and BLEU of greedy decoding.
+
+  Args:
+    model: the model (with its seqio vocabulary) to evaluate.
+    eval_data: the examples for the loss (None: no loss).
+    examples: `data.Example`s of the split; the first `bleu_examples` are
+      decoded, their EOS and padding stripped, and scored against the raw
+      references.
+    config: the training config.
+
+  Returns:
+    eval_loss, eval_accuracy (token level) and bleu, with a decoded sample.
+  """
+  result = {}
+  if eval_data is not None:
+    sums = collections.Counter()
+    for key, indices in eval_data.epoch(None):
+      out = _eval_step(model.definition, model.params,
+                       eval_data.batch(key, indices))
+      sums.update({k: float(v) for k, v in out.items()})
+    result = {"eval_loss": sums["nll"] / max(sums["tokens"], 1.0),
+              "eval_accuracy": sums["correct"] / max(sums["tokens"], 1.0)}
+  if config.bleu_examples:
+    chosen = examples[:config.bleu_examples]
+    vocab, predictions = model.vocab, []
+    for batch in data.batches(chosen, batch_size=config.eval_batch_size,
+                              max_length=config.max_lengths()[0]):
+      tokens = generate(model, batch.input_ids,
+                        max_decode_len=config.max_decode_len).tokens
+      for row in np.asarray(tokens).tolist():
+        row = row[:row.index(EOS_ID)] if EOS_ID in row else row
+        # Padded embedding rows have no piece: decode them as UNK.
+        predictions.append(vocab.decode([t if t < vocab.vocab_size else UNK_ID
+                                         for t in row if t != PAD_ID]))
+    result["bleu"] = metrics.bleu([e.targets_text for e in chosen],
+                                  predictions)["bleu"]
+    result["sample"] = predictions[0]
+  return result
+
+
+# ------------------------------- training -------------------------------------
+
+
+class _StopRequest:
+  """SIGTERM/SIGINT ask the loop to checkpoint and stop after this step."""
+
+  def __enter__(self):
+    self.requested, self._previous = False, {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # Not the main thread: leave signals alone.
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    logging.warning("signal %d: saving a checkpoint, then stopping", signum)
+    self.requested = True
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def _prepare(config: TrainConfig, definition):
+  """Vocabulary, teacher and data, all checked before anything compiles."""
+  vocab_path = (os.path.abspath(config.vocab_path) if config.vocab_path
+                else tasks.current_config().vocab_path)
+  vocab = tasks.get_vocabulary(vocab_path)
+  if vocab.vocab_size > definition.vocab_size:
+    raise ValueError(
+        f"the vocabulary {vocab_path} has {vocab.vocab_size} ids ("
+        f"{tasks.NUM_EXTRA_IDS} extra ids included) but the model's "
+        f"vocab_size is {definition.vocab_size}: raise "
+        "model_overrides['vocab_size'].")
+  teacher = None
+  if config.teacher:
+    teacher = checkpoints.load_model(config.teacher)
+    if teacher.vocab_size != definition.vocab_size:
+      raise ValueError(
+          f"the teacher {config.teacher!r} has vocab_size "
+          f"{teacher.vocab_size}, the student {definition.vocab_size}: "
+          "distillation compares distributions token by token, so set the "
+          "student's model_overrides['vocab_size'] to the teacher's.")
+  decoder_only = isinstance(definition, gpt.GPTDef)
+  n = config.eval_examples
+  with tasks.override_config(vocab_path=vocab_path):
+    _, train_data = _load_split(config, config.train_split,
+                                config.max_train_examples, decoder_only)
+    examples, eval_data = [], None
+    if n != 0 or config.bleu_examples:
+      examples, eval_data = _load_split(
+          config, config.eval_split,
+          None if n is None else max(n, config.bleu_examples), decoder_only,
+          keep=n or None)
+      eval_data = None if n == 0 else eval_data
+  return vocab_path, vocab, teacher, train_data, eval_data, examples
+
+
+def _window_metrics(window: Mapping[str, float], seconds: float):
+  tokens = max(window["tokens"], 1.0)
+  return {"loss": window["loss"] / tokens, "nll": window["nll"] / tokens,
+          "kl": window["kl"] / tokens, "accuracy": window["correct"] / tokens,
+          "grad_norm": window["grad_norm"] / window["steps"],
+          "examples_per_s": window["examples"] / seconds,
+          "tokens_per_s": (window["tokens"] + window["input_tokens"])
+                          / seconds,
+          "step_s": seconds / window["steps"]}
+
+
+def _save(manager, state: TrainState, per_epoch: int) -> None:
+  step = int(state.step)
+  if manager.latest_step() != step:
+    meta = {"step": step, "batches_per_epoch": per_epoch,
+            "epoch": step // per_epoch, "batch_in_epoch": step % per_epoch}
+    manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+
+
+def train(config: TrainConfig) -> dict[str, Any]:
+  """Trains, resuming from the workdir's latest checkpoint if there is one.
+
+  Args:
+    config: what to train; see `TrainConfig`.
+
+  Returns:
+    The last window's training metrics (loss, nll, kl, accuracy, lr, rates)
+    and the final evaluation (eval_loss, eval_accuracy, bleu), with step,
+    num_params and seconds. A run stopped by SIGTERM/SIGINT saves a
+    checkpoint and returns what it has with stopped=True.
+  """
+  config.check()
+  model_config = config.model_config()
+  definition = registry.make_def(model_config)
+  vocab_path, vocab, teacher, train_data, eval_data, examples = _prepare(
+      config, definition)
+  os.makedirs(config.workdir, exist_ok=True)
+  with open(os.path.join(config.workdir, "train_config.json"), "w") as f:
+    json.dump(dataclasses.asdict(config), f, indent=2, default=lambda v: (
+        dataclasses.asdict(v) if dataclasses.is_dataclass(v) else str(v)))
+  per_epoch = train_data.batches_per_epoch
+  total = config.num_steps or int(np.ceil(config.num_epochs * per_epoch))
+  logging.info("%d examples, %d batches an epoch, %d steps; batch shapes "
+               "(rows, widths): %s", len(train_data.inputs), per_epoch, total,
+               train_data.shapes())
+  schedule = make_schedule(config, total)
+  tx = make_optimizer(config, schedule)
+
+  def init():
+    params = definition.init_params(jax.random.key(config.seed))
+    return TrainState(jnp.int32(0), params, tx.init(params))
+
+  manager = ocp.CheckpointManager(
+      os.path.abspath(os.path.join(config.workdir, "checkpoints")),
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=config.keep_checkpoints, create=True),
+      item_names=("state", "meta"))
+  if manager.latest_step() is None:
+    state = init()
+  else:
+    restored = manager.restore(manager.latest_step(), args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(jax.eval_shape(init)),
+        meta=ocp.args.JsonRestore()))
+    state = restored.state
+    if restored.meta.get("batches_per_epoch") != per_epoch:
+      logging.warning("the data changed since the checkpoint: %s batches an "
+                      "epoch then, %d now", restored.meta.get(
+                          "batches_per_epoch"), per_epoch)
+    logging.info("resumed from step %d", int(state.step))
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  logging.info("%s: %.3fM parameters", model_config, num_params / 1e6)
+  train_step = make_train_step(definition, tx, config,
+                               teacher.definition if teacher else None)
+  metrics_file = open(os.path.join(config.workdir, "metrics.jsonl"), "a")
+
+  def record(row):
+    metrics_file.write(json.dumps(row) + "\n")
+    metrics_file.flush()
+
+  def run_eval(step):
+    result = evaluate(Model(definition, state.params, vocab), eval_data,
+                      examples, config)
+    logging.info("eval at step %d: %s", step, result)
+    record({"kind": "eval", "step": step, **result})
+    return result
+
+  step = int(state.step)
+  start_time = window_start = time.time()
+  window, last, order = collections.Counter(), {}, (-1, None)
+  with _StopRequest() as stop:
+    while step < total and not stop.requested:
+      epoch, position = divmod(step, per_epoch)
+      if order[0] != epoch:
+        order = (epoch, train_data.epoch(epoch))
+      key, indices = order[1][position]
+      state, sums = train_step(state, train_data.batch(key, indices),
+                               teacher.params if teacher else None)
+      step += 1
+      # Sums stay on the device until log time, so that the host cuts the
+      # next batch while this step runs.
+      window.update(sums)
+      window.update(steps=1, examples=len(indices), input_tokens=sum(
+          len(train_data.inputs[i]) for i in indices))
+      if step % config.log_every == 0 or step == total:
+        window = {k: float(v) for k, v in window.items()}
+        last = {"step": step, "epoch": step / per_epoch,
+                "lr": float(schedule(step - 1)),
+                **_window_metrics(window, time.time() - window_start)}
+        eta = last["step_s"] * (total - step)
+        logging.info(
+            "step %d/%d (epoch %.2f) | %.1f ex/s %.0f tok/s %.3f s/step | "
+            "loss %.4f nll %.4f kl %.4f acc %.3f | lr %.2e | ETA %.0f s",
+            step, total, last["epoch"], last["examples_per_s"],
+            last["tokens_per_s"], last["step_s"], last["loss"], last["nll"],
+            last["kl"], last["accuracy"], last["lr"], eta)
+        record({"kind": "train", **last})
+        window, window_start = collections.Counter(), time.time()
+      if config.checkpoint_every and step % config.checkpoint_every == 0:
+        _save(manager, state, per_epoch)
+      if config.eval_every and step % config.eval_every == 0 and step < total:
+        paused = time.time()
+        run_eval(step)
+        window_start += time.time() - paused  # Rates measure training alone.
+    _save(manager, state, per_epoch)
+    manager.wait_until_finished()
+  final = {} if stop.requested else run_eval(step)
+  if not stop.requested:
+    checkpoints.save(Model(definition, state.params, vocab),
+                     os.path.join(config.workdir, "model"),
+                     config=model_config, vocab=vocab_path, overwrite=True)
+  metrics_file.close()
+  manager.close()
+  return {**last, **final, "step": step, "num_params": int(num_params),
+          "seconds": time.time() - start_time, "stopped": stop.requested}

@@ -1,0 +1,254 @@
+"""Tests for specdec_jax.train and specdec_jax.vocab_training.
+
+Everything runs on a generated toy corpus (a word-for-word English->German
+"translation" over a 16-word lexicon) and a tiny vocabulary trained on it,
+so nothing here needs /work/shared or the network.
+"""
+
+import json
+import os
+import random
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import sentencepiece as spm
+
+from specdec_jax import checkpoints
+from specdec_jax import generate
+from specdec_jax import tasks
+from specdec_jax import train
+from specdec_jax import vocab_training
+from specdec_jax.models import registry
+
+_LEXICON = {
+    "red": "rot", "dog": "Hund", "cat": "Katze", "runs": "rennt",
+    "sleeps": "schläft", "big": "groß", "small": "klein", "the": "der",
+    "a": "ein", "house": "Haus", "tree": "Baum", "man": "Mann",
+    "woman": "Frau", "sees": "sieht", "green": "grün", "blue": "blau"}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """(vocab path); the Multi30k task reads the toy files meanwhile."""
+  root = tmp_path_factory.mktemp("corpus")
+  rng = random.Random(0)
+  for split, size in (("train", 256), ("val", 16)):
+    with open(root / f"{split}.en", "w") as en, open(root / f"{split}.de",
+                                                     "w") as de:
+      for _ in range(size):
+        words = [rng.choice(list(_LEXICON)) for _ in range(rng.randint(3, 7))]
+        en.write(" ".join(words) + "\n")
+        de.write(" ".join(_LEXICON[w] for w in words) + "\n")
+  vocab = vocab_training.train_vocab(
+      [str(root / "train.en"), str(root / "train.de")], str(root / "vocab"),
+      vocab_size=64,
+      line_prefixes={str(root / "train.en"): tasks.TRANSLATE_PREFIX})
+  files = {"train": str(root / "train"), "validation": str(root / "val")}
+  with tasks.override_config(multi30k_files=files):
+    yield vocab
+
+
+_TINY = {"vocab_size": 192, "num_encoder_layers": 1, "num_decoder_layers": 1}
+
+
+def _config(workdir, vocab, **overrides):
+  """10 steps of a 1+1-layer T5 (one batch shape), dropout on, no eval."""
+  settings = dict(
+      model="t5_tiny", model_overrides=_TINY, vocab_path=vocab,
+      length_buckets=(64,), batch_tokens=0, batch_size=32, num_steps=10,
+      learning_rate=1e-2, warmup_steps=3, dropout_rate=0.1, log_every=1,
+      eval_examples=0, bleu_examples=0, checkpoint_every=0,
+      workdir=str(workdir))
+  settings.update(overrides)
+  return train.TrainConfig(**settings)
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+  """(workdir, result) of one run with evaluation and two checkpoints."""
+  workdir = tmp_path_factory.mktemp("trained")
+  result = train.train(_config(workdir, corpus, eval_examples=None,
+                               bleu_examples=4, max_decode_len=8,
+                               checkpoint_every=5))
+  return workdir, result
+
+
+def _rows(workdir, kind="train"):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+def _params(workdir):
+  return checkpoints.load_model(os.path.join(workdir, "model")).params
+
+
+def test_vocab_has_t5_special_ids(corpus):
+  """The trained vocabulary uses T5's ids: pad 0, EOS 1, UNK 2, no BOS, so
+  it drops into the tasks (which add 100 extra ids) and the models."""
+  sp = spm.SentencePieceProcessor(model_file=corpus)
+  assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
+  assert [sp.id_to_piece(i) for i in range(3)] == ["<pad>", "</s>", "<unk>"]
+  vocab = tasks.get_vocabulary(corpus)
+  assert vocab.vocab_size == sp.get_piece_size() + tasks.NUM_EXTRA_IDS
+  ids = vocab.encode("the red dog")
+  assert 0 not in ids and vocab.decode(ids) == "the red dog"
+
+
+def test_buckets_cover_every_example_once_per_epoch_in_few_shapes():
+  """Each epoch visits every example exactly once, in a seeded order that
+  changes per epoch; rare lengths fold into existing shapes; padding rows
+  carry zero loss weight and decoder inputs are targets shifted right."""
+  rng = np.random.default_rng(0)
+  lengths = [(rng.integers(2, 17), rng.integers(2, 17)) for _ in range(200)]
+  lengths += [(60, 3), (61, 10)]  # Two rare long inputs share one shape.
+  row = lambda n: np.append(rng.integers(3, 50, n - 1), 1).astype(np.int32)
+  inputs = [row(a) for a, _ in lengths]
+  targets = [row(b) for _, b in lengths]
+  bucketed = train.BucketedData(inputs, targets, (8, 16, 64),
+                                decoder_only=False, batch_tokens=256,
+                                batch_size=0, seed=3)
+  assert bucketed.shapes() == [(3, 64, 16), (8, 16, 16), (10, 8, 16),
+                               (10, 16, 8), (16, 8, 8)]
+  epochs = [bucketed.epoch(e) for e in (0, 1)]
+  for order in epochs:
+    seen = np.concatenate([i for _, i in order])
+    np.testing.assert_array_equal(np.sort(seen), np.arange(len(inputs)))
+    assert len(order) == bucketed.batches_per_epoch
+  assert [list(i) for _, i in epochs[0]] != [list(i) for _, i in epochs[1]]
+  assert [list(i) for _, i in bucketed.epoch(0)] == [list(i) for _, i in
+                                                     epochs[0]]
+  key, indices = epochs[0][-1]
+  batch = bucketed.batch(key, indices)
+  first = indices[0]
+  n = len(targets[first])
+  np.testing.assert_array_equal(batch["targets"][0, :n], targets[first])
+  np.testing.assert_array_equal(batch["decoder_inputs"][0, :n],
+                                np.append(0, targets[first][:-1]))
+  assert batch["weights"].sum() == sum(len(targets[i]) for i in indices)
+  # Decoder-only rows hold inputs + targets; only target tokens are weighed.
+  gpt = train.BucketedData(inputs[:4], targets[:4], (64,), decoder_only=True,
+                           batch_tokens=0, batch_size=4, seed=0)
+  batch = gpt.batch(*gpt.epoch(None)[0])
+  a, b = inputs[0], targets[0]
+  np.testing.assert_array_equal(batch["decoder_inputs"][0, :len(a) + len(b)],
+                                np.concatenate([a, b]))
+  weighted = batch["targets"][0][batch["weights"][0] > 0]
+  np.testing.assert_array_equal(weighted, b)
+
+
+def test_training_lowers_loss_and_exports_a_model_that_decodes(corpus,
+                                                               trained):
+  """A short run lowers the training loss, evaluates (loss, BLEU), and
+  writes orbax checkpoints and a `model/` export holding the same trained
+  parameters, which `load_model` restores and `generate` decodes."""
+  workdir, result = trained
+  rows = _rows(workdir)
+  assert [r["step"] for r in rows] == list(range(1, 11))
+  assert rows[-1]["loss"] < rows[0]["loss"] - 1.0
+  assert result["step"] == 10 and np.isfinite(result["eval_loss"])
+  assert 0 <= result["bleu"] <= 100 and _rows(workdir, "eval")
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["10", "5"]
+  model = checkpoints.load_model(str(workdir / "model"))
+  assert model.config == registry.get_config("t5_tiny", **_TINY)
+  saved = ocp.PyTreeCheckpointer().restore(
+      str(workdir / "checkpoints" / "10" / "state"))
+  jax.tree.map(np.testing.assert_array_equal, saved["params"], model.params)
+  ids = tasks.get_vocabulary(corpus).encode(
+      tasks.TRANSLATE_PREFIX + "the red dog") + [1]
+  tokens = generate(model, np.asarray([ids]), max_decode_len=8).tokens
+  assert tokens.shape == (1, 8)
+
+
+def test_resume_after_kill_matches_an_uninterrupted_run(corpus, trained,
+                                                         tmp_path):
+  """Stopping after 4 steps and restarting to 10 (across an epoch boundary,
+  with dropout on) continues from the saved step and data position and ends
+  with exactly the parameters of the run straight to 10."""
+  train.train(_config(tmp_path, corpus, num_steps=4))
+  train.train(_config(tmp_path, corpus))
+  assert [r["step"] for r in _rows(tmp_path)] == list(range(1, 11))
+  jax.tree.map(np.testing.assert_array_equal, _params(trained[0]),
+               _params(tmp_path))
+
+
+def test_distillation_kl_is_zero_when_student_is_teacher(corpus, tmp_path):
+  """KL(teacher || student) vanishes when both are the same model (and not
+  otherwise), so the distilled objective is then (1 - alpha) * CE."""
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 5, 11)).astype(np.float32)
+  other = rng.normal(size=(2, 5, 11)).astype(np.float32)
+  weights = np.ones((2, 5), np.float32)
+  for temperature in (1.0, 2.0):
+    assert abs(float(train.distillation_kl(logits, logits, weights,
+                                           temperature))) < 1e-5
+    assert float(train.distillation_kl(logits, other, weights,
+                                       temperature)) > 0.1
+  config = _config(tmp_path, corpus, teacher="t5_tiny", distill_alpha=0.3,
+                   dropout_rate=0.0)
+  definition = registry.make_def(config.model_config())
+  params = definition.init_params(jax.random.key(0))
+  teacher_params = jax.tree.map(np.array, params)
+  tx = train.make_optimizer(config, train.make_schedule(config, 10))
+  step = train.make_train_step(definition, tx, config, definition)
+  inputs = [np.array([5, 6, 7, 1], np.int32), np.array([8, 1], np.int32)]
+  targets = [np.array([9, 10, 1], np.int32), np.array([11, 1], np.int32)]
+  data = train.BucketedData(inputs, targets, (8,), decoder_only=False,
+                            batch_tokens=0, batch_size=2, seed=0)
+  batch = data.batch(*data.epoch(None)[0])
+  for teacher, zero in ((teacher_params, True),
+                        (definition.init_params(jax.random.key(1)), False)):
+    state = train.TrainState(np.int32(0), jax.tree.map(np.array, params),
+                             tx.init(params))
+    _, sums = step(state, batch, teacher)
+    assert (abs(float(sums["kl"])) < 1e-4) == zero
+  np.testing.assert_allclose(float(sums["loss"]), 0.7 * float(sums["nll"])
+                             + 0.3 * float(sums["kl"]), rtol=1e-5)
+
+
+def test_decoder_only_model_learns_its_targets():
+  """A GPT-like model trains on one row of inputs + targets with the loss on
+  the target tokens only: repeated steps on one batch drive that loss down."""
+  config = train.TrainConfig(model="gpt_tiny", num_steps=8, workdir="unused",
+                             learning_rate=1e-2, warmup_steps=1)
+  definition = registry.make_def(config.model_config())
+  params = definition.init_params(jax.random.key(0))
+  tx = train.make_optimizer(config, train.make_schedule(config, 8))
+  step = train.make_train_step(definition, tx, config)
+  rows = [np.array([5, 6, 7, 1], np.int32), np.array([9, 10, 11, 12, 1])]
+  data = train.BucketedData(rows, rows[::-1], (16,), decoder_only=True,
+                            batch_tokens=0, batch_size=2, seed=0)
+  batch = data.batch(*data.epoch(None)[0])
+  assert batch["weights"].sum() == 4 + 5  # The targets' tokens, EOS included.
+  state = train.TrainState(np.int32(0), params, tx.init(params))
+  losses = []
+  for _ in range(8):
+    state, sums = step(state, batch, None)
+    losses.append(float(sums["nll"]) / float(sums["tokens"]))
+  assert losses[-1] < 0.5 * losses[0]
+
+
+def test_distillation_from_a_saved_teacher_trains(corpus, trained,
+                                                   tmp_path):
+  """A teacher given as a saved model directory is loaded and distilled
+  from: the KL term is reported, positive and decreasing."""
+  result = train.train(_config(
+      tmp_path, corpus, seed=1, teacher=str(trained[0] / "model"),
+      distill_alpha=0.5, distill_temperature=2.0))
+  rows = _rows(tmp_path)
+  assert rows[0]["kl"] > rows[-1]["kl"] > 0
+  assert result["step"] == 10
+
+
+def test_config_errors_name_the_fix(corpus, tmp_path):
+  """Configs that cannot train fail before anything compiles, naming the
+  field to change."""
+  with pytest.raises(ValueError, match="workdir"):
+    train.train(_config("", corpus))
+  with pytest.raises(ValueError, match="exactly one of num_steps"):
+    train.train(_config(tmp_path, corpus, num_epochs=1.0))
+  with pytest.raises(ValueError, match="needs a teacher"):
+    train.train(_config(tmp_path, corpus, distill_alpha=0.5))
+  with pytest.raises(ValueError, match="raise model_overrides"):
+    train.train(_config(tmp_path, corpus, model_overrides={}))
