@@ -15,7 +15,7 @@ $(STAMP): setup.py
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) scripts/demo.py
+	$(PY) scripts/demo.py --workdir=results/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -147,7 +147,7 @@ def _family(config: Any) -> str:
 
 def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
          vocab: str | None = None, copy_vocab: bool = True,
-         overwrite: bool = False) -> str:
+         vocab_extra_ids: int | None = None, overwrite: bool = False) -> str:
   """Saves parameters in our format.
 
   The directory holds `config.json` ({"format", "format_version", "family":
@@ -161,6 +161,8 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
     vocab: a SentencePiece model file to record (default: the Model's
       vocabulary file, if it has one).
     copy_vocab: copy `vocab` into the directory (else record its path).
+    vocab_extra_ids: sentinel ids appended to the vocabulary (T5's 100
+      `<extra_id_*>`); default: the Model vocabulary's, else 0.
     overwrite: replace an existing checkpoint.
 
   Returns:
@@ -172,6 +174,8 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
     config = config if config is not None else model_or_params.config
     if vocab is None:
       vocab = getattr(model_or_params.vocab, "sentencepiece_model_file", None)
+    if vocab_extra_ids is None:
+      vocab_extra_ids = getattr(model_or_params.vocab, "extra_ids", None)
   if config is None:
     raise SpecError("save() needs config= (a T5Config or GPTConfig) when "
                     "given parameters rather than a Model")
@@ -200,16 +204,16 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
     _write_bytes(_join(directory, VOCAB_FILE), vocab_data)
   manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
               "family": family, "config": dataclasses.asdict(config),
-              "vocab": vocab_entry}
+              "vocab": vocab_entry, "vocab_extra_ids": vocab_extra_ids or 0}
   # Written last: a directory with config.json is a complete checkpoint.
   _write_bytes(config_path, json.dumps(manifest, indent=2).encode())
   return directory
 
 
-def _make_vocab(path: str) -> Any:
+def _make_vocab(path: str, extra_ids: int = 0) -> Any:
   """A seqio SentencePiece vocabulary (seqio is imported only here)."""
   import seqio  # pylint: disable=g-import-not-at-top
-  return seqio.SentencePieceVocabulary(path)
+  return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 
 def _read_manifest(directory: str) -> dict[str, Any]:
@@ -263,7 +267,7 @@ def restore(directory: str, *, mesh: jax.sharding.Mesh | None = None,
     vocab_path = manifest["vocab"]
     if not _is_gcs(vocab_path) and not os.path.isabs(vocab_path):
       vocab_path = _join(directory, vocab_path)
-    vocab = _make_vocab(vocab_path)
+    vocab = _make_vocab(vocab_path, int(manifest.get("vocab_extra_ids", 0)))
   return Model(definition, params, vocab)
 
 

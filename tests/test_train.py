@@ -19,6 +19,7 @@ from specdec_jax import checkpoints
 from specdec_jax import generate
 from specdec_jax import tasks
 from specdec_jax import train
+from specdec_jax import train_data
 from specdec_jax import vocab_training
 from specdec_jax.models import registry
 
@@ -106,7 +107,7 @@ def test_buckets_cover_every_example_once_per_epoch_in_few_shapes():
   row = lambda n: np.append(rng.integers(3, 50, n - 1), 1).astype(np.int32)
   inputs = [row(a) for a, _ in lengths]
   targets = [row(b) for _, b in lengths]
-  bucketed = train.BucketedData(inputs, targets, (8, 16, 64),
+  bucketed = train_data.BucketedData(inputs, targets, (8, 16, 64),
                                 decoder_only=False, batch_tokens=256,
                                 batch_size=0, seed=3)
   assert bucketed.shapes() == [(3, 64, 16), (8, 16, 16), (10, 8, 16),
@@ -128,7 +129,7 @@ def test_buckets_cover_every_example_once_per_epoch_in_few_shapes():
                                 np.append(0, targets[first][:-1]))
   assert batch["weights"].sum() == sum(len(targets[i]) for i in indices)
   # Decoder-only rows hold inputs + targets; only target tokens are weighed.
-  gpt = train.BucketedData(inputs[:4], targets[:4], (64,), decoder_only=True,
+  gpt = train_data.BucketedData(inputs[:4], targets[:4], (64,), decoder_only=True,
                            batch_tokens=0, batch_size=4, seed=0)
   batch = gpt.batch(*gpt.epoch(None)[0])
   a, b = inputs[0], targets[0]
@@ -194,7 +195,7 @@ def test_distillation_kl_is_zero_when_student_is_teacher(corpus, tmp_path):
   step = train.make_train_step(definition, tx, config, definition)
   inputs = [np.array([5, 6, 7, 1], np.int32), np.array([8, 1], np.int32)]
   targets = [np.array([9, 10, 1], np.int32), np.array([11, 1], np.int32)]
-  data = train.BucketedData(inputs, targets, (8,), decoder_only=False,
+  data = train_data.BucketedData(inputs, targets, (8,), decoder_only=False,
                             batch_tokens=0, batch_size=2, seed=0)
   batch = data.batch(*data.epoch(None)[0])
   for teacher, zero in ((teacher_params, True),
@@ -217,7 +218,7 @@ def test_decoder_only_model_learns_its_targets():
   tx = train.make_optimizer(config, train.make_schedule(config, 8))
   step = train.make_train_step(definition, tx, config)
   rows = [np.array([5, 6, 7, 1], np.int32), np.array([9, 10, 11, 12, 1])]
-  data = train.BucketedData(rows, rows[::-1], (16,), decoder_only=True,
+  data = train_data.BucketedData(rows, rows[::-1], (16,), decoder_only=True,
                             batch_tokens=0, batch_size=2, seed=0)
   batch = data.batch(*data.epoch(None)[0])
   assert batch["weights"].sum() == 4 + 5  # The targets' tokens, EOS included.

@@ -1,0 +1,172 @@
+"""`make demo`: a scaled-down Table 2 (EnDe) with the shipped tiny models.
+
+The target and its three drafts (`demo:target`, `demo:draft_large`,
+`demo:draft_base`, `demo:draft_small`) were trained on Multi30k EN->DE by
+`specdec_jax.train` (docs/demo_models.md). The demo decodes the English
+sentences shipped in `specdec_jax/demo_data/sentences.en` (written for this
+project, with German references in `sentences.de`) at batch size 1, with the
+target alone and with each draft at temperature 0 and 1, and writes:
+
+  <workdir>/table.md, table.csv   one row per (draft, temperature)
+  <workdir>/speedup.png           measured vs Theorem 3.8 per row
+  <workdir>/<row>/...             each row's experiment outputs (examples,
+                                  summary, acceptance plot, traces)
+  <workdir>/gamma_sweep/...       small draft, greedy, gamma 1..7 with its
+                                  speedup-vs-gamma plot
+
+Nothing is downloaded: models, vocabulary and sentences ship in the package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Sequence
+
+from absl import logging
+
+from specdec_jax import experiment
+from specdec_jax import report
+
+DEMO_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                         "demo_data")
+TABLE_COLUMNS = ("draft", "temperature", "gamma", "alpha", "c", "speedup",
+                 "predicted_speedup", "predicted_with_verify_cost",
+                 "tokens_per_call", "quality_baseline", "quality_speculative",
+                 "identical", "examples")
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+  """The demo's rows. Drafts map to their gamma (chosen by Theorem 3.8 from
+  alpha and c measured on Multi30k validation, see docs/demo_models.md)."""
+
+  target: str = "demo:target"
+  drafts: Sequence[tuple[str, int]] = (("demo:draft_large", 3),
+                                       ("demo:draft_base", 4),
+                                       ("demo:draft_small", 4))
+  temperatures: Sequence[float] = (0.0, 1.0)
+  sweep_draft: str | None = "demo:draft_small"
+  sweep_gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7)
+  max_decode_len: int = 64
+  max_examples: int | None = None
+  repeats: int = 3
+  cost_repeats: int = 5
+  trace_examples: int = 3
+  data_dir: str = DEMO_DATA
+  sentences: str = "sentences"  # <data_dir>/<sentences>.{en,de}
+  vocab_path: str | None = None  # default: the target's shipped vocabulary
+
+
+def _vocab_path(config: DemoConfig) -> str:
+  if config.vocab_path:
+    return config.vocab_path
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  target = checkpoints.load_model(config.target)
+  path = getattr(target.vocab, "sentencepiece_model_file", None)
+  if not path:
+    raise ValueError(f"{config.target} ships no vocabulary; set "
+                     f"DemoConfig.vocab_path")
+  return path
+
+
+def _row_config(config: DemoConfig, draft: str, gamma, temperature: float,
+                name: str) -> experiment.ExperimentConfig:
+  return experiment.ExperimentConfig(
+      task="wmt14_ende_local", split="test", target=config.target,
+      draft=draft, temperature=temperature, gamma=gamma,
+      max_decode_len=config.max_decode_len, max_examples=config.max_examples,
+      repeats=config.repeats, cost_repeats=config.cost_repeats,
+      trace_examples=config.trace_examples, seed=0, name=name)
+
+
+def run(config: DemoConfig, workdir: str) -> list[dict]:
+  """Runs (or resumes) every demo row; returns the table rows."""
+  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  rows_to_run = []
+  for draft, gamma in config.drafts:
+    for temperature in config.temperatures:
+      short = draft.split(":")[-1]
+      name = f"{short}_t{int(temperature)}"
+      rows_to_run.append((name, _row_config(config, draft, gamma, temperature,
+                                            name)))
+  if config.sweep_draft:
+    rows_to_run.append(("gamma_sweep", _row_config(
+        config, config.sweep_draft, tuple(config.sweep_gammas), 0.0,
+        "gamma_sweep")))
+  for _, row in rows_to_run:
+    experiment.validate(row)  # every row's config, before the first decode
+  overrides = dict(vocab_path=_vocab_path(config),
+                   local_data_dir=config.data_dir,
+                   wmt_ende_files={"test": config.sentences})
+  table = []
+  with tasks.override_config(**overrides):
+    for i, (name, row) in enumerate(rows_to_run):
+      logging.info("demo row %d/%d: %s", i + 1, len(rows_to_run), name)
+      summary = experiment.run(row, os.path.join(workdir, name))
+      if name != "gamma_sweep":
+        table.append(dict(summary["rows"][0],
+                          draft=row.draft.split(":")[-1]))
+  report.write_table(os.path.join(workdir, "table"), table, TABLE_COLUMNS)
+  plot_rows(os.path.join(workdir, "speedup.png"), table)
+  return table
+
+
+def plot_rows(path: str, rows: list[dict]) -> None:
+  """Measured speedup per row beside Theorem 3.8's prediction."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  labels = [f"{r['draft']}\nT={r['temperature']:g}, γ={r['gamma']}"
+            for r in rows]
+  x = np.arange(len(rows))
+  fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
+  ax.bar(x - 0.2, [r["speedup"] for r in rows], 0.4, label="measured")
+  ax.bar(x + 0.2, [r["predicted_speedup"] for r in rows], 0.4,
+         label="Theorem 3.8 (measured α, c)")
+  for xi, r in zip(x, rows):
+    ax.text(xi - 0.2, r["speedup"], f"{r['speedup']:.2f}x", ha="center",
+            va="bottom", fontsize=7)
+    ax.text(xi, 0.05, f"α={r['alpha']:.2f}", ha="center", fontsize=7)
+  ax.axhline(1.0, color="gray", lw=0.5)
+  ax.set_xticks(x, labels, fontsize=7)
+  ax.set_ylabel("walltime speedup over the target alone")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def export_model(source: str, name: str, *, out_dir: str | None = None,
+                 extra_ids: int = 100) -> str:
+  """Ships a trained model as `demo:<name>`.
+
+  Parameters are stored in bfloat16 (half the bytes in git) and load back as
+  float32, the config's `param_dtype`, which is what CPUs compute fastest;
+  the vocabulary is copied in with T5's 100 extra ids, as the tasks use it.
+
+  Args:
+    source: a `load_model` spec of the trained model (e.g. the training
+      workdir's `model/`).
+    name: the demo name (target, draft_large, draft_base, draft_small).
+    out_dir: default `specdec_jax/demo_models/`.
+    extra_ids: sentinel ids of the vocabulary.
+
+  Returns:
+    The written directory.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from specdec_jax.model import Model  # pylint: disable=g-import-not-at-top
+  model = checkpoints.load_model(source)
+  params = jax.tree.map(lambda x: np.asarray(x).astype(jnp.bfloat16),
+                        model.params)
+  config = dataclasses.replace(model.config, param_dtype="float32",
+                               dtype="float32")
+  out = os.path.join(out_dir or checkpoints.DEMO_DIR, name)
+  return checkpoints.save(Model(model.definition, params, model.vocab), out,
+                          config=config, vocab_extra_ids=extra_ids,
+                          overwrite=True)

@@ -1,0 +1,129 @@
+"""Training data: tokenized examples in numpy, cut into a few batch shapes.
+
+Every example gets a key, (input width, target width), from the length
+buckets; keys with less than one full batch fold into the smallest kept key
+that holds them, else into one catch-all key. A key's batches have a fixed
+number of rows (`batch_size`, or as many as fit in `batch_tokens` padded
+tokens); a short last batch is filled with empty rows of zero loss weight,
+so no example is dropped. Each epoch shuffles examples within keys, then the
+order of the batches, from (seed, epoch) alone: step s always sees the same
+batch, which is all the data position a checkpoint needs.
+
+Dimension letters: B batch rows, L input width, T target width.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Sequence
+
+import numpy as np
+
+from specdec_jax import data
+
+EOS_ID = 1
+
+
+def _bucket(length: int, buckets: Sequence[int]) -> int:
+  return next((b for b in sorted(buckets) if b >= length), length)
+
+
+class BucketedData:
+  """Tokenized examples in numpy, cut into batches of a few static shapes.
+
+  Attributes:
+    inputs, targets: [N] int32 rows, each ending in EOS.
+    decoder_only: one row per example (inputs + targets) instead of two.
+    groups: key (widths) -> indices of its examples.
+    rows: key -> rows per batch.
+    batches_per_epoch: batches that cover every example once.
+  """
+
+  def __init__(self, inputs, targets, buckets: Sequence[int], *,
+               decoder_only: bool, batch_tokens: int, batch_size: int,
+               seed: int):
+    self.inputs, self.targets = inputs, targets
+    self.decoder_only, self._seed = decoder_only, seed
+    keys = [(_bucket(len(a) + len(b), buckets),) if decoder_only else
+            (_bucket(len(a), buckets), _bucket(len(b), buckets))
+            for a, b in zip(inputs, targets)]
+    rows = lambda key: (max(1, batch_tokens // sum(key)) if batch_tokens > 0
+                        else batch_size)
+    counts = collections.Counter(keys)
+    kept = sorted((k for k, n in counts.items() if n >= rows(k)),
+                  key=lambda k: (np.prod(k), k))
+    # A rare key would compile the step for a batch or two: fold it into the
+    # smallest kept key that holds it, else into one catch-all key.
+    rare = [k for k in counts if k not in kept]
+    catch_all = tuple(np.max(rare, axis=0).tolist()) if rare else None
+    remap = {k: next((c for c in kept if all(a >= b for a, b in zip(c, k))),
+                     catch_all) for k in rare}
+    self.groups = collections.defaultdict(list)
+    for index, key in enumerate(keys):
+      self.groups[remap.get(key, key)].append(index)
+    self.rows = {key: rows(key) for key in self.groups}
+    self.batches_per_epoch = sum(-(-len(v) // self.rows[k])
+                                 for k, v in self.groups.items())
+
+  def shapes(self) -> list[tuple[int, ...]]:
+    """(rows, widths...) of every batch shape: one compile each."""
+    return sorted((self.rows[k],) + k for k in self.groups)
+
+  def epoch(self, epoch: int | None) -> list[tuple[tuple[int, ...], Any]]:
+    """An epoch's batches as (key, example indices); None: unshuffled."""
+    rng = None if epoch is None else np.random.default_rng([self._seed, epoch])
+    order = []
+    for key in sorted(self.groups):
+      members = np.asarray(self.groups[key])
+      members = members if rng is None else rng.permutation(members)
+      size = self.rows[key]
+      order += [(key, members[i:i + size])
+                for i in range(0, len(members), size)]
+    return order if rng is None else [order[i] for i in
+                                      rng.permutation(len(order))]
+
+  def batch(self, key: tuple[int, ...], indices) -> dict[str, np.ndarray]:
+    """The padded arrays of one batch; missing rows are all padding.
+
+    Returns:
+      T5: int32 `inputs` [B, L], `decoder_inputs` and `targets` [B, T],
+      float32 `weights` [B, T]. GPT-like: no `inputs`, T = the row width.
+    """
+    rows, width = self.rows[key], key[-1]
+    out = {"decoder_inputs": np.zeros((rows, width), np.int32),
+           "targets": np.zeros((rows, width), np.int32),
+           "weights": np.zeros((rows, width), np.float32)}
+    dec, tgt, weights = out["decoder_inputs"], out["targets"], out["weights"]
+    if not self.decoder_only:
+      out["inputs"] = np.zeros((rows, key[0]), np.int32)
+    for r, i in enumerate(indices):
+      a, b = self.inputs[i], self.targets[i]
+      if self.decoder_only:
+        row = np.concatenate([a, b])
+        dec[r, :len(row)] = row
+        tgt[r, :len(row) - 1] = row[1:]
+        # The logit at position j predicts token j + 1: weigh targets only.
+        weights[r, len(a) - 1:len(row) - 1] = 1.0
+      else:
+        out["inputs"][r, :len(a)] = a
+        tgt[r, :len(b)] = b
+        dec[r, 1:len(b)] = b[:-1]
+        weights[r, :len(b)] = 1.0
+    return out
+
+
+def load_split(config: Any, split: str, limit: int | None,
+                decoder_only: bool, keep: int | None = None):
+  """(examples, BucketedData of the first `keep`) of a split, rows cut.
+
+  `config` is a `train.TrainConfig`.
+  """
+  examples = data.load_examples(config.task, split, max_examples=limit)
+  max_in, max_tgt = config.max_lengths()
+  clip = lambda t, n: t if len(t) <= n else np.append(t[:n - 1], EOS_ID)
+  inputs = [clip(e.inputs, max_in) for e in examples[:keep]]
+  targets = [clip(e.targets, max_tgt) for e in examples[:keep]]
+  return examples, BucketedData(
+      inputs, targets, config.length_buckets, decoder_only=decoder_only,
+      batch_tokens=config.batch_tokens, batch_size=config.batch_size,
+      seed=config.seed)
