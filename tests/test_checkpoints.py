@@ -155,7 +155,7 @@ def test_save_restore_gpt_and_vocab(tmp_path, monkeypatch):
   vocab.write_bytes(b"not really sentencepiece")
   directory = checkpoints.save(model, str(tmp_path / "gpt"), vocab=str(vocab))
   assert (tmp_path / "gpt" / "vocab.model").read_bytes() == vocab.read_bytes()
-  monkeypatch.setattr(checkpoints, "_make_vocab", lambda path: ("vocab", path))
+  monkeypatch.setattr(checkpoints, "_make_vocab", lambda path, extra_ids=0: ("vocab", path))
   restored = checkpoints.load_model(directory)
   assert restored.vocab == ("vocab", os.path.join(directory, "vocab.model"))
   assert restored.config == model.config

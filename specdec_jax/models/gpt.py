@@ -39,7 +39,6 @@ Cache logical axes (`cache_logical_axes`): every leaf [B, S, N, H] is
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import flax
@@ -48,6 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.decoding.protocol import Prefill
+from specdec_jax.models import base
 from specdec_jax.models import layers
 
 
@@ -219,52 +219,21 @@ class GPTTransformer(nn.Module):
     return logits
 
 
-def _constrain_cache(cache: GPTCache) -> GPTCache:
-  return jax.tree.map(nn.with_logical_constraint, cache,
-                      cache_logical_axes(cache))
-
-
-@functools.lru_cache(maxsize=32)
-def _jitted_init(config):
-  """One compiled initialiser per config (random inits recompile otherwise)."""
-  return jax.jit(GPTTransformer(config).init)
-
-
 @dataclasses.dataclass(frozen=True)
-class GPTDef:
+class GPTDef(base.FlaxModelDef):
   """`ModelDef` for the decoder-only model.
 
   Attributes:
     config: the architecture.
   """
 
+  module_class = GPTTransformer
+  num_init_inputs = 1
   config: GPTConfig
-
-  @property
-  def module(self) -> GPTTransformer:
-    return GPTTransformer(self.config)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.config.vocab_size
 
   @property
   def max_input_len(self) -> int | None:
     return self.config.max_len
-
-  def _apply(self, params, *args, method):
-    return self.module.apply({"params": params}, *args, method=method)
-
-  def init_params(self, rng: jax.Array) -> Any:
-    """Random parameters (T5X initialisers), unboxed, in `param_dtype`."""
-    variables = _jitted_init(self.config)(rng, jnp.ones((1, 4), jnp.int32))
-    return nn.unbox(variables["params"])
-
-  def param_logical_axes(self) -> Any:
-    """PartitionSpecs of logical axis names, same tree as the parameters."""
-    shapes = jax.eval_shape(self.module.init, jax.random.PRNGKey(0),
-                            jnp.ones((1, 4), jnp.int32))
-    return nn.get_partition_spec(shapes)["params"]
 
   def cache_logical_axes(self, cache: GPTCache) -> GPTCache:
     return cache_logical_axes(cache)
@@ -305,7 +274,9 @@ class GPTDef:
     nonpad = (input_ids != 0) * jnp.arange(1, length + 1)
     start_pos = jnp.maximum(jnp.max(nonpad, axis=1), 1) - 1
     start_token = jnp.take_along_axis(input_ids, start_pos[:, None], axis=1)
-    return Prefill(cache=_constrain_cache(GPTCache(layers=kv)),
+    cache = GPTCache(layers=kv)
+    cache = base.constrain_cache(cache, cache_logical_axes(cache))
+    return Prefill(cache=cache,
                    start_token=start_token[:, 0].astype(jnp.int32),
                    start_pos=start_pos.astype(jnp.int32))
 
@@ -314,4 +285,5 @@ class GPTDef:
     """Feeds tokens [B, K] at positions [B, K]; see `ModelDef.extend`."""
     logits, kv = self._apply(params, tokens, positions, cache.layers,
                              method=GPTTransformer.decode)
-    return logits, _constrain_cache(GPTCache(layers=kv))
+    cache = GPTCache(layers=kv)
+    return logits, base.constrain_cache(cache, cache_logical_axes(cache))

@@ -38,7 +38,6 @@ mask [B, L] is (`cache_batch`, `cache_sequence`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import flax
@@ -47,6 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.decoding.protocol import Prefill
+from specdec_jax.models import base
 from specdec_jax.models import layers
 
 P = jax.sharding.PartitionSpec
@@ -332,53 +332,21 @@ class T5Transformer(nn.Module):
     return logits
 
 
-def _constrain_cache(cache: T5Cache) -> T5Cache:
-  return jax.tree.map(nn.with_logical_constraint, cache,
-                      cache_logical_axes(cache))
-
-
-@functools.lru_cache(maxsize=32)
-def _jitted_init(config):
-  """One compiled initialiser per config (random inits recompile otherwise)."""
-  return jax.jit(T5Transformer(config).init)
-
-
 @dataclasses.dataclass(frozen=True)
-class T5Def:
+class T5Def(base.FlaxModelDef):
   """`ModelDef` for T5: a hashable definition; parameters travel separately.
 
   Attributes:
     config: the architecture.
   """
 
+  module_class = T5Transformer
+  num_init_inputs = 2
   config: T5Config
-
-  @property
-  def module(self) -> T5Transformer:
-    return T5Transformer(self.config)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.config.vocab_size
 
   @property
   def max_input_len(self) -> int | None:
     return self.config.max_input_len
-
-  def _apply(self, params, *args, method):
-    return self.module.apply({"params": params}, *args, method=method)
-
-  def init_params(self, rng: jax.Array) -> Any:
-    """Random parameters (T5X initialisers), unboxed, in `param_dtype`."""
-    ids = jnp.ones((1, 4), jnp.int32)
-    variables = _jitted_init(self.config)(rng, ids, ids)
-    return nn.unbox(variables["params"])
-
-  def param_logical_axes(self) -> Any:
-    """PartitionSpecs of logical axis names, same tree as the parameters."""
-    ids = jnp.ones((1, 4), jnp.int32)
-    shapes = jax.eval_shape(self.module.init, jax.random.PRNGKey(0), ids, ids)
-    return nn.get_partition_spec(shapes)["params"]
 
   def cache_logical_axes(self, cache: T5Cache) -> T5Cache:
     return cache_logical_axes(cache)
@@ -422,8 +390,8 @@ class T5Def:
         cross_attention=cross,
         encoder_mask=input_ids > 0)
     zeros = jnp.zeros((batch,), jnp.int32)
-    return Prefill(cache=_constrain_cache(cache), start_token=zeros,
-                   start_pos=zeros)
+    cache = base.constrain_cache(cache, cache_logical_axes(cache))
+    return Prefill(cache=cache, start_token=zeros, start_pos=zeros)
 
   def extend(self, params: Any, cache: T5Cache, tokens: jax.Array,
              positions: jax.Array) -> tuple[jax.Array, T5Cache]:
@@ -432,4 +400,4 @@ class T5Def:
         params, tokens, positions, cache.cross_attention, cache.encoder_mask,
         cache.self_attention, method=T5Transformer.decode)
     cache = cache.replace(self_attention=self_cache)
-    return logits, _constrain_cache(cache)
+    return logits, base.constrain_cache(cache, cache_logical_axes(cache))
