@@ -43,11 +43,11 @@ class DemoConfig:
 
   target: str = "demo:target"
   drafts: Sequence[tuple[str, int]] = (("demo:draft_large", 3),
-                                       ("demo:draft_base", 4),
-                                       ("demo:draft_small", 4))
+                                       ("demo:draft_base", 3),
+                                       ("demo:draft_small", 3))
   temperatures: Sequence[float] = (0.0, 1.0)
   sweep_draft: str | None = "demo:draft_small"
-  sweep_gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7)
+  sweep_gammas: Sequence[int] = (1, 2, 3, 4, 5, 6)
   max_decode_len: int = 64
   max_examples: int | None = None
   repeats: int = 3

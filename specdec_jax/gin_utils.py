@@ -7,12 +7,14 @@ current directory and to the repository's `configs/` folder, and
 
 from __future__ import annotations
 
+import logging as py_logging
 import os
 import sys
 from typing import Callable, Sequence
 
 from absl import app
 from absl import flags
+from absl import logging
 import gin
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(
@@ -67,6 +69,15 @@ def write_operative_config(workdir: str) -> str:
   return write_config(workdir, "operative_config.gin")
 
 
+class _QuietOrbax(py_logging.Filter):
+  """Orbax logs every checkpoint file it reads or writes at INFO."""
+
+  def filter(self, record):
+    return record.levelno >= py_logging.WARNING or "orbax" not in (
+        record.pathname or "")
+
+
 def run(main: Callable[[Sequence[str]], None]) -> None:
-  """absl `app.run` with `--gin.NAME=VALUE` support."""
+  """absl `app.run` with `--gin.NAME=VALUE` support and quiet orbax logs."""
+  logging.get_absl_logger().addFilter(_QuietOrbax())
   app.run(main, argv=rewrite_gin_args(sys.argv))

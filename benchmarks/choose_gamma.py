@@ -1,0 +1,70 @@
+r"""Picks gamma for each demo draft from measured alpha and costs.
+
+  python benchmarks/choose_gamma.py [--examples=128]
+
+For each draft: alpha at temperature 0 and 1 over Multi30k validation
+sentences (batched; alpha does not depend on gamma), c and the cost of
+verifying gamma + 1 tokens, then the gamma maximising Theorem 3.8 and the
+gamma maximising E[tokens] / (gamma c + verify_cost(gamma)), the same
+expected-speedup formula with the target call priced as measured on this
+machine (on a CPU, verifying 8 tokens costs about twice one step, where the
+paper's accelerators pay about the same). Needs ../shared/data.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import specdec_jax as sd  # noqa: E402
+from specdec_jax import costs, data, tasks, theory  # noqa: E402
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--target", default="demo:target")
+  p.add_argument("--drafts", default="demo:draft_large,demo:draft_base,"
+                 "demo:draft_small")
+  p.add_argument("--examples", type=int, default=128)
+  p.add_argument("--max_gamma", type=int, default=8)
+  args = p.parse_args()
+  target = sd.load_model(args.target)
+  with tasks.override_config(vocab_path=target.vocab.sentencepiece_model_file):
+    examples = data.load_examples("multi30k_ende_local", "validation",
+                                  max_examples=args.examples)
+  batches = list(data.batches(examples, batch_size=32, max_length=128))
+  one = next(data.batches(examples[:1], batch_size=1, max_length=128))
+  for spec in args.drafts.split(","):
+    draft = sd.load_model(spec)
+    alphas = {}
+    for temperature in (0.0, 1.0):
+      a_sum = a_cnt = 0.0
+      for batch in batches:
+        res = sd.speculative_generate(target, draft, batch.input_ids, gamma=4,
+                                      max_decode_len=64,
+                                      temperature=temperature)
+        a_sum += res.stats["alpha_sum"].sum()
+        a_cnt += res.stats["alpha_count"].sum()
+      alphas[temperature] = a_sum / a_cnt
+    gammas = np.arange(1, args.max_gamma + 1)
+    measured = [costs.measure_costs(target, draft, one.input_ids, gamma=int(g),
+                                    cache_positions=64 + int(g) + 1)
+                for g in gammas]
+    c = float(np.median([m["c"] for m in measured]))
+    verify = np.array([m["verify_cost"] for m in measured])
+    print(f"{spec}: c={c:.4f} verify_cost(gamma=1..{args.max_gamma})="
+          f"{np.round(verify, 2).tolist()}")
+    for temperature, alpha in alphas.items():
+      thm = theory.walltime_improvement(alpha, gammas, c)
+      cpu = theory.expected_tokens(alpha, gammas) / (gammas * c + verify)
+      print(f"  T={temperature:g} alpha={alpha:.3f}  Theorem 3.8 best gamma "
+            f"{gammas[thm.argmax()]} ({thm.max():.2f}x); with measured verify "
+            f"cost best gamma {gammas[cpu.argmax()]} ({cpu.max():.2f}x)",
+            flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,108 @@
+"""Tests for the shipped demo models and `make demo` (specdec_jax.demo).
+
+Invariants: the four shipped models load from the package alone and keep
+speculative decoding exact (greedy output identical to the target's); their
+vocabulary round-trips text; their sizes keep the promised ratios and the
+repository budget; the demo's gin config parses and the demo itself runs end
+to end on two sentences.
+"""
+
+import os
+
+import gin
+import numpy as np
+import pytest
+
+from specdec_jax import checkpoints
+from specdec_jax import costs
+from specdec_jax import demo
+from specdec_jax import generate
+from specdec_jax import gin_utils
+from specdec_jax import load_model
+from specdec_jax import speculative_generate
+
+NAMES = ("target", "draft_large", "draft_base", "draft_small")
+
+
+@pytest.fixture(scope="module")
+def models():
+  return {name: load_model(f"demo:{name}") for name in NAMES}
+
+
+def _sentences(n):
+  with open(os.path.join(demo.DEMO_DATA, "sentences.en")) as f:
+    return [line.strip() for line in f][:n]
+
+
+def _encode(model, texts):
+  rows = [model.vocab.encode("translate English to German: " + t) + [1]
+          for t in texts]
+  ids = np.zeros((len(rows), max(map(len, rows))), np.int32)
+  for i, row in enumerate(rows):
+    ids[i, :len(row)] = row
+  return ids
+
+
+def test_shipped_models_keep_greedy_exact(models):
+  """Each shipped draft leaves the target's greedy translations unchanged,
+  token for token, on a batch of demo sentences; the target translates."""
+  target = models["target"]
+  ids = _encode(target, _sentences(4))
+  base = generate(target, ids, max_decode_len=40)
+  text = target.vocab.decode([t for t in base.tokens[0] if t > 1])
+  assert "Mann" in text and "Hund" in text, text  # "A man ... his dog ..."
+  for name in NAMES[1:]:
+    spec = speculative_generate(target, models[name], ids, gamma=4,
+                                max_decode_len=40)
+    np.testing.assert_array_equal(spec.tokens, base.tokens, err_msg=name)
+    assert spec.stats["alpha"].mean() > 0.3, name
+
+
+def test_vocabulary_round_trips_and_matches_the_models(models):
+  """The shipped vocabulary encodes and decodes text unchanged, has T5's
+  special ids and 100 extra ids, and fits every model's embedding."""
+  vocab = models["target"].vocab
+  text = "Ein Mann mit einem Hut angelt von einem Holzboot aus."
+  assert vocab.decode(vocab.encode(text)) == text
+  assert (vocab.pad_id, vocab.eos_id, vocab.unk_id) == (0, 1, 2)
+  assert vocab.extra_ids == 100
+  for model in models.values():
+    assert model.vocab.vocab_size == vocab.vocab_size <= model.vocab_size
+
+
+def test_sizes_keep_the_ratios_and_the_budget(models):
+  """Drafts are ~1/10, 1/30, 1/100 of the target; all weights <= 60 MB."""
+  target = costs.count_params(models["target"].params)
+  for name, ratio in [("draft_large", 10), ("draft_base", 30),
+                      ("draft_small", 100)]:
+    got = target / costs.count_params(models[name].params)
+    assert ratio / 1.5 < got < ratio * 1.5, (name, got)
+  total = sum(os.path.getsize(os.path.join(root, f))
+              for root, _, files in os.walk(checkpoints.DEMO_DIR)
+              for f in files)
+  assert total <= 60e6, total
+
+
+def test_demo_gin_config_parses():
+  """configs/demo.gin binds every row of the demo."""
+  gin.clear_config()
+  gin_utils.parse(["demo.gin"], [])
+  config = gin.get_configurable(demo.DemoConfig)()
+  gin.clear_config()
+  assert [d for d, _ in config.drafts] == [f"demo:{n}" for n in NAMES[1:]]
+  assert tuple(config.temperatures) == (0.0, 1.0)
+
+
+def test_demo_runs_on_two_sentences(tmp_path):
+  """The demo, cut to two sentences and one draft, writes its table with a
+  greedy row identical to the target and a sampled row."""
+  config = demo.DemoConfig(drafts=(("demo:draft_small", 3),),
+                           sweep_draft=None, max_examples=2, repeats=1,
+                           cost_repeats=1, trace_examples=1)
+  rows = demo.run(config, str(tmp_path))
+  assert [(r["draft"], r["temperature"]) for r in rows] == [
+      ("draft_small", 0.0), ("draft_small", 1.0)]
+  assert rows[0]["identical"] is True
+  for name in ["table.md", "table.csv", "speedup.png",
+               "draft_small_t0/trace.html"]:
+    assert os.path.getsize(tmp_path / name) > 0
