@@ -79,6 +79,34 @@ def test_greedy_speculative_equals_greedy_target(decoder_only, gamma):
       np.testing.assert_allclose(spec.stats["alpha"], 1.0, atol=1e-6)
 
 
+@pytest.mark.parametrize("decoder_only", [False, True])
+def test_greedy_fast_path_equals_general_rejection_sampler(decoder_only):
+  """At temperature 0 the engine skips probabilities (argmax + comparison).
+  It must give exactly what Algorithm 1 gives on one-hot p and q: same tokens
+  and same stats (alpha, accepted histogram, calls) for every row. The
+  general path is forced by handing in a drafter that is `sampling.sample`
+  under another name."""
+  target = toy_models.table_model(VOCAB, seed=3, eos_bias=1.0,
+                                  decoder_only=decoder_only)
+  draft = toy_models.table_model(VOCAB, seed=4, base=target, noise=1.5)
+  ids = _inputs()
+  sampler = sampling.SamplingConfig()
+  general_sample = lambda key, q: sampling.sample(key, q)
+  runs = []
+  for draft_sample in (sampling.sample, general_sample):
+    fn = engine.build_speculative(target.definition, draft.definition, 3, 12,
+                                  sampler, draft_sample=draft_sample)
+    seeds, rows = np.zeros(4, np.int32), np.arange(4, dtype=np.int32)
+    tokens, stats = fn(target.params, draft.params, ids, seeds, rows)
+    runs.append((np.asarray(tokens), jax.tree.map(np.asarray, stats)))
+  (fast_tokens, fast), (slow_tokens, slow) = runs
+  np.testing.assert_array_equal(fast_tokens, slow_tokens)
+  assert 0.2 < float(np.mean(fast["alpha"])) < 0.95, "draft should disagree"
+  for name in slow:
+    np.testing.assert_allclose(fast[name], slow[name], atol=1e-6,
+                               err_msg=name)
+
+
 def _sequence_counts(tokens):
   keys, counts = np.unique(tokens, axis=0, return_counts=True)
   return {tuple(k): c for k, c in zip(keys.tolist(), counts)}

@@ -73,7 +73,7 @@ def test_prefill_starts_at_last_prompt_token(model):
   np.testing.assert_array_equal(pre.start_token, [1, 1, 1])
   np.testing.assert_array_equal(pre.start_pos, LENGTHS - 1)
   assert pre.start_pos.dtype == jnp.int32
-  assert pre.cache.layers[0].key.shape == (3, 7 + 6 + 1, 4, 8)
+  assert pre.cache.layers[0].key.shape == (3, 4, 8, 7 + 6 + 1)  # [B,N,H,S]
   axes = definition.cache_logical_axes(pre.cache)
   assert jax.tree.structure(axes) == jax.tree.structure(pre.cache)
 
@@ -142,11 +142,10 @@ def test_stale_slots_do_not_affect_logits(model):
                               (start[:, None] + np.arange(5)).astype(np.int32))
   # Reject after the first draft token; also scribble over later slots.
   keep = start + 2  # slots <= start + 1 stay valid
-  mask = (np.arange(cache.layers[0].key.shape[1])[None] >= keep[:, None])
-  mask = mask[:, :, None, None]
+  stale = (np.arange(cache.layers[0].length)[None] >= keep[:, None])  # [B,S]
   cache = gpt.GPTCache(layers=tuple(
-      layers.KVCache(jnp.where(mask, 1e3, kv.key),
-                     jnp.where(mask, -5.0, kv.value))
+      layers.KVCache(jnp.where(stale[:, None, None, :], 1e3, kv.key),
+                     jnp.where(stale[:, None, :, None], -5.0, kv.value))
       for kv in cache.layers))
   new = np.array([[60], [61], [62]], np.int32)
   logits, _ = jitted["extend"](params, cache, new,

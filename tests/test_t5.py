@@ -100,13 +100,17 @@ def test_prefill_allocates_cache_and_starts_at_zero(model):
   pre = definition.prefill(params, input_ids, 9)
   np.testing.assert_array_equal(pre.start_token, [0, 0])
   np.testing.assert_array_equal(pre.start_pos, [0, 0])
-  assert pre.cache.self_attention[0].key.shape == (2, 10, 4, 8)
-  assert pre.cache.cross_attention[1].value.shape == (2, 6, 4, 8)
+  # Keys [B, N, H, S], values [B, N, S, H] (see layers.KVCache).
+  assert pre.cache.self_attention[0].key.shape == (2, 4, 8, 10)
+  assert pre.cache.self_attention[0].value.shape == (2, 4, 10, 8)
+  assert pre.cache.cross_attention[1].value.shape == (2, 4, 6, 8)
   np.testing.assert_array_equal(pre.cache.encoder_mask, input_ids > 0)
   axes = definition.cache_logical_axes(pre.cache)
   assert jax.tree.structure(axes) == jax.tree.structure(pre.cache)
   assert tuple(axes.self_attention[0].key) == (
-      "cache_batch", "cache_sequence", "cache_heads", "cache_kv")
+      "cache_batch", "cache_heads", "cache_kv", "cache_sequence")
+  assert tuple(axes.cross_attention[0].value) == (
+      "cache_batch", "cache_heads", "cache_sequence", "cache_kv")
 
 
 def test_cached_decoding_equals_uncached_forward(model):
@@ -170,8 +174,8 @@ def test_stale_slots_do_not_affect_logits(model):
   _, cache = definition.extend(params, cache, decoder_ids[:, :6],
                                np.tile(np.arange(6), (2, 1)))
   # Fill every slot past position 2 with garbage as well.
-  noise = lambda kv: layers.KVCache(kv.key.at[:, 3:].set(1e3),
-                                    kv.value.at[:, 3:].set(-7.0))
+  noise = lambda kv: layers.KVCache(kv.key.at[..., 3:].set(1e3),
+                                    kv.value.at[:, :, 3:].set(-7.0))
   cache = cache.replace(self_attention=tuple(
       noise(kv) for kv in cache.self_attention))
   new = np.array([[50, 51], [52, 53]], np.int32)

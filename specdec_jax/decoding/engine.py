@@ -158,6 +158,11 @@ def _finish(stream: Stream, max_decode_len: int) -> jax.Array:
   return jnp.where(keep, tokens, 0)
 
 
+def _greedy_token(logits: jax.Array) -> jax.Array:
+  """argmax (ties to the lowest id): what sampling a one-hot p returns."""
+  return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
 def _new_stream(batch: int, width: int) -> Stream:
   return Stream(tokens=jnp.zeros((batch, width), jnp.int32),
                 length=jnp.zeros((batch,), jnp.int32),
@@ -188,9 +193,11 @@ def build_generate(model: ModelDef, max_decode_len: int,
     def body(s: AutoregressiveState):
       index = s.stream.length[:, None]
       logits, cursor = s.model.extend(model, params, s.stream, index)
-      probs = sampler.probs(logits[:, 0])
-      step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, s.step)
-      token = jax.vmap(sampling.sample)(step_keys, probs)
+      if sampler.greedy:
+        token = _greedy_token(logits[:, 0])
+      else:
+        step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, s.step)
+        token = jax.vmap(sampling.sample)(step_keys, sampler.probs(logits[:, 0]))
       active = ~s.stream.done
       stream, _ = _advance(s.stream, token[:, None], jnp.ones_like(token),
                            max_decode_len)
@@ -224,27 +231,52 @@ def build_speculative(target: ModelDef, draft: ModelDef, gamma: int,
   width = max_decode_len + gamma + 1
   positions = jnp.arange(gamma + 1)
 
+  # Greedy decoding needs no probabilities: with one-hot p and q, Algorithm 1
+  # accepts a draft token iff it is the target's argmax and otherwise emits
+  # that argmax, so argmax and a comparison give the same tokens without any
+  # [V]-sized sampling work (the general path below is tested against this).
+  fast_greedy = sampler.greedy and draft_sample is sampling.sample
+
+  def propose(logits, key):
+    """One draft token [B] from draft logits [B, V], and its q (or None)."""
+    if fast_greedy:
+      return _greedy_token(logits), None
+    q = sampler.probs(logits)
+    return jax.vmap(draft_sample)(key, q), q
+
   def draft_tokens(s: SpeculativeState, draft_params, step_keys):
-    """Runs gamma draft steps: tokens [B, G], probs q [B, G, V], cursor."""
+    """Runs gamma draft steps: tokens [B, G], q [B, G, V] (or None), cursor."""
     n = s.stream.length
     first = jnp.stack([jnp.maximum(n - 1, 0), n], axis=1)
     logits, cursor = s.draft.extend(draft, draft_params, s.stream, first)
-    q = sampler.probs(logits[:, -1])
-    x = jax.vmap(draft_sample)(step_keys[:, 0], q)
+    x, q = propose(logits[:, -1], step_keys[:, 0])
 
     def one(carry, j):
       cursor, x_prev = carry
       logits, cursor = cursor.extend_tokens(draft, draft_params,
                                             x_prev[:, None], (n + j)[:, None])
-      q = sampler.probs(logits[:, 0])
-      x = jax.vmap(draft_sample)(step_keys[:, j], q)
+      x, q = propose(logits[:, 0], step_keys[:, j])
       return (cursor, x), (x, q)
 
     (cursor, _), (xs, qs) = jax.lax.scan(one, (cursor, x),
                                          jnp.arange(1, gamma))
     xs = jnp.concatenate([x[:, None], jnp.moveaxis(xs, 0, 1)], axis=1)
-    qs = jnp.concatenate([q[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
-    return xs, qs, cursor
+    if not fast_greedy:
+      q = jnp.concatenate([q[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+    return xs, q, cursor
+
+  def verify(logits, xs, q, key):
+    """Algorithm 1 on target logits [B, G+1, V]: (accepted [B], next [B],
+    beta [B, G] = sum_x min(p, q) at each draft position)."""
+    if fast_greedy:
+      best = _greedy_token(logits)                     # [B, G+1]
+      match = best[:, :gamma] == xs
+      accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), 1)
+      nxt = jnp.take_along_axis(best, accepted[:, None], axis=1)[:, 0]
+      return accepted, nxt, match.astype(jnp.float32)
+    p = sampler.probs(logits)
+    accepted, nxt = sampling.speculative_accept(key, xs, q, p, lenience)
+    return accepted, nxt, theory.acceptance_rate(p[:, :gamma], q)
 
   def run(target_params, draft_params, input_ids, seeds, rows):
     batch = input_ids.shape[0]
@@ -282,16 +314,13 @@ def build_speculative(target: ModelDef, draft: ModelDef, gamma: int,
           [s.target.token_at(s.stream, n[:, None]), xs], axis=1)
       logits, target_cursor = s.target.extend_tokens(
           target, target_params, verify_tokens, n[:, None] + positions)
-      p = sampler.probs(logits)
-      accepted, nxt = sampling.speculative_accept(
-          step_keys[:, gamma], xs, q, p, lenience)
+      accepted, nxt, beta = verify(logits, xs, q, step_keys[:, gamma])
       new = jnp.concatenate([xs, jnp.zeros((batch, 1), jnp.int32)], axis=1)
       new = jnp.where(positions[None] == accepted[:, None], nxt[:, None], new)
       stream, emitted = _advance(s.stream, new, accepted + 1, max_decode_len)
 
       active = (~s.stream.done).astype(jnp.int32)
       # alpha: beta at every verified position whose prefix was accepted.
-      beta = theory.acceptance_rate(p[:, :gamma], q)
       counted = positions[None, :gamma] < jnp.minimum(accepted + 1,
                                                       gamma)[:, None]
       st = dict(s.stats)

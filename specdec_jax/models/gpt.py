@@ -32,8 +32,10 @@ Dimension letters: B batch, L prompt length, T tokens fed now, S cache
 slots, D embed, N heads, H head dim, F mlp hidden, V vocabulary,
 R relative-position buckets.
 
-Cache logical axes (`cache_logical_axes`): every leaf [B, S, N, H] is
-(`cache_batch`, `cache_sequence`, `cache_heads`, `cache_kv`).
+Cache logical axes (`cache_logical_axes`): keys [B, N, H, S] are
+(`cache_batch`, `cache_heads`, `cache_kv`, `cache_sequence`), values
+[B, N, S, H] (`cache_batch`, `cache_heads`, `cache_sequence`, `cache_kv`),
+see `layers.KVCache`.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ class GPTCache:
   """Decoder state between `extend` calls.
 
   Attributes:
-    layers: per layer, keys/values [B, S, N, H] by position.
+    layers: per layer, keys/values of S slots by position (`layers.KVCache`).
   """
 
   layers: tuple[layers.KVCache, ...]
@@ -108,7 +110,7 @@ class GPTCache:
 
 def cache_logical_axes(cache: GPTCache) -> GPTCache:
   """The logical axis names of every leaf of `cache`, as PartitionSpecs."""
-  kv = layers.KVCache(layers.KV_CACHE_AXES, layers.KV_CACHE_AXES)
+  kv = layers.KVCache.logical_axes()
   return GPTCache(layers=tuple(kv for _ in cache.layers))
 
 
@@ -136,8 +138,10 @@ class DecoderLayer(nn.Module):
     k, v = self.self_attention.project_kv(h)
     if cache is not None:
       cache = cache.write(k, v, positions)
-      k, v = cache.key, cache.value
-    x = x + self.self_attention(h, k, v, bias)
+      kv = cache
+    else:
+      kv = layers.KVCache.from_projection(k, v)
+    x = x + self.self_attention(h, kv, bias)
     return x + self.mlp(self.pre_mlp_layer_norm(x)), cache
 
 
@@ -169,7 +173,7 @@ class Decoder(nn.Module):
     Args:
       tokens: int [B, T].
       positions: int [B, T], their positions.
-      cache: per layer KVCache [B, S, N, H], or None for a plain causal
+      cache: per layer KVCache of S slots, or None for a plain causal
         pass over the T tokens.
       return_logits: False skips the output layer (prefill needs none).
 
@@ -181,7 +185,7 @@ class Decoder(nn.Module):
       key_pos = positions
       caches = (None,) * len(self.layers)
     else:
-      key_pos = jnp.arange(cache[0].key.shape[1])[None, :]
+      key_pos = jnp.arange(cache[0].length)[None, :]
       caches = cache
     bias = (self.relpos_bias(positions, key_pos)
             + layers.causal_bias(positions, key_pos))

@@ -13,7 +13,7 @@ Logical axis names. Parameters: `embed`, `mlp`, `heads`, `kv`, `joined_kv`
 (heads*head_dim flattened, T5X's 2-D attention kernels), `vocab`,
 `relpos_buckets`. Activations: `batch`, `length`, `embed`, `heads`, `kv`,
 `mlp`, `vocab`. KV caches: `cache_batch`, `cache_sequence`, `cache_heads`,
-`cache_kv` (see `KV_CACHE_AXES`). Constraints are no-ops until a sharding
+`cache_kv` (see `KVCache.logical_axes`). Constraints are no-ops until a sharding
 module installs rules with `nn.logical_axis_rules`.
 """
 
@@ -37,8 +37,10 @@ P = jax.sharding.PartitionSpec
 # finite in bfloat16 and float32 alike.
 NEG_INF = -1e10
 
-# Logical names of one KV cache leaf [B, S, N, H].
-KV_CACHE_AXES = P("cache_batch", "cache_sequence", "cache_heads", "cache_kv")
+# Logical names of the cached keys [B, N, H, S] and values [B, N, S, H].
+KEY_CACHE_AXES = P("cache_batch", "cache_heads", "cache_kv", "cache_sequence")
+VALUE_CACHE_AXES = P("cache_batch", "cache_heads", "cache_sequence",
+                     "cache_kv")
 
 
 def constrain(x: jax.Array, *names: str | None) -> jax.Array:
@@ -297,19 +299,42 @@ def padding_bias(key_valid: jax.Array) -> jax.Array:
 class KVCache:
   """Keys and values of one attention layer, laid out by position.
 
+  The layouts are the ones the two attention matmuls read without a copy:
+  keys [B, N, H, S] (queries [T, H] times keys [H, S] per head) and values
+  [B, N, S, H] (weights [T, S] times values [S, H]). Storing keys as
+  [B, S, N, H] instead made XLA transpose every layer's whole cache on every
+  decoding step.
+
   Attributes:
-    key: [B, S, N, H]; slot j holds the key of the token at position j.
-    value: [B, S, N, H].
+    key: [B, N, H, S]; column j holds the key of the token at position j.
+    value: [B, N, S, H]; row j holds its value.
   """
 
   key: jax.Array
   value: jax.Array
 
   @classmethod
+  def from_projection(cls, key: jax.Array, value: jax.Array) -> "KVCache":
+    """Keys and values as projected ([B, S, N, H] each), in cache layout."""
+    return cls(constrain(jnp.transpose(key, (0, 2, 3, 1)), *KEY_CACHE_AXES),
+               constrain(jnp.transpose(value, (0, 2, 1, 3)),
+                         *VALUE_CACHE_AXES))
+
+  @classmethod
   def zeros(cls, batch: int, length: int, num_heads: int, head_dim: int,
             dtype: Dtype) -> "KVCache":
-    shape = (batch, length, num_heads, head_dim)
-    return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    return cls(jnp.zeros((batch, num_heads, head_dim, length), dtype),
+               jnp.zeros((batch, num_heads, length, head_dim), dtype))
+
+  @classmethod
+  def logical_axes(cls) -> "KVCache":
+    """The logical axis names of both leaves, as PartitionSpecs."""
+    return cls(KEY_CACHE_AXES, VALUE_CACHE_AXES)
+
+  @property
+  def length(self) -> int:
+    """S, the number of slots."""
+    return self.key.shape[-1]
 
   def write(self, key: jax.Array, value: jax.Array,
             positions: jax.Array) -> "KVCache":
@@ -320,7 +345,7 @@ class KVCache:
     Positions past the end of the cache are dropped.
 
     Args:
-      key: [B, T, N, H].
+      key: [B, T, N, H], as projected.
       value: [B, T, N, H].
       positions: int [B, T].
 
@@ -328,11 +353,14 @@ class KVCache:
       The updated cache.
     """
     rows = jnp.arange(positions.shape[0])[:, None]
-    def put(slots, new):
-      slots = slots.at[rows, positions].set(new.astype(slots.dtype),
-                                            mode="drop")
-      return constrain(slots, *KV_CACHE_AXES)
-    return KVCache(put(self.key, key), put(self.value, value))
+    # Advanced indices split by slices put their broadcast dims [B, T] first,
+    # so the updates are [B, T, N, H] in both layouts.
+    new_key = self.key.at[rows, :, :, positions].set(
+        key.astype(self.key.dtype), mode="drop")
+    new_value = self.value.at[rows, :, positions, :].set(
+        value.astype(self.value.dtype), mode="drop")
+    return KVCache(constrain(new_key, *KEY_CACHE_AXES),
+                   constrain(new_value, *VALUE_CACHE_AXES))
 
 
 class MultiHeadAttention(nn.Module):
@@ -382,14 +410,13 @@ class MultiHeadAttention(nn.Module):
     v = constrain(self.value(x), "batch", "length", "heads", "kv")
     return k, v
 
-  def __call__(self, x: jax.Array, key: jax.Array, value: jax.Array,
-               bias: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, kv: KVCache, bias: jax.Array) -> jax.Array:
     """Attends queries from `x` to the given keys/values.
 
     Args:
       x: [B, T, D] query inputs.
-      key: [B, S, N, H].
-      value: [B, S, N, H].
+      kv: keys and values in cache layout (`KVCache.from_projection` for
+        freshly projected ones).
       bias: float32, broadcastable to [B, N, T, S]: relative position bias
         plus NEG_INF where attention is not allowed.
 
@@ -397,10 +424,10 @@ class MultiHeadAttention(nn.Module):
       [B, T, D] in the compute dtype.
     """
     q = constrain(self.query(x), "batch", "length", "heads", "kv")
-    logits = jnp.einsum("BTNH,BSNH->BNTS", q, key.astype(self.dtype),
+    logits = jnp.einsum("BTNH,BNHS->BNTS", q, kv.key.astype(self.dtype),
                         preferred_element_type=jnp.float32)
     weights = jax.nn.softmax(logits + bias, axis=-1).astype(self.dtype)
-    out = jnp.einsum("BNTS,BSNH->BTNH", weights, value.astype(self.dtype))
+    out = jnp.einsum("BNTS,BNSH->BTNH", weights, kv.value.astype(self.dtype))
     out = constrain(out, "batch", "length", "heads", "kv")
     return constrain(self.out(out), "batch", "length", "embed")
 

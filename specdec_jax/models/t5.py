@@ -30,9 +30,11 @@ Dimension letters: B batch, L encoder length, T decoder tokens fed now,
 S decoder cache slots, D embed, N heads, H head dim, F mlp hidden,
 V vocabulary, R relative-position buckets.
 
-Cache logical axes (`cache_logical_axes`): every KV leaf [B, S or L, N, H] is
-(`cache_batch`, `cache_sequence`, `cache_heads`, `cache_kv`); the encoder
-mask [B, L] is (`cache_batch`, `cache_sequence`).
+Cache logical axes (`cache_logical_axes`): keys [B, N, H, S or L] are
+(`cache_batch`, `cache_heads`, `cache_kv`, `cache_sequence`), values
+[B, N, S or L, H] (`cache_batch`, `cache_heads`, `cache_sequence`,
+`cache_kv`), see `layers.KVCache`; the encoder mask [B, L] is
+(`cache_batch`, `cache_sequence`).
 """
 
 from __future__ import annotations
@@ -104,9 +106,9 @@ class T5Cache:
   """Decoder state between `extend` calls.
 
   Attributes:
-    self_attention: per decoder layer, keys/values [B, S, N, H] by position.
-    cross_attention: per decoder layer, keys/values [B, L, N, H] of the
-      encoder output, computed once in `prefill`.
+    self_attention: per decoder layer, keys/values by position (S slots).
+    cross_attention: per decoder layer, keys/values of the encoder output
+      (L positions), computed once in `prefill`.
     encoder_mask: bool [B, L], True on real (non-padding) input tokens.
   """
 
@@ -117,7 +119,7 @@ class T5Cache:
 
 def cache_logical_axes(cache: T5Cache) -> T5Cache:
   """The logical axis names of every leaf of `cache`, as PartitionSpecs."""
-  kv = layers.KVCache(layers.KV_CACHE_AXES, layers.KV_CACHE_AXES)
+  kv = layers.KVCache.logical_axes()
   return T5Cache(
       self_attention=tuple(kv for _ in cache.self_attention),
       cross_attention=tuple(kv for _ in cache.cross_attention),
@@ -165,8 +167,8 @@ class EncoderLayer(nn.Module):
   def __call__(self, x: jax.Array, bias: jax.Array) -> jax.Array:
     """x [B, L, D], bias [B, N, L, L] -> [B, L, D]."""
     h = self.pre_attention_layer_norm(x)
-    k, v = self.attention.project_kv(h)
-    x = x + self.attention(h, k, v, bias)
+    kv = layers.KVCache.from_projection(*self.attention.project_kv(h))
+    x = x + self.attention(h, kv, bias)
     return x + self.mlp(self.pre_mlp_layer_norm(x))
 
 
@@ -210,8 +212,9 @@ class DecoderLayer(nn.Module):
     self.mlp = _mlp(cfg)
 
   def cross_kv(self, encoded: jax.Array) -> layers.KVCache:
-    """encoded [B, L, D] -> cross-attention keys/values [B, L, N, H]."""
-    return layers.KVCache(*self.encoder_decoder_attention.project_kv(encoded))
+    """encoded [B, L, D] -> cross-attention keys/values (cache layout)."""
+    return layers.KVCache.from_projection(
+        *self.encoder_decoder_attention.project_kv(encoded))
 
   def __call__(self, x, positions, self_bias, cross, cross_bias, cache):
     """One decoder layer.
@@ -220,9 +223,9 @@ class DecoderLayer(nn.Module):
       x: [B, T, D].
       positions: int [B, T], decoder positions of the T tokens.
       self_bias: float32 [B, N, T, S] (S = T when uncached).
-      cross: KVCache of the encoder output, [B, L, N, H].
+      cross: KVCache of the encoder output (L positions).
       cross_bias: float32 [B, 1, 1, L].
-      cache: KVCache [B, S, N, H], or None to attend to the T tokens only.
+      cache: KVCache of S slots, or None to attend to the T tokens only.
 
     Returns:
       ([B, T, D], the updated cache or None).
@@ -231,11 +234,12 @@ class DecoderLayer(nn.Module):
     k, v = self.self_attention.project_kv(h)
     if cache is not None:
       cache = cache.write(k, v, positions)
-      k, v = cache.key, cache.value
-    x = x + self.self_attention(h, k, v, self_bias)
+      kv = cache
+    else:
+      kv = layers.KVCache.from_projection(k, v)
+    x = x + self.self_attention(h, kv, self_bias)
     h = self.pre_cross_attention_layer_norm(x)
-    x = x + self.encoder_decoder_attention(h, cross.key, cross.value,
-                                           cross_bias)
+    x = x + self.encoder_decoder_attention(h, cross, cross_bias)
     return x + self.mlp(self.pre_mlp_layer_norm(x)), cache
 
 
@@ -267,7 +271,7 @@ class Decoder(nn.Module):
       positions: int [B, T], their decoder positions.
       cross: per layer, KVCache of the encoder output.
       encoder_mask: bool [B, L].
-      cache: per layer, KVCache [B, S, N, H]; None for a plain causal pass
+      cache: per layer, KVCache of S slots; None for a plain causal pass
         over the T tokens (teacher forcing), whose keys are then the tokens
         themselves at `positions`.
 
@@ -280,7 +284,7 @@ class Decoder(nn.Module):
       cache = (None,) * len(self.layers)
       uncached = True
     else:
-      key_pos = jnp.arange(cache[0].key.shape[1])[None, :]
+      key_pos = jnp.arange(cache[0].length)[None, :]
       uncached = False
     self_bias = (self.relpos_bias(positions, key_pos)
                  + layers.causal_bias(positions, key_pos))
