@@ -58,6 +58,18 @@ def walltime_improvement(alpha, gamma, c):
   return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
 
 
+def walltime_improvement_measured(alpha, gamma, c, verify_cost):
+  """Theorem 3.8 with a measured verification cost v(gamma):
+
+    E[tokens] / (gamma c + v),  v = time(target on gamma + 1 tokens) / time(1).
+
+  The theorem assumes v = 1 (a target run costs the same whatever the number
+  of tokens it scores, true for a memory-bound accelerator); on a CPU, or for
+  a small model on a GPU, v grows with gamma and the best gamma is smaller.
+  """
+  return expected_tokens(alpha, gamma) / (gamma * c + verify_cost)
+
+
 def operations_factor(alpha, gamma, c_hat):
   """Theorem 3.11: (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)).
 
@@ -76,8 +88,15 @@ def min_improvement(alpha, c):
   return xp.where(alpha > c, bound, xp.nan)
 
 
-def optimal_gamma(alpha, c, max_gamma: int = 64):
+def optimal_gamma(alpha, c, max_gamma: int = 64, verify_costs=None):
   """The integer gamma in [1, max_gamma] maximising Theorem 3.8 (Figure 3).
+
+  Args:
+    alpha, c: as in `walltime_improvement` (broadcastable arrays).
+    max_gamma: the largest gamma considered.
+    verify_costs: optional [max_gamma] measured v(gamma) for gamma =
+      1..max_gamma (see `walltime_improvement_measured`); None is the
+      paper's v = 1.
 
   Returns int arrays broadcast from alpha and c. Where even the best gamma
   gives an improvement below 1 (alpha <= c), speculative decoding does not
@@ -89,5 +108,12 @@ def optimal_gamma(alpha, c, max_gamma: int = 64):
   alpha = xp.asarray(alpha)[..., None]
   c = xp.asarray(c)[..., None]
   gammas = xp.arange(1, max_gamma + 1)
-  speed = walltime_improvement(alpha, gammas, c)
+  if verify_costs is None:
+    speed = walltime_improvement(alpha, gammas, c)
+  else:
+    verify_costs = xp.asarray(verify_costs)
+    if verify_costs.shape != (max_gamma,):
+      raise ValueError(f"verify_costs must hold one cost per gamma 1.."
+                       f"{max_gamma}, got shape {verify_costs.shape}.")
+    speed = walltime_improvement_measured(alpha, gammas, c, verify_costs)
   return xp.argmax(speed, axis=-1) + 1

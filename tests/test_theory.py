@@ -79,3 +79,23 @@ def test_acceptance_rate_and_lk_divergence():
   np.testing.assert_allclose(np.asarray(jbeta), beta, atol=1e-6)
   jtokens = theory.expected_tokens(jnp.float32(0.8), 5)
   assert float(jtokens) == pytest.approx(3.68928, abs=1e-4)
+
+
+def test_verify_cost_shrinks_the_optimal_gamma():
+  """With v(gamma) = 1 the measured form is Theorem 3.8 itself; a
+  verification cost growing with gamma (a CPU) makes the optimum smaller,
+  and the chosen gamma is the argmax of the measured form."""
+  gammas = np.arange(1, 17)
+  ones = np.ones(16)
+  assert int(theory.optimal_gamma(0.8, 0.05, 16, verify_costs=ones)) == int(
+      theory.optimal_gamma(0.8, 0.05, 16))
+  np.testing.assert_allclose(
+      theory.walltime_improvement_measured(0.8, gammas, 0.05, ones),
+      theory.walltime_improvement(0.8, gammas, 0.05))
+  growing = 1.0 + 0.15 * gammas
+  g = int(theory.optimal_gamma(0.8, 0.05, 16, verify_costs=growing))
+  assert g < int(theory.optimal_gamma(0.8, 0.05, 16))
+  speed = theory.walltime_improvement_measured(0.8, gammas, 0.05, growing)
+  assert g == int(np.argmax(speed)) + 1
+  with pytest.raises(ValueError, match="one cost per gamma"):
+    theory.optimal_gamma(0.8, 0.05, 16, verify_costs=ones[:3])
