@@ -7,11 +7,17 @@ r"""How much the decoding loop itself costs, against Theorem 3.8.
 For each gamma it decodes the same inputs with the target alone and with
 speculative decoding (compile excluded, results fetched to the host, median
 of --repeats), and prints: alpha, c, the measured speedup, Theorem 3.8's
-prediction and their ratio; and the time of one speculative iteration split
-into gamma draft steps, one verification of gamma + 1 tokens (both timed in
-isolation by `specdec_jax.costs`) and the rest: sampling, acceptance and
-bookkeeping inside the while_loop, plus the per-call host work
-(argument checks, transfers) spread over the iterations.
+prediction and their ratio, and the prediction with the measured
+verification cost priced in (`theory.walltime_improvement_measured`).
+
+Then it splits the time. Both decoders first run the encoders once per
+input (`prefill`, timed on its own: the target's for the baseline, target's
+and draft's for speculative decoding), a fixed cost Theorem 3.8 leaves out.
+What remains is divided by the number of target calls: one speculative
+iteration = gamma draft steps + one verification of gamma + 1 tokens (both
+timed in isolation by `specdec_jax.costs`) + the rest (sampling, acceptance,
+cache and buffer updates inside the while_loop, per-call host work); and one
+plain step for comparison.
 """
 
 import argparse
@@ -22,6 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import specdec_jax as sd  # noqa: E402
@@ -57,6 +64,12 @@ def _median_time(fn, repeats):
   return out, statistics.median(times)
 
 
+def _prefill_timer(model, num_positions):
+  fn = jax.jit(lambda params, ids: model.definition.prefill(
+      params, ids, num_positions).cache)
+  return lambda ids: jax.block_until_ready(fn(model.params, ids))
+
+
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--target", default="demo:target")
@@ -72,33 +85,46 @@ def main():
   kw = dict(max_decode_len=args.max_decode_len, temperature=args.temperature)
   print(f"target={args.target} draft={args.draft} examples={len(rows)} "
         f"temperature={args.temperature}")
-  print("gamma  alpha      c  speedup  predicted  ratio | iter_ms = "
-        "draft + verify + loop")
+  print("gamma  alpha      c  speedup  Thm3.8  ratio  with_v  ratio | "
+        "prefill_ms base/spec | step_ms | iter_ms = draft + verify + rest")
   for gamma in [int(g) for g in args.gammas.split(",")]:
-    base_s = spec_s = 0.0
-    alpha_sum = alpha_count = calls = 0
+    width = args.max_decode_len + gamma + 1
+    prefill_t = _prefill_timer(target, width)
+    prefill_d = _prefill_timer(draft, width)
+    base_s = spec_s = pre_t = pre_d = 0.0
+    alpha_sum = alpha_count = calls = tokens = 0
     for i in range(len(rows)):
       ids = rows[i:i + 1]
       _, b = _median_time(lambda: sd.generate(target, ids, **kw), args.repeats)
       res, s = _median_time(lambda: sd.speculative_generate(
           target, draft, ids, gamma=gamma, **kw), args.repeats)
+      _, pt = _median_time(lambda: prefill_t(ids), args.repeats)
+      _, pd = _median_time(lambda: prefill_d(ids), args.repeats)
       base_s, spec_s = base_s + b, spec_s + s
+      pre_t, pre_d = pre_t + pt, pre_d + pd
       alpha_sum += float(res.stats["alpha_sum"][0])
       alpha_count += int(res.stats["alpha_count"][0])
       calls += int(res.stats["target_calls"][0])
+      tokens += int(res.stats["length"][0])
     alpha = alpha_sum / max(alpha_count, 1)
     m = costs.measure_costs(target, draft, rows[:1], gamma=gamma,
-                            cache_positions=args.max_decode_len + gamma + 1)
+                            cache_positions=width)
     predicted = float(theory.walltime_improvement(alpha, gamma, m["c"]))
+    with_v = float(theory.walltime_improvement_measured(
+        alpha, gamma, m["c"], m["verify_cost"]))
     speedup = base_s / spec_s
-    iteration = spec_s / calls
+    n = len(rows)
+    step = (base_s - pre_t) / tokens
+    iteration = (spec_s - pre_t - pre_d) / calls
     draft_part = gamma * m["draft_step_s"]
     verify_part = m["verify_step_s"]
     print(f"{gamma:5d} {alpha:6.3f} {m['c']:6.3f} {speedup:7.2f}x "
-          f"{predicted:8.2f}x {speedup / predicted:6.2f} | "
-          f"{iteration * 1e3:6.2f} = {draft_part * 1e3:.2f} + "
-          f"{verify_part * 1e3:.2f} + "
-          f"{(iteration - draft_part - verify_part) * 1e3:.2f}", flush=True)
+          f"{predicted:6.2f}x {speedup / predicted:5.2f} {with_v:6.2f}x "
+          f"{speedup / with_v:5.2f} | {pre_t / n * 1e3:5.2f}/"
+          f"{(pre_t + pre_d) / n * 1e3:5.2f} | {step * 1e3:6.3f} | "
+          f"{iteration * 1e3:6.3f} = {draft_part * 1e3:.3f} + "
+          f"{verify_part * 1e3:.3f} + "
+          f"{(iteration - draft_part - verify_part) * 1e3:.3f}", flush=True)
 
 
 if __name__ == "__main__":
