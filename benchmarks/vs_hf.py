@@ -3,12 +3,25 @@ r"""Side by side with Hugging Face transformers on the same T5 weights.
 Needs the `hf` extra (pip install -e '.[hf]'):
 
   python benchmarks/vs_hf.py                          # random T5-small shapes
+  python benchmarks/vs_hf.py --target=demo:target --draft=demo:draft_base
   python benchmarks/vs_hf.py --target_hf=DIR --draft_hf=DIR
 
-Both libraries load the SAME checkpoints (Hugging Face directories; by
-default a random T5 v1.1-small-shaped target, 77M parameters, and a
-random 2-layer draft written here with `save_pretrained`). For batch 1 and
-each input, it times (median over --repeats, warm-up/compile excluded):
+Both libraries load the SAME checkpoints, as Hugging Face directories:
+  --target=SPEC / --draft=SPEC: any of our model specs (`load_model`: e.g.
+    the trained demo models `demo:target`, `demo:draft_base`, or a config
+    name for random weights), exported to a temporary directory with
+    `checkpoints_hf.save_t5`;
+  --target_hf=DIR / --draft_hf=DIR: existing HF T5 directories;
+  neither: a random T5 v1.1-small-shaped target, 77M parameters, and a
+    random 2-layer draft written here with `save_pretrained`.
+When --target has a vocabulary (the demo models do), the inputs are the
+first --examples lines of specdec_jax/demo_data/sentences.en as
+"translate English to German: {en}" + EOS; otherwise random ids (20 + EOS).
+Greedy outputs can part where the top two logits are within float32
+round-off of each other: often on random weights, rarely on trained ones
+(the demo models' smallest top-2 margin on these sentences is ~5e-5, in
+demo:draft_small). For batch 1 and each input, it times (median over
+--repeats, warm-up/compile excluded):
 
   plain: our `generate` vs HF `generate` (greedy, then sampled);
   speculative: our `speculative_generate` vs HF assisted generation with the
@@ -16,11 +29,14 @@ each input, it times (median over --repeats, warm-up/compile excluded):
     "constant", confidence threshold off).
 
 It prints per-token latency of each and the ratio HF/ours (above 1: ours is
-faster), and checks that greedy outputs are identical token for token.
+faster), and checks that greedy outputs are identical token for token
+(naming the example and step where they first differ, if any).
 
 Each library is timed in its own subprocess, one after the other: JAX's and
 PyTorch's CPU thread pools slow each other down badly when both live in one
 process (HF's greedy decoding ran 13x slower next to an idle JAX runtime).
+The export (--target/--draft) runs in a third subprocess before them, so
+the parent process never starts JAX.
 """
 
 import argparse
@@ -55,6 +71,44 @@ def _random_hf(path, *, layers, d_model, d_ff, heads, seed):
       p.mul_(3.0)
   model.save_pretrained(path)
   return path
+
+
+def _sentence_rows(vocab, examples):
+  """Token ids of "translate English to German: {en}" + EOS, one per line."""
+  path = os.path.join(REPO, "specdec_jax", "demo_data", "sentences.en")
+  with open(path) as f:
+    lines = [l.strip() for l in f if l.strip()][:examples]
+  return [np.array(vocab.encode("translate English to German: " + l) + [1],
+                   np.int32) for l in lines]
+
+
+def _random_rows(vocab_size, examples):
+  rng = np.random.default_rng(0)
+  return [np.append(rng.integers(3, min(32000, vocab_size), 20), 1)
+          .astype(np.int32) for _ in range(examples)]
+
+
+def _save_rows(io, rows):
+  np.savez(os.path.join(io, "inputs.npz"), *rows)
+
+
+def _load_rows(io):
+  with np.load(os.path.join(io, "inputs.npz")) as f:
+    return [f[f"arr_{i}"] for i in range(len(f.files))]
+
+
+def _worker_export(args):
+  """Exports --target/--draft as HF directories; sentence inputs if a vocab."""
+  sys.path.insert(0, REPO)
+  import specdec_jax as sd  # pylint: disable=g-import-not-at-top
+  from specdec_jax import checkpoints_hf  # pylint: disable=g-import-not-at-top
+  for role in ("target", "draft"):
+    spec = getattr(args, role)
+    if spec:
+      model = sd.load_model(spec)
+      checkpoints_hf.save_t5(model, os.path.join(args.io, role))
+      if role == "target" and model.vocab is not None:
+        _save_rows(args.io, _sentence_rows(model.vocab, args.examples))
 
 
 def _median(fn, repeats):
@@ -121,32 +175,56 @@ def _worker_ours(args, rows):
 
 def main():
   p = argparse.ArgumentParser()
-  p.add_argument("--target_hf", default=None)
-  p.add_argument("--draft_hf", default=None)
+  p.add_argument("--target", default=None,
+                 help="our model spec, exported with save_t5 (e.g. "
+                 "demo:target)")
+  p.add_argument("--draft", default=None,
+                 help="our model spec, exported with save_t5 (e.g. "
+                 "demo:draft_base)")
+  p.add_argument("--target_hf", default=None, help="HF T5 directory")
+  p.add_argument("--draft_hf", default=None, help="HF T5 directory")
   p.add_argument("--gamma", type=int, default=4)
   p.add_argument("--max_new_tokens", type=int, default=64)
   p.add_argument("--examples", type=int, default=4)
   p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--worker", choices=["hf", "ours"], default=None)
+  p.add_argument("--worker", choices=["hf", "ours", "export"], default=None)
   p.add_argument("--io", default=None)
   args = p.parse_args()
+  for role in ("target", "draft"):
+    if getattr(args, role) and getattr(args, f"{role}_hf"):
+      p.error(f"give --{role} or --{role}_hf, not both")
+  if args.worker == "export":
+    _worker_export(args)
+    return
   if args.worker:
-    rows = [r[None] for r in np.load(os.path.join(args.io, "inputs.npy"))]
+    rows = [r[None] for r in _load_rows(args.io)]
     fn = _worker_hf if args.worker == "hf" else _worker_ours
     with open(os.path.join(args.io, f"{args.worker}.json"), "w") as f:
       json.dump(fn(args, rows), f)
     return
   tmp = tempfile.mkdtemp()
+  if args.target or args.draft:
+    subprocess.run([sys.executable, __file__, "--worker=export",
+                    f"--io={tmp}", f"--target={args.target or ''}",
+                    f"--draft={args.draft or ''}",
+                    f"--examples={args.examples}"], check=True)
+  for role in ("target", "draft"):
+    if getattr(args, role):
+      setattr(args, f"{role}_hf", os.path.join(tmp, role))
   args.target_hf = args.target_hf or _random_hf(
       os.path.join(tmp, "target"), layers=8, d_model=512, d_ff=1024, heads=6,
       seed=0)
   args.draft_hf = args.draft_hf or _random_hf(
       os.path.join(tmp, "draft"), layers=2, d_model=256, d_ff=512, heads=4,
       seed=1)
-  rng = np.random.default_rng(0)
-  np.save(os.path.join(tmp, "inputs.npy"), np.stack(
-      [np.append(rng.integers(3, 32000, 20), 1).astype(np.int32)
-       for _ in range(args.examples)]))
+  inputs = "sentences.en"  # written by the export if the target has a vocab
+  if not os.path.exists(os.path.join(tmp, "inputs.npz")):
+    inputs = "random ids"
+    vocab_sizes = []
+    for path in (args.target_hf, args.draft_hf):
+      with open(os.path.join(path, "config.json")) as f:
+        vocab_sizes.append(json.load(f).get("vocab_size", 32128))
+    _save_rows(tmp, _random_rows(min(vocab_sizes), args.examples))
   for worker in ("hf", "ours"):
     subprocess.run([sys.executable, __file__, f"--worker={worker}",
                     f"--io={tmp}", f"--target_hf={args.target_hf}",
@@ -157,7 +235,9 @@ def main():
     hf = json.load(f)
   with open(os.path.join(tmp, "ours.json")) as f:
     ours = json.load(f)
-  print(hf["version"], f"| gamma={args.gamma} examples={args.examples} "
+  print(hf["version"], f"| target={args.target or args.target_hf} "
+        f"draft={args.draft or args.draft_hf} inputs={inputs}")
+  print(f"gamma={args.gamma} examples={len(_load_rows(tmp))} "
         f"max_new_tokens={args.max_new_tokens} repeats={args.repeats}")
   for mode in MODES:
     per_token = {}
@@ -171,6 +251,15 @@ def main():
           f"HF {per_token['hf']:7.2f} ms/token  "
           f"HF/ours {per_token['hf'] / per_token['ours']:5.2f}x  ({check})",
           flush=True)
+    if check == "OUTPUTS DIFFER":
+      for i, (a, b) in enumerate(zip(ours[mode], hf[mode])):
+        a, b = a[0], b[0]
+        if a != b:
+          step = next((t for t, (x, y) in enumerate(zip(a, b)) if x != y),
+                      min(len(a), len(b)))
+          print(f"  example {i}: first difference at output step {step}: "
+                f"ours {a[step:step + 1]} HF {b[step:step + 1]} "
+                f"(lengths {len(a)}, {len(b)})")
 
 
 if __name__ == "__main__":

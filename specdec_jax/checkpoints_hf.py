@@ -1,4 +1,7 @@
-"""Loads Hugging Face `T5ForConditionalGeneration` checkpoints into our T5.
+"""Hugging Face `T5ForConditionalGeneration` checkpoints: load and export.
+
+`load_t5` reads an HF directory into our T5; `save_t5` writes one of our T5
+`Model`s as an HF directory (its exact inverse, see "Export" below).
 
 A checkpoint directory holds `config.json` and the weights as
 `model.safetensors`, sharded safetensors with `model.safetensors.index.json`,
@@ -34,6 +37,26 @@ Name mapping (HF [out, in] Linear weights are transposed to T5X [in, out]):
       encoder_decoder_attention, mlp and pre_*_layer_norm
   X.final_layer_norm.weight -> X/{encoder,decoder}_norm/scale
   lm_head.weight [V, D] -> decoder/logits_dense/kernel [D, V]
+Our attention kernels already hold T5X's joined heads: [D, N*H] with the
+head index outer, the layout of HF's q/k/v [N*H, D] transposed (and of o
+[D, N*H] for our out [N*H, D]), so no reshaping is needed either way. T5
+does not scale attention logits by 1/sqrt(H); T5X and HF both keep that
+factor folded into the trained query weights, so they carry the same numbers.
+
+Export (`save_t5`). The same mapping run backwards: every parameter is
+transposed back where the loader transposes it and written under its HF
+name, with its dtype unchanged (float32 or bfloat16), into a single
+`model.safetensors` (metadata format "pt", as `save_pretrained` writes);
+`encoder/decoder.embed_tokens` are left out, as `save_pretrained` does,
+since HF ties them to `shared`. The output layer:
+  * logits_via_embedding (v1.0): no `lm_head.weight`, and config.json says
+    `tie_word_embeddings: true`, `scale_decoder_outputs: true`.
+  * otherwise (v1.1): `lm_head.weight` = logits_dense/kernel transposed,
+    `tie_word_embeddings: false`, `scale_decoder_outputs: false`.
+Both keys are written so that transformers 4 (which reads the first) and 5
+(which reads the second) agree. `max_input_len` goes to `n_positions`,
+which HF's T5 ignores but `load_t5` reads back. The whole model is held in
+host memory once while the file is written.
 """
 
 from __future__ import annotations
@@ -362,3 +385,134 @@ def _convert(tensors: _Tensors, name: str, ours: tuple[str, ...],
     value = value.astype(np.float32) * np.float32(scale)
   # jnp.dtype also knows bfloat16, which plain numpy does not.
   return np.ascontiguousarray(value.astype(jnp.dtype(param_dtype)))
+
+
+# --- Export: our T5 -> a Hugging Face directory. ---
+
+
+def hf_config_from_t5(config: T5Config) -> dict[str, Any]:
+  """The HF `config.json` dict for one of our T5Configs.
+
+  The inverse of `t5_config_from_hf` (plus `load_t5`'s output layer rule):
+  `t5_config_from_hf(hf_config_from_t5(c), logits_via_embedding=...)`
+  gives back `c` up to `dtype`/`param_dtype`, which the caller passes.
+
+  Raises:
+    TypeError: `config` is not a T5Config.
+    UnsupportedCheckpointError: MLP activations HF's T5 cannot express.
+  """
+  if not isinstance(config, T5Config):
+    raise TypeError(f"not a T5Config: {type(config).__name__}; only T5 "
+                    "models can be exported to the Hugging Face format")
+  proj = next((name for name, activations in _FEED_FORWARD
+               if activations == config.mlp_activations), None)
+  if proj is None:
+    known = ", ".join(f"{a} ({name})" for name, a in _FEED_FORWARD)
+    raise UnsupportedCheckpointError(
+        f"MLP activations {config.mlp_activations} have no HF "
+        f"feed_forward_proj; exportable: {known}")
+  tied = bool(config.logits_via_embedding)
+  return {
+      "architectures": [ARCHITECTURE],
+      "model_type": "t5",
+      "vocab_size": config.vocab_size,
+      "d_model": config.emb_dim,
+      "d_kv": config.head_dim,
+      "d_ff": config.mlp_dim,
+      "num_layers": config.num_encoder_layers,
+      "num_decoder_layers": config.num_decoder_layers,
+      "num_heads": config.num_heads,
+      "relative_attention_num_buckets": config.relative_attention_num_buckets,
+      "relative_attention_max_distance":
+          config.relative_attention_max_distance,
+      "feed_forward_proj": proj,
+      "layer_norm_epsilon": config.layer_norm_epsilon,
+      "dropout_rate": 0.1,
+      "initializer_factor": 1.0,
+      "is_encoder_decoder": True,
+      "use_cache": True,
+      "pad_token_id": 0,
+      "eos_token_id": 1,
+      "decoder_start_token_id": 0,
+      "tie_word_embeddings": tied,
+      "scale_decoder_outputs": tied,
+      "n_positions": config.max_input_len,
+      "dtype": str(jnp.dtype(config.param_dtype)),
+  }
+
+
+def save_t5(model: Any, directory: str, *, overwrite: bool = False) -> str:
+  """Writes a T5 `Model` as a Hugging Face T5ForConditionalGeneration dir.
+
+  The result loads with `transformers.T5ForConditionalGeneration
+  .from_pretrained(directory)` and with `load_t5(directory)` (giving back
+  the same config and bit-identical parameters). The vocabulary is not
+  written.
+
+  Args:
+    model: a `specdec_jax.Model` whose definition is a T5 (its
+      `definition.config` a T5Config), parameters in T5X's layout.
+    directory: local directory to write (created if missing).
+    overwrite: replace an existing config.json / model.safetensors.
+
+  Returns:
+    `directory`.
+
+  Raises:
+    TypeError: not a T5 model.
+    UnsupportedCheckpointError: MLP activations HF's T5 cannot express.
+    MissingParameterError, ParameterShapeError: the parameters do not fit
+      the config; CheckpointError for parameters the config does not have.
+    FileExistsError: `directory` holds a checkpoint and not overwrite.
+  """
+  definition = getattr(model, "definition", None)
+  config = getattr(definition, "config", None)
+  if not isinstance(config, T5Config):
+    raise TypeError(
+        f"save_t5 exports T5 models only; got a {type(model).__name__} "
+        f"whose definition is {type(definition).__name__} with config "
+        f"{type(config).__name__}")
+  hf_config = hf_config_from_t5(config)
+  tensors = _hf_tensors(config, model.params)
+  dtypes = {str(t.dtype) for t in tensors.values()}
+  if len(dtypes) == 1:  # what the parameters are, whatever param_dtype says
+    hf_config["dtype"] = dtypes.pop()
+  for name in (CONFIG_FILE, SAFETENSORS_FILE):
+    if os.path.exists(os.path.join(directory, name)) and not overwrite:
+      raise FileExistsError(f"{os.path.join(directory, name)} exists; pass "
+                            "overwrite=True")
+  os.makedirs(directory, exist_ok=True)
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  save_file(tensors, os.path.join(directory, SAFETENSORS_FILE),
+            metadata={"format": "pt"})
+  # Written last: a directory with config.json is a complete checkpoint.
+  with open(os.path.join(directory, CONFIG_FILE), "w") as f:
+    json.dump(hf_config, f, indent=2, sort_keys=True)
+    f.write("\n")
+  return directory
+
+
+def _hf_tensors(config: T5Config, params: Any) -> dict[str, np.ndarray]:
+  """HF name -> tensor in HF's layout, for every parameter of `config`."""
+  shapes = jax.eval_shape(T5Def(config).init_params, jax.random.PRNGKey(0))
+  expected = dict(_paths(shapes))
+  found = dict(_paths(params))
+  extra = sorted("/".join(p) for p in set(found) - set(expected))
+  if extra:
+    raise CheckpointError(
+        f"{len(extra)} parameter(s) not in the config {config}: "
+        f"{', '.join(extra[:8])}{' ...' if len(extra) > 8 else ''}")
+  tensors: dict[str, np.ndarray] = {}
+  for ours, shape_dtype in expected.items():
+    ours_name = "/".join(ours)
+    if ours not in found:
+      raise MissingParameterError(
+          f"missing parameter {ours_name} that the config needs")
+    value = np.asarray(found[ours])
+    if value.shape != tuple(shape_dtype.shape):
+      raise ParameterShapeError(
+          f"parameter {ours_name} has shape {value.shape}, expected "
+          f"{tuple(shape_dtype.shape)} from the config")
+    name, transpose = _hf_name(ours)
+    tensors[name] = np.ascontiguousarray(value.T if transpose else value)
+  return tensors

@@ -3,6 +3,9 @@
 The fixtures in testdata/hf_t5_* are tiny random checkpoints written by
 scripts/make_hf_fixtures.py with transformers 5.24, together with HF's own
 outputs on them (see that script for what each variant covers).
+
+The export (`save_t5`) tests at the end check that it is the exact inverse
+of `load_t5`, without torch, and (with torch) that transformers reads it.
 """
 
 import json
@@ -276,3 +279,112 @@ def test_live_against_transformers(tmp_path, v1_1):
     logits = t5.T5Def(config).forward(params, input_ids.astype(np.int32),
                                       decoder_ids.astype(np.int32))
     np.testing.assert_allclose(logits, expected.numpy(), atol=1e-4)
+
+
+# --- Export: save_t5 is the exact inverse of load_t5. ---
+
+
+def _assert_same_params(got, want):
+  """Same tree structure, and every leaf equal bit for bit (dtype too)."""
+  got = jax.tree.map(np.asarray, got)
+  want = jax.tree.map(np.asarray, want)
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("name,tied", [("t5_tiny", True),
+                                       ("t5_1_1_tiny", False)])
+def test_save_t5_round_trip(tmp_path, name, tied):
+  """save_t5 then load_t5 (and load_model('hf:DIR')) gives back the config
+  and every parameter bit for bit, for v1.0 (tied, scaled, ReLU) and v1.1
+  (untied lm_head, gated GELU); the files say which convention HF must use.
+  """
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  model = checkpoints.load_model(name, seed=3)
+  path = str(tmp_path / name)
+  assert checkpoints_hf.save_t5(model, path) == path
+  config, params = checkpoints_hf.load_t5(path)
+  assert config == model.config
+  _assert_same_params(params, model.params)
+  again = checkpoints.load_model(f"hf:{path}")
+  assert again.config == model.config
+  _assert_same_params(again.params, model.params)
+
+  with open(os.path.join(path, "config.json")) as f:
+    hf = json.load(f)
+  assert hf["tie_word_embeddings"] is tied
+  assert hf["scale_decoder_outputs"] is tied
+  assert hf["feed_forward_proj"] == ("relu" if tied else "gated-gelu")
+  assert (hf["decoder_start_token_id"], hf["pad_token_id"],
+          hf["eos_token_id"]) == (0, 0, 1)
+  weights = load_file(os.path.join(path, "model.safetensors"))
+  assert ("lm_head.weight" in weights) == (not tied)
+  # Relative attention bias only in block 0, [R, N] as HF holds it.
+  bias = [n for n in weights if "relative_attention_bias" in n]
+  assert sorted(bias) == [
+      f"{s}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+      for s in ("decoder", "encoder")]
+  np.testing.assert_array_equal(
+      weights["encoder.block.0.layer.0.SelfAttention."
+              "relative_attention_bias.weight"],
+      np.asarray(model.params["encoder"]["relpos_bias"]["rel_embedding"]).T)
+
+
+def test_save_t5_round_trip_bfloat16(tmp_path):
+  """bfloat16 parameters are written as bfloat16 and read back unchanged."""
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  model = checkpoints.load_model("t5_1_1_tiny", param_dtype="bfloat16")
+  checkpoints_hf.save_t5(model, str(tmp_path))
+  with open(tmp_path / "config.json") as f:
+    assert json.load(f)["dtype"] == "bfloat16"
+  config, params = checkpoints_hf.load_t5(
+      str(tmp_path), dtype=model.config.dtype, param_dtype="bfloat16")
+  assert config == model.config
+  _assert_same_params(params, model.params)
+
+
+def test_save_t5_refuses_other_models_and_overwriting(tmp_path):
+  """A non-T5 model raises TypeError naming it; an existing export is kept
+  unless overwrite=True."""
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  with pytest.raises(TypeError, match="T5 models only.*GPTConfig"):
+    checkpoints_hf.save_t5(checkpoints.load_model("gpt_tiny"), str(tmp_path))
+  model = checkpoints.load_model("t5_tiny")
+  checkpoints_hf.save_t5(model, str(tmp_path))
+  with pytest.raises(FileExistsError, match="overwrite=True"):
+    checkpoints_hf.save_t5(model, str(tmp_path))
+  checkpoints_hf.save_t5(model, str(tmp_path), overwrite=True)
+
+
+@pytest.mark.parametrize("spec", ["demo:draft_small", "t5_1_1_tiny"])
+def test_save_t5_live_against_transformers(tmp_path, spec):
+  """HF's from_pretrained on our export computes our logits (within 1e-4).
+
+  demo:draft_small is a trained v1.0 model (tied, scaled output layer);
+  t5_1_1_tiny a random v1.1 one, whose separate lm_head transformers 5
+  must keep untied.
+  """
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  model = checkpoints.load_model(spec, seed=5)
+  checkpoints_hf.save_t5(model, str(tmp_path))
+  hf = transformers.T5ForConditionalGeneration.from_pretrained(
+      str(tmp_path)).eval()
+  vocab = model.config.vocab_size
+  rng = np.random.default_rng(0)
+  input_ids = np.concatenate([rng.integers(3, vocab, (2, 9)),
+                              np.ones((2, 1), np.int64)], 1)
+  input_ids[1, 6:] = [1, 0, 0, 0]  # a shorter, padded row
+  decoder_ids = np.concatenate([np.zeros((2, 1), np.int64),
+                                rng.integers(3, vocab, (2, 5))], 1)
+  with torch.no_grad():
+    expected = hf(input_ids=torch.tensor(input_ids),
+                  attention_mask=torch.tensor(input_ids != 0),
+                  decoder_input_ids=torch.tensor(decoder_ids)).logits
+  logits = model.definition.forward(model.params, input_ids.astype(np.int32),
+                                    decoder_ids.astype(np.int32))
+  assert np.asarray(logits).dtype == np.float32
+  np.testing.assert_allclose(logits, expected.numpy(), atol=1e-4)
