@@ -4,11 +4,11 @@ r"""Runs experiment configs and assembles Table 2 and Table 3.
     --experiments='experiments/table2/*.gin' --gin_file=runs/tpu_v4.gin \
     --workdir=$WORKDIR/table2
 
-Each experiment resumes where it stopped; --assemble_only rebuilds the
-tables from finished workdirs.
+Shared files (checkpoint macros, ende.gin, cnndm.gin, lm1b.gin) are left out
+of the globs. Each experiment resumes where it stopped; --assemble_only
+rebuilds the tables from finished workdirs.
 """
 
-import glob
 import os
 
 from absl import flags
@@ -26,23 +26,13 @@ _ASSEMBLE_ONLY = flags.DEFINE_bool("assemble_only", False,
                                    "Only rebuild the tables.")
 
 
-def _expand(patterns):
-  files = []
-  for pattern in patterns:
-    matches = (sorted(glob.glob(pattern)) or
-               sorted(glob.glob(os.path.join(gin_utils.CONFIGS_DIR, pattern))))
-    if not matches:
-      raise FileNotFoundError(f"no experiment config matches {pattern!r}")
-    files += [m for m in matches if not m.endswith(("checkpoints.gin",
-                                                    "ende.gin", "cnndm.gin"))]
-  return files
-
-
 def main(argv):
   del argv
   if not _ASSEMBLE_ONLY.value:
-    reproduce.run_configs(_expand(_EXPERIMENTS.value), _WORKDIR.value,
-                          flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
+    files = reproduce.experiment_files(_EXPERIMENTS.value,
+                                       gin_utils.CONFIGS_DIR)
+    reproduce.run_configs(files, _WORKDIR.value, flags.FLAGS.gin_file,
+                          flags.FLAGS.gin_bindings)
   tables = reproduce.assemble(_WORKDIR.value)
   for name in tables:
     print(open(os.path.join(_WORKDIR.value, f"{name}.md")).read())

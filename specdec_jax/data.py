@@ -3,17 +3,21 @@
 `load_examples` runs a seqio task's TensorFlow pipeline once, up front, and
 keeps plain Python/numpy records, so no TensorFlow runs during (or competes
 with) the decode loop. `batches` then pads them into `Batch`es ready for
-`generate`: int32 input ids [batch, length], 0-padded on the right, each row
-ending in EOS (id 1). Row widths are rounded up to a small set of bucket
-lengths (powers of two by default) so the jitted decoder compiles one program
-per bucket instead of one per input length.
+`generate`: int32 input ids [batch, length], 0-padded on the right. Each row
+ends in EOS (id 1) when the task's inputs do (encoder inputs, T5's tasks); a
+decoder-only prompt (the lm1b tasks, whose `inputs` feature has
+add_eos=False) is kept as it is, without EOS, for the model to continue. Row
+widths are rounded up to a small set of bucket lengths (powers of two by
+default) so the jitted decoder compiles one program per bucket instead of one
+per input length.
 
 Over-long inputs are truncated, not rejected: a row longer than `max_length`
-(by default the task's input feature length, 512 for the paper's tasks) keeps
-its first `max_length - 1` tokens and then EOS, the same rule as seqio's
-`append_eos_after_trim` that T5 evaluated with. `Batch.truncated` marks those
-rows. Only `load_examples` needs TensorFlow (through `specdec_jax.tasks`);
-the rest of this module is numpy.
+(by default the task's input feature length, 512 for the paper's T5 tasks)
+keeps its first `max_length - 1` tokens and then EOS, the same rule as
+seqio's `append_eos_after_trim` that T5 evaluated with; a prompt without EOS
+keeps its first `max_length` tokens, as seqio trims a feature without EOS.
+`Batch.truncated` marks those rows. Only `load_examples` needs TensorFlow
+(through `specdec_jax.tasks`); the rest of this module is numpy.
 
 `iterate_examples(task, split)` does both steps:
 
@@ -38,11 +42,13 @@ class Example:
 
   Attributes:
     id: the source's id, else the example's 0-based position in the split.
-    inputs: int32 [length], the full tokenized input ending in EOS (not
-      truncated; `batches` truncates).
+    inputs: int32 [length], the full tokenized input (not truncated;
+      `batches` truncates), ending in EOS if `inputs_eos`.
     targets: int32 [length], the tokenized reference ending in EOS.
     inputs_text: the raw input, task prefix included.
     targets_text: the raw reference, what metrics compare against.
+    inputs_eos: whether input rows end in EOS: the task's inputs feature's
+      `add_eos`; False for a decoder-only prompt, which must not get one.
   """
 
   id: str
@@ -50,6 +56,7 @@ class Example:
   targets: np.ndarray
   inputs_text: str
   targets_text: str
+  inputs_eos: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +65,9 @@ class Batch:
 
   Attributes:
     input_ids: int32 [batch, bucket], 0-padded on the right; row i holds
-      `input_lengths[i]` tokens, the last of them EOS.
-    input_lengths: int32 [batch], tokens per row, EOS included.
+      `input_lengths[i]` tokens, the last of them EOS unless the examples'
+      inputs have no EOS (`Example.inputs_eos`, a decoder-only prompt).
+    input_lengths: int32 [batch], tokens per row, any EOS included.
     truncated: bool [batch], whether the row was cut to `max_length`.
     ids: [batch] example ids.
     inputs_text: [batch] raw inputs (before any truncation).
@@ -114,15 +122,18 @@ def bucket_length(length: int, buckets: Sequence[int]) -> int:
                    f"({max(buckets)}); add a larger bucket or truncate.")
 
 
-def _row(tokens: Sequence[int], max_length: int, index: int) -> list[int]:
-  """`tokens` ending in EOS, cut to `max_length` keeping EOS last."""
+def _row(tokens: Sequence[int], max_length: int, index: int,
+         add_eos: bool) -> list[int]:
+  """`tokens` cut to `max_length`; with `add_eos`, ending in EOS kept last."""
   row = [int(t) for t in tokens]
   if not row:
     raise ValueError(f"Row {index} is empty; every input needs at least one "
-                     "token before EOS.")
+                     "token" + (" before EOS." if add_eos else "."))
   if PAD_ID in row:
     raise ValueError(f"Row {index} contains the pad id {PAD_ID}, which "
-                     "models read as padding: {row}")
+                     f"models read as padding: {row}")
+  if not add_eos:  # A prompt: the model continues its last token.
+    return row[:max_length]
   if row[-1] != EOS_ID:
     row.append(EOS_ID)
   if len(row) > max_length:
@@ -132,17 +143,21 @@ def _row(tokens: Sequence[int], max_length: int, index: int) -> list[int]:
 
 def batch_examples(token_lists: Sequence[Sequence[int]],
                    buckets: Sequence[int], *,
-                   max_length: int | None = None) -> np.ndarray:
+                   max_length: int | None = None,
+                   add_eos: bool | Sequence[bool] = True) -> np.ndarray:
   """Pads token lists into one int32 [batch, bucket] array.
 
-  Each row gets EOS appended unless it already ends in EOS, is cut to
-  `max_length` tokens (the first `max_length - 1`, then EOS), and is
-  0-padded on the right to the smallest bucket holding the longest row.
+  With `add_eos` (encoder inputs), each row gets EOS appended unless it
+  already ends in EOS and is cut to `max_length` tokens (the first
+  `max_length - 1`, then EOS). Without it (a decoder-only prompt), a row is
+  taken as it is and cut to its first `max_length` tokens. Rows are 0-padded
+  on the right to the smallest bucket holding the longest row.
 
   Args:
     token_lists: [batch] sequences of token ids (no pad ids).
     buckets: allowed row widths.
     max_length: longest row kept, EOS included; default the largest bucket.
+    add_eos: one flag for all rows, or [batch] flags, one a row.
 
   Returns:
     int32 [batch, bucket] input ids.
@@ -154,7 +169,13 @@ def batch_examples(token_lists: Sequence[Sequence[int]],
                      f"{buckets[-1]}]; add a bucket of at least {max_length}.")
   if len(token_lists) == 0:  # pylint: disable=g-explicit-length-test
     raise ValueError("No token lists to batch.")
-  rows = [_row(t, max_length, i) for i, t in enumerate(token_lists)]
+  if isinstance(add_eos, (bool, np.bool_)):
+    add_eos = [bool(add_eos)] * len(token_lists)
+  if len(add_eos) != len(token_lists):
+    raise ValueError(f"add_eos has {len(add_eos)} flags for "
+                     f"{len(token_lists)} rows.")
+  rows = [_row(t, max_length, i, eos)
+          for i, (t, eos) in enumerate(zip(token_lists, add_eos))]
   width = bucket_length(max(len(r) for r in rows), buckets)
   ids = np.full((len(rows), width), PAD_ID, dtype=np.int32)
   for i, row in enumerate(rows):
@@ -187,7 +208,8 @@ def batches(examples: Sequence[Example], *, batch_size: int = 1,
     examples: the examples, e.g. from `load_examples`.
     batch_size: rows per batch (1: one example at a time).
     buckets: allowed row widths; default `default_buckets(max_length)`.
-    max_length: longest input row kept, EOS included.
+    max_length: longest input row kept, EOS included; rows are truncated as
+      `batch_examples` says, by each example's `inputs_eos`.
 
   Returns:
     An iterator of batches.
@@ -200,7 +222,8 @@ def batches(examples: Sequence[Example], *, batch_size: int = 1,
     for start in range(0, len(examples), batch_size):
       chunk = examples[start:start + batch_size]
       input_ids = batch_examples([e.inputs for e in chunk], buckets,
-                                 max_length=max_length)
+                                 max_length=max_length,
+                                 add_eos=[e.inputs_eos for e in chunk])
       yield Batch(
           input_ids=input_ids,
           input_lengths=(input_ids != PAD_ID).sum(axis=1).astype(np.int32),
@@ -223,7 +246,9 @@ def load_examples(task_name: str, split: str, *,
   """Runs a seqio task's pipeline and returns its examples as numpy.
 
   Inputs and targets come back whole (seqio is asked for no sequence
-  length), ending in EOS; `batches` applies the truncation.
+  length); targets end in EOS, inputs too unless the task's inputs feature
+  has add_eos=False (a decoder-only prompt, `Example.inputs_eos`). `batches`
+  applies the truncation.
 
   Args:
     task_name: a registered seqio task, e.g. one of
@@ -242,6 +267,7 @@ def load_examples(task_name: str, split: str, *,
                      f"{max_examples}.")
   task = tasks.get_task(task_name)
   vocab = task.output_features["inputs"].vocabulary
+  inputs_eos = bool(task.output_features["inputs"].add_eos)
   # Loading now raises a VocabularyError as it is; inside the tf.data map it
   # would arrive wrapped in an autograph StagingError.
   _ = vocab.vocab_size
@@ -259,7 +285,8 @@ def load_examples(task_name: str, split: str, *,
         inputs=inputs, targets=targets,
         inputs_text=_text(record.get("inputs_pretokenized"), inputs, vocab),
         targets_text=_text(record.get("targets_pretokenized"), targets,
-                           task.output_features["targets"].vocabulary)))
+                           task.output_features["targets"].vocabulary),
+        inputs_eos=inputs_eos))
   if not examples:
     raise ValueError(f"Task {task_name!r} split {split!r} has no examples.")
   return examples
@@ -278,7 +305,8 @@ def iterate_examples(task_name: str, split: str, *, batch_size: int = 1,
     buckets: allowed row widths; default powers of two from 16 up to
       `max_length`.
     max_length: longest input row, EOS included; longer inputs are truncated
-      keeping EOS last. Default the task's input feature length
+      keeping EOS last (a prompt without EOS keeps its first `max_length`
+      tokens). Default the task's input feature length
       (`specdec_jax.tasks.FEATURE_LENGTHS`).
     max_examples: read only the first this many examples.
 

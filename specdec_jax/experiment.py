@@ -53,6 +53,10 @@ class ExperimentConfig:
   max_gamma: int = 16  # upper bound for gamma="optimal"
   probe_gamma: int = 4
   probe_examples: int = 5
+  # gamma="optimal" on hardware where scoring gamma + 1 tokens costs more
+  # than one token (CPUs, small models): also time the target on 2..max_gamma
+  # + 1 tokens and maximise theory.walltime_improvement_measured.
+  optimal_gamma_verify_cost: bool = False
   max_decode_len: int = 128
   max_input_len: int | None = None
   buckets: Sequence[int] | None = None
@@ -112,11 +116,17 @@ def validate(config: ExperimentConfig) -> None:
           f"your checkpoint (see README, 'Reproduce the paper on Cloud TPU')")
   if config.mesh_shape is not None and len(config.mesh_shape) != 2:
     problems.append(f"mesh_shape={config.mesh_shape!r}: use (data, model)")
+  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
   try:
-    from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
     tasks.get_task(config.task)
   except ValueError as e:
     problems.append(str(e))
+  vocab_path = tasks.current_config().vocab_path
+  if "YOUR_" in vocab_path:
+    problems.append(
+        f"TaskConfig.vocab_path={vocab_path!r} is a placeholder: point it at "
+        "the task's SentencePiece model (see README, 'Reproduce the paper on "
+        "Cloud TPU')")
   if problems:
     raise ConfigError("bad experiment config:\n  - " + "\n  - ".join(problems))
 
@@ -126,25 +136,90 @@ def validate(config: ExperimentConfig) -> None:
 
 
 def load_models(config: ExperimentConfig, mesh=None) -> tuple[Model, Model]:
-  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  target = checkpoints.load_model(config.target, config=config.target_config,
-                                  mesh=mesh, dtype=config.dtype)
+  target = _load_model("target", config.target, config.target_config, mesh,
+                       config.dtype)
   if config.draft in ("unigram", "bigram"):
     draft = fit_ngram_draft(config, target)
   else:
-    draft = checkpoints.load_model(config.draft, config=config.draft_config,
-                                   mesh=mesh, dtype=config.dtype)
+    draft = _load_model("draft", config.draft, config.draft_config, mesh,
+                        config.dtype)
   return target, draft
 
 
+def _load_model(role: str, spec: str, model_config: Any, mesh,
+                dtype: str | None) -> Model:
+  """`checkpoints.load_model`, with `model_config` checked where not needed.
+
+  A t5x: checkpoint needs its architecture (`*_config`). Every other spec
+  records its own, so there the config is not passed on but compared with
+  what loaded: a row that names 'gpt_97m' then runs the model it names
+  whether its checkpoint came from T5X or from `specdec_jax.train`.
+  """
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  if model_config is None or str(spec).startswith("t5x:"):
+    return checkpoints.load_model(spec, config=model_config, mesh=mesh,
+                                  dtype=dtype)
+  model = checkpoints.load_model(spec, mesh=mesh, dtype=dtype)
+  expected = checkpoints.resolve_config(model_config)
+  loaded = getattr(model.definition, "config", None)
+  # Compute and parameter dtypes are run settings, not the architecture.
+  run_settings = ("dtype", "param_dtype")
+  if loaded is None or type(loaded) is not type(expected):
+    differ = ["family"]
+  else:
+    differ = [f.name for f in dataclasses.fields(expected)
+              if f.name not in run_settings
+              and getattr(expected, f.name) != getattr(loaded, f.name)]
+  if differ:
+    raise ConfigError(
+        f"{role} {spec!r} is not the model {role}_config={model_config!r} "
+        f"names (differs in {', '.join(differ)}): point the {role} at a "
+        f"checkpoint of that architecture, or set {role}_config to None to "
+        "run whatever the checkpoint holds.")
+  return model
+
+
 def fit_ngram_draft(config: ExperimentConfig, target: Model) -> Model:
-  """A unigram/bigram drafter from the task's reference targets."""
+  """A unigram/bigram drafter from the task's `ngram_split` examples.
+
+  For an encoder-decoder target (T5) the drafter sees the reference targets
+  alone, each after the decoder start id, as the target's decoder does. For
+  a decoder-only target (GPT-like) it drafts from the last prompt token on,
+  so it is fit on whole rows, prompt + targets: the bigrams that cross from
+  the prompt into the continuation are the ones it is asked first.
+
+  Args:
+    config: the experiment (task, ngram_split, ngram_max_examples, draft).
+    target: the model drafted for; its vocabulary size and architecture.
+
+  Returns:
+    An n-gram `Model` over the target's vocabulary.
+  """
   from specdec_jax import data  # pylint: disable=g-import-not-at-top
   from specdec_jax.decoding import ngram  # pylint: disable=g-import-not-at-top
+  from specdec_jax.models import gpt  # pylint: disable=g-import-not-at-top
   examples = data.load_examples(config.task, config.ngram_split,
                                 max_examples=config.ngram_max_examples)
-  return ngram.fit_ngram([e.targets for e in examples], target.vocab_size,
-                         order=1 if config.draft == "unigram" else 2)
+  decoder_only = isinstance(target.definition, gpt.GPTDef)
+  sequences = ([np.concatenate([e.inputs, e.targets]) for e in examples]
+               if decoder_only else [e.targets for e in examples])
+  return ngram.fit_ngram(sequences, target.vocab_size,
+                         order=1 if config.draft == "unigram" else 2,
+                         decoder_only=decoder_only)
+
+
+def _check_vocabulary_fits(config: ExperimentConfig, target: Model) -> None:
+  """Task token ids past the target's embedding would decode as garbage."""
+  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  size = tasks.get_task(config.task).output_features["inputs"].vocabulary
+  size = size.vocab_size
+  if size > target.vocab_size:
+    raise ConfigError(
+        f"the task {config.task!r} tokenizes with "
+        f"{tasks.current_config().vocab_path!r} ({size} ids, extra ids "
+        f"included) but the target has vocab_size {target.vocab_size}: set "
+        "TaskConfig.vocab_path to the vocabulary the target was trained "
+        "with.")
 
 
 def task_vocabulary(config: ExperimentConfig, target: Model):
@@ -216,7 +291,8 @@ def _spec_kwargs(config: ExperimentConfig) -> dict:
 
 
 def choose_gamma(config, target, draft, batches, workdir) -> int:
-  """gamma="optimal": probe alpha and c, maximise Theorem 3.8."""
+  """gamma="optimal": probe alpha and c (and, if configured, the verification
+  cost of each gamma), then maximise Theorem 3.8."""
   path = os.path.join(workdir, "optimal_gamma.json")
   if os.path.exists(path):
     with open(path) as f:
@@ -230,13 +306,23 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
     alpha_count += float(res.stats["alpha_count"].sum())
   alpha = alpha_sum / max(alpha_count, 1.0)
   from specdec_jax import costs  # pylint: disable=g-import-not-at-top
-  c = costs.measure_costs(target, draft, batches[0].input_ids,
-                          gamma=config.probe_gamma,
-                          cache_positions=config.max_decode_len
-                          + config.probe_gamma + 1,
-                          repeats=config.cost_repeats)["c"]
-  gamma = int(theory.optimal_gamma(alpha, c, config.max_gamma))
+  positions = config.max_decode_len + config.max_gamma + 1
+  ids = batches[0].input_ids
+  measured = costs.measure_costs(target, draft, ids, gamma=config.probe_gamma,
+                                 cache_positions=positions,
+                                 repeats=config.cost_repeats)
+  c = measured["c"]
+  verify_costs = None
+  if config.optimal_gamma_verify_cost:
+    verify_costs = [
+        costs.time_extend(target, ids, num_tokens=g + 1,
+                          cache_positions=positions,
+                          repeats=config.cost_repeats)
+        / measured["target_step_s"] for g in range(1, config.max_gamma + 1)]
+  gamma = int(theory.optimal_gamma(alpha, c, config.max_gamma,
+                                   verify_costs=verify_costs))
   write_json(path, {"gamma": gamma, "alpha": alpha, "c": c,
+                    "verify_costs": verify_costs,
                     "probe_gamma": config.probe_gamma,
                     "probe_examples": config.probe_examples})
   logging.info("optimal gamma %d from probe alpha=%.3f c=%.4f", gamma, alpha, c)
@@ -254,6 +340,7 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
   max_len = config.max_input_len or target.max_input_len or 512
   examples = data.load_examples(config.task, config.split,
                                 max_examples=config.max_examples)
+  _check_vocabulary_fits(config, target)
   batches = list(data.batches(examples, batch_size=1, buckets=config.buckets,
                               max_length=max_len))
   gammas = config.gammas()

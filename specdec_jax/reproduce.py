@@ -4,12 +4,17 @@ Each gin file runs into `workdir/<name>` (resumable, see `experiment.py`);
 then Table 2 (task, M_q, temperature, gamma, alpha, speedup) and Table 3
 (alpha for each M_p / M_q pair at temperatures 0 and 1) are written as
 Markdown and CSV with the paper's numbers in adjacent columns.
+
+A run is placed by its task and draft: the task names the paper's target
+(`_TARGET_KEYS`: EnDe rows are T5-XXL's, lm1b rows the GPT-like 97M's) and
+the draft's config name or path its M_q (`_draft_key`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Sequence
 
 from absl import logging
@@ -19,18 +24,54 @@ from specdec_jax import report
 
 _TASK_KEYS = {"wmt14_ende": "ende", "wmt_t2t_ende": "ende",
               "wmt14_ende_local": "ende", "multi30k_ende_local": "ende",
-              "cnn_dailymail": "cnndm", "cnn_dailymail_local": "cnndm"}
+              "cnn_dailymail": "cnndm", "cnn_dailymail_local": "cnndm",
+              "lm1b": "lm1b", "lm1b_local": "lm1b"}
+
+# The paper's target on each task, as paper.TABLE3 keys it.
+_TARGET_KEYS = {"ende": "t5_xxl_ende", "cnndm": "t5_xxl_cnndm",
+                "lm1b": "gpt_97m"}
 
 
 def _draft_key(summary_config: dict) -> str:
+  """The paper's name of a run's draft: its config name, else its path's."""
   draft = summary_config["draft"]
   if draft in ("unigram", "bigram"):
     return draft
   name = str(summary_config.get("draft_config") or draft)
+  # Our checkpoints record their architecture and take no draft_config, so
+  # the GPT-like draft is known by its path (configs/experiments/table3/
+  # checkpoints_lm1b.gin keeps 'gpt_6m' in it).
+  if re.search(r"gpt[_-]?6m", name, re.IGNORECASE):
+    return "gpt_6m"
   for size in ("small", "base", "large"):
     if size in name:
       return f"t5_{size}"
   return os.path.basename(str(draft).rstrip("/"))
+
+
+# Files under configs/experiments that other configs include rather than run:
+# the checkpoint macros and each task's shared settings.
+_SHARED_CONFIGS = ("ende.gin", "cnndm.gin", "lm1b.gin")
+
+
+def is_shared_config(path: str) -> bool:
+  """Whether an experiment gin file is included by rows, not run itself."""
+  name = os.path.basename(path)
+  return name.startswith("checkpoints") or name in _SHARED_CONFIGS
+
+
+def experiment_files(patterns: Sequence[str], configs_dir: str) -> list[str]:
+  """The row configs matching `patterns` (globs, also tried under
+  `configs_dir`), shared files left out, in sorted order per pattern."""
+  import glob  # pylint: disable=g-import-not-at-top
+  files = []
+  for pattern in patterns:
+    matches = (sorted(glob.glob(pattern)) or
+               sorted(glob.glob(os.path.join(configs_dir, pattern))))
+    if not matches:
+      raise FileNotFoundError(f"no experiment config matches {pattern!r}")
+    files += [m for m in matches if not is_shared_config(m)]
+  return files
 
 
 def run_configs(gin_files: Sequence[str], workdir: str,
@@ -84,7 +125,7 @@ def assemble(workdir: str, summaries: Sequence[dict] | None = None) -> dict:
       entry = table3.setdefault((task, draft), {"target": f"target ({task})",
                                                 "draft": draft})
       entry[f"alpha_t{temp}"] = row["alpha"]
-      ref3 = paper.TABLE3.get((f"t5_xxl_{task}", draft))
+      ref3 = paper.TABLE3.get((_TARGET_KEYS.get(task, task), draft))
       if ref3:
         entry["paper_alpha_t0"], entry["paper_alpha_t1"] = ref3
   cols2 = ("task", "draft", "temperature", "gamma", "alpha", "paper_alpha",

@@ -1,4 +1,4 @@
-"""seqio tasks for the paper's benchmarks, WMT EnDe and CNN/DM, online or off.
+"""seqio tasks for the paper's benchmarks, WMT EnDe, CNN/DM and lm1b, on or off.
 
 Importing this module registers these seqio tasks:
 
@@ -12,13 +12,24 @@ Importing this module registers these seqio tasks:
   data the tiny demo models fit on a CPU.
 - `cnn_dailymail_local`: JSONL with `article`, `highlights` (and `id`); by
   default the test split is cnndm_test_frank250.dev100.jsonl.
+- `lm1b`: TFDS `lm1b:1.1.0` (One Billion Word; splits train and test only),
+  the data of the paper's GPT-like Table 3 rows.
+- `lm1b_local`: text files, one sentence a line; no file by default
+  (`TaskConfig.lm1b_files`).
 
-Every task produces T5's text-to-text format: `inputs` is
-"translate English to German: {en}" or "summarize: {article}", `targets` the
-German reference or the highlights. Both are tokenized with the T5
-SentencePiece vocabulary (32000 pieces + 100 extra ids; pad 0, EOS 1) and end
-in EOS; the raw strings stay in `inputs_pretokenized`/`targets_pretokenized`
-(seqio's convention), and an `id` feature is kept where the source has one.
+The translation and summarization tasks produce T5's text-to-text format:
+`inputs` is "translate English to German: {en}" or "summarize: {article}",
+`targets` the German reference or the highlights; both end in EOS. The lm1b
+tasks feed a decoder-only language model: `inputs` is a prompt, the first
+`TaskConfig.lm1b_prompt_words` (default 4) whitespace-separated words of the
+sentence, WITHOUT EOS (the model continues it), and `targets` the rest of the
+sentence (possibly empty), ending in EOS; sentences without a word are
+dropped, and lm1b has no metric (Table 3 reports only alpha). Every task is
+tokenized with the vocabulary `TaskConfig.vocab_path` names (by default T5's,
+32000 pieces + 100 extra ids; pad 0, EOS 1; for lm1b point it at an 8k
+SentencePiece model, as the paper's GPT-like models used); the raw strings
+stay in `inputs_pretokenized`/`targets_pretokenized` (seqio's convention), and
+an `id` feature is kept where the source has one.
 
 Where the data and the vocabulary live is a `TaskConfig`, bound with gin
 (`TaskConfig.vocab_path = '...'`) or set from Python (`set_config`,
@@ -28,8 +39,9 @@ Nothing here downloads: an unprepared TFDS dataset is an error that says how to
 prepare it, and the `*_local` tasks read plain files.
 
 `FEATURE_LENGTHS` holds the lengths each task is meant to be decoded with;
-`specdec_jax.data` truncates inputs to them. TensorFlow and seqio are imported
-here and in nothing the core library imports.
+`specdec_jax.data` truncates inputs to them (keeping EOS last where the
+inputs end in EOS, the first tokens of a prompt otherwise). TensorFlow and
+seqio are imported here and in nothing the core library imports.
 """
 
 from __future__ import annotations
@@ -60,8 +72,11 @@ CNN_DAILYMAIL = "cnn_dailymail"
 WMT14_ENDE_LOCAL = "wmt14_ende_local"
 MULTI30K_ENDE_LOCAL = "multi30k_ende_local"
 CNN_DAILYMAIL_LOCAL = "cnn_dailymail_local"
+LM1B = "lm1b"
+LM1B_LOCAL = "lm1b_local"
 
 _SPLITS = ("train", "validation", "test")
+_LM1B_SPLITS = ("train", "test")  # lm1b has no validation split.
 
 # T5 fine-tuned and evaluated both WMT EnDe and CNN/DM with 512 input and 512
 # target tokens (t5/models/gin/sequence_lengths/{wmt_t2t_ende_v003,
@@ -73,6 +88,12 @@ _SPLITS = ("train", "validation", "test")
 # longest dev reference is 83 tokens before EOS for EnDe, 232 for CNN/DM).
 # Multi30k captions are short (at most 63 input and 74 target tokens with
 # EOS), so 128 truncates nothing and keeps the tiny demo models' buffers small.
+# lm1b sentences are short (about 25 words on average): the prompt is a
+# handful of words, a few tokens with an 8k vocabulary, so 64 input tokens
+# only ever cut a pathological "word" (a URL, a run of symbols), and 128 target
+# tokens hold all but the rare very long sentence. Decode the lm1b rows with
+# max_decode_len = 128 to match, which also keeps the GPT-like models'
+# caches small.
 FEATURE_LENGTHS: Mapping[str, Mapping[str, int]] = {
     WMT14_ENDE: {"inputs": 512, "targets": 512},
     WMT_T2T_ENDE: {"inputs": 512, "targets": 512},
@@ -80,6 +101,8 @@ FEATURE_LENGTHS: Mapping[str, Mapping[str, int]] = {
     WMT14_ENDE_LOCAL: {"inputs": 512, "targets": 512},
     MULTI30K_ENDE_LOCAL: {"inputs": 128, "targets": 128},
     CNN_DAILYMAIL_LOCAL: {"inputs": 512, "targets": 512},
+    LM1B: {"inputs": 64, "targets": 128},
+    LM1B_LOCAL: {"inputs": 64, "targets": 128},
 }
 
 
@@ -120,6 +143,10 @@ class TaskConfig:
     cnndm_files: split -> JSONL file, one object a line with string fields
       `article` and `highlights` (and optionally `id`), for
       `cnn_dailymail_local`.
+    lm1b_files: split -> text file, one sentence a line, for `lm1b_local`;
+      empty by default (there is no shared lm1b data).
+    lm1b_prompt_words: how many leading words of an lm1b sentence form the
+      prompt (`inputs`); the rest are the `targets`. At least 1.
   """
 
   vocab_path: str = DEFAULT_VOCAB_PATH
@@ -132,6 +159,8 @@ class TaskConfig:
                                "validation": "multi30k.val"})
   cnndm_files: Mapping[str, str] = dataclasses.field(
       default_factory=lambda: {"test": "cnndm_test_frank250.dev100.jsonl"})
+  lm1b_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  lm1b_prompt_words: int = 4
 
   def resolve(self, path: str) -> str:
     """`path` made absolute against `local_data_dir` unless it already is."""
@@ -177,7 +206,8 @@ def _vocabulary_error(path: str, error: Exception) -> VocabularyError:
   return VocabularyError(
       f"Could not load the SentencePiece vocabulary from {path!r} "
       f"({type(error).__name__}: {error}). Point the tasks at a readable copy "
-      "of the T5 vocabulary (cc_all.32000): in gin "
+      "of the vocabulary (T5's cc_all.32000; for the lm1b tasks the 8k model "
+      "your GPT-like models use): in gin "
       "`TaskConfig.vocab_path = '/path/to/spiece.model'` (or the flag "
       "--gin.TaskConfig.vocab_path=\"'/path/to/spiece.model'\"), in Python "
       "`tasks.set_config(tasks.TaskConfig(vocab_path=...))` or "
@@ -230,9 +260,17 @@ def get_vocabulary(path: str | None = None) -> seqio.SentencePieceVocabulary:
   return _CONFIGURED_VOCABULARY if path is None else _T5Vocabulary(path)
 
 
-def _output_features() -> dict[str, seqio.Feature]:
+def _output_features(inputs_eos: bool = True) -> dict[str, seqio.Feature]:
+  """inputs and targets in the configured vocabulary; targets end in EOS.
+
+  Args:
+    inputs_eos: whether `inputs` end in EOS: True for encoder inputs, False
+      for a decoder-only prompt, which the model continues (an EOS there
+      would tell it the text is over). `append_eos_after_trim` and
+      `specdec_jax.data` both honour the feature's `add_eos`.
+  """
   vocab = get_vocabulary()
-  return {"inputs": seqio.Feature(vocab, add_eos=True),
+  return {"inputs": seqio.Feature(vocab, add_eos=inputs_eos),
           "targets": seqio.Feature(vocab, add_eos=True)}
 
 
@@ -263,10 +301,85 @@ def summarize_article(
       "targets": example["highlights"]})
 
 
+def lm1b_prompt_and_continuation(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """{'text'[, 'id']} -> {'inputs': prompt, 'targets': continuation[, 'id']}.
+
+  The prompt is the sentence's first `TaskConfig.lm1b_prompt_words` words,
+  the continuation the rest (empty for a shorter sentence), each joined by
+  single spaces; SentencePiece marks a word start itself, so the two
+  tokenized halves read as the sentence. Sentences without a word are
+  dropped: a decoder-only model has nothing to continue.
+
+  Args:
+    dataset: examples with a string `text` (and optionally `id`).
+
+  Returns:
+    The split examples.
+  """
+  n = current_config().lm1b_prompt_words  # Read when the pipeline is built.
+  if not isinstance(n, int) or n < 1:
+    raise ValueError(f"TaskConfig.lm1b_prompt_words must be an int >= 1 (the "
+                     f"prompt needs a word), got {n!r}.")
+
+  def split(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    words = tf.strings.split(example["text"])
+    return _with_id(example, {
+        "inputs": tf.strings.reduce_join(words[:n], separator=" "),
+        "targets": tf.strings.reduce_join(words[n:], separator=" ")})
+
+  dataset = dataset.filter(
+      lambda ex: tf.size(tf.strings.split(ex["text"])) > 0)
+  return dataset.map(split, num_parallel_calls=tf.data.AUTOTUNE)
+
+
 _TOKENIZE_AND_EOS = (seqio.preprocessors.tokenize,
                      seqio.preprocessors.append_eos_after_trim)
 
 # ------------------------------- TFDS sources --------------------------------
+
+
+_TFDS_ERRORS = (AssertionError, KeyError, OSError, tf.errors.OpError)
+
+
+def _not_prepared_error(tfds_name: str, data_dir: str | None, split: str,
+                        error: Exception,
+                        offline_task: str | None) -> TfdsNotPreparedError:
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  data_dir = data_dir or tfds.core.constants.DATA_DIR
+  offline = (f" Offline, use the task {offline_task!r} on local files "
+             "instead." if offline_task else "")
+  return TfdsNotPreparedError(
+      f"TFDS dataset {tfds_name!r} (split {split!r}) is not prepared "
+      f"in {data_dir} ({type(error).__name__}: {error}). Prepare it once "
+      f"on a machine with network access: `tfds build {tfds_name} "
+      f"--data_dir={data_dir}`, then point the tasks at that dir: gin "
+      "`TaskConfig.tfds_data_dir = '<dir>'`, t5x's --tfds_data_dir, or "
+      f"$TFDS_DATA_DIR.{offline}")
+
+
+def read_tfds_split(tfds_name: str, split: str) -> tf.data.Dataset:
+  """A prepared TFDS split in its stored order, read-only (never downloads).
+
+  Args:
+    tfds_name: e.g. "lm1b" (the version the installed TFDS builds) or
+      "lm1b:1.1.0".
+    split: a split name or slice, e.g. "train" or "train[:1000]".
+
+  Returns:
+    The raw examples, from `TaskConfig.tfds_data_dir` (else TFDS's default).
+
+  Raises:
+    TfdsNotPreparedError: the dataset is not prepared there; the message
+      gives the `tfds build` command.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  data_dir = current_config().tfds_data_dir
+  try:
+    # A builder only reads; nothing here calls download_and_prepare.
+    builder = tfds.builder(tfds_name, data_dir=data_dir)
+    return builder.as_dataset(split=split, shuffle_files=False)
+  except _TFDS_ERRORS as e:
+    raise _not_prepared_error(tfds_name, data_dir, split, e, None) from e
 
 
 class _TfdsSource(seqio.TfdsDataSource):
@@ -276,10 +389,12 @@ class _TfdsSource(seqio.TfdsDataSource):
   `TfdsNotPreparedError` with the command that prepares it.
   """
 
-  def __init__(self, tfds_name: str, offline_task: str):
-    super().__init__(tfds_name=tfds_name, splits=_SPLITS, read_only=True)
+  def __init__(self, tfds_name: str, offline_task: str,
+               splits: tuple[str, ...] = _SPLITS):
+    super().__init__(tfds_name=tfds_name, splits=splits, read_only=True)
     self._tfds_name = tfds_name
     self._offline_task = offline_task
+    self._split_names = splits
     self._loaders: dict[str | None, seqio.LazyTfdsLoader] = {}
 
   @property
@@ -288,33 +403,32 @@ class _TfdsSource(seqio.TfdsDataSource):
     if data_dir not in self._loaders:
       self._loaders[data_dir] = seqio.LazyTfdsLoader(
           self._tfds_name, data_dir=data_dir,
-          split_map={s: s for s in _SPLITS}, read_only=True)
+          split_map={s: s for s in self._split_names}, read_only=True)
     return self._loaders[data_dir]
 
   def _not_prepared(self, split: str, error: Exception) -> TfdsNotPreparedError:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-    data_dir = self.tfds_dataset.data_dir or tfds.core.constants.DATA_DIR
-    return TfdsNotPreparedError(
-        f"TFDS dataset {self._tfds_name!r} (split {split!r}) is not prepared "
-        f"in {data_dir} ({type(error).__name__}: {error}). Prepare it once "
-        f"on a machine with network access: `tfds build {self._tfds_name} "
-        f"--data_dir={data_dir}`, then point the tasks at that dir: gin "
-        "`TaskConfig.tfds_data_dir = '<dir>'`, t5x's --tfds_data_dir, or "
-        f"$TFDS_DATA_DIR. Offline, use the task {self._offline_task!r} on "
-        "local files instead.")
+    return _not_prepared_error(self._tfds_name, self.tfds_dataset.data_dir,
+                               split, error, self._offline_task)
+
+  def _check_split(self, split: str) -> None:
+    if split not in self._split_names:
+      raise ValueError(f"TFDS dataset {self._tfds_name!r} has no split "
+                       f"{split!r}; it has {list(self._split_names)}.")
 
   def get_dataset(self, split=None, shuffle=True, seed=None, shard_info=None,
                   **kwargs) -> tf.data.Dataset:
     split = split or "train"
+    self._check_split(split)
     try:
       return super().get_dataset(split, shuffle, seed, shard_info, **kwargs)
-    except (AssertionError, KeyError, OSError, tf.errors.OpError) as e:
+    except _TFDS_ERRORS as e:
       raise self._not_prepared(split, e) from e
 
   def num_input_examples(self, split: str) -> int | None:
+    self._check_split(split)
     try:
       return super().num_input_examples(split)
-    except (AssertionError, KeyError, OSError, tf.errors.OpError) as e:
+    except _TFDS_ERRORS as e:
       raise self._not_prepared(split, e) from e
 
 
@@ -401,19 +515,34 @@ def _jsonl_fn(task: str, field: str) -> Callable[..., tf.data.Dataset]:
   return dataset_fn
 
 
+def _sentences_fn(task: str, field: str) -> Callable[..., tf.data.Dataset]:
+  """A seqio dataset_fn over a text file, one sentence a line."""
+
+  def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
+    del shuffle_files
+    text = _lines(_split_path(task, field, split), task, field)
+    # Ids are 0-based line numbers; blank lines are dropped later, so an id
+    # still points at its line.
+    ids = [str(i) for i in range(len(text))]
+    return tf.data.Dataset.from_tensor_slices({"text": text, "id": ids})
+
+  return dataset_fn
+
+
 # ------------------------------- registration --------------------------------
 
 
 def _register(name: str, source: seqio.DataSource, text_preprocessor,
-              metric_fn) -> None:
+              metric_fn, *, inputs_eos: bool = True) -> None:
+  """Adds a task: text preprocessor, tokenize, EOS; no metric if None."""
   # Re-importing (e.g. importlib.reload in a notebook) must not fail on the
   # duplicate name.
   if name in seqio.TaskRegistry.names():
     seqio.TaskRegistry.remove(name)
   seqio.TaskRegistry.add(
-      name, source=source, output_features=_output_features(),
+      name, source=source, output_features=_output_features(inputs_eos),
       preprocessors=[text_preprocessor, *_TOKENIZE_AND_EOS],
-      metric_fns=[metric_fn])
+      metric_fns=[] if metric_fn is None else [metric_fn])
 
 
 def _register_all() -> None:
@@ -435,6 +564,12 @@ def _register_all() -> None:
        metrics.rouge)):
     source = seqio.FunctionDataSource(fn(name, field), splits=_SPLITS)
     _register(name, source, prep, metric_fn)
+  # Table 3 measures only alpha on lm1b: no metric, and a prompt without EOS.
+  _register(LM1B, _TfdsSource("lm1b:1.1.0", LM1B_LOCAL, _LM1B_SPLITS),
+            lm1b_prompt_and_continuation, None, inputs_eos=False)
+  _register(LM1B_LOCAL, seqio.FunctionDataSource(
+      _sentences_fn(LM1B_LOCAL, "lm1b_files"), splits=_SPLITS),
+            lm1b_prompt_and_continuation, None, inputs_eos=False)
 
 
 _register_all()

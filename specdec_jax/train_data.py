@@ -32,7 +32,8 @@ class BucketedData:
   """Tokenized examples in numpy, cut into batches of a few static shapes.
 
   Attributes:
-    inputs, targets: [N] int32 rows, each ending in EOS.
+    inputs, targets: [N] int32 rows; targets end in EOS, inputs too except
+      a decoder-only prompt (`data.Example.inputs_eos`).
     decoder_only: one row per example (inputs + targets) instead of two.
     groups: key (widths) -> indices of its examples.
     rows: key -> rows per batch.
@@ -120,8 +121,14 @@ def load_split(config: Any, split: str, limit: int | None,
   """
   examples = data.load_examples(config.task, split, max_examples=limit)
   max_in, max_tgt = config.max_lengths()
-  clip = lambda t, n: t if len(t) <= n else np.append(t[:n - 1], EOS_ID)
-  inputs = [clip(e.inputs, max_in) for e in examples[:keep]]
+
+  def clip(tokens, n, eos=True):
+    if len(tokens) <= n:
+      return tokens
+    # A decoder-only prompt has no EOS to keep: its first n tokens, as seqio.
+    return np.append(tokens[:n - 1], EOS_ID) if eos else tokens[:n]
+
+  inputs = [clip(e.inputs, max_in, e.inputs_eos) for e in examples[:keep]]
   targets = [clip(e.targets, max_tgt) for e in examples[:keep]]
   return examples, BucketedData(
       inputs, targets, config.length_buckets, decoder_only=decoder_only,

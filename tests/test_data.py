@@ -4,6 +4,7 @@ Everything here runs without TensorFlow; the task-backed path
 (`load_examples`, `iterate_examples`) is tested in test_tasks.py.
 """
 
+import dataclasses
 import subprocess
 import sys
 
@@ -59,6 +60,35 @@ def test_batch_examples_truncates_keeping_eos_last():
   # Default max_length is the largest bucket.
   ids = data.batch_examples([list(range(3, 13))], buckets=(4, 6))
   np.testing.assert_array_equal(ids, [[3, 4, 5, 6, 7, 1]])
+
+
+def test_prompts_without_eos_are_kept_as_they_are():
+  """A decoder-only prompt (add_eos=False) gets no EOS, which would tell the
+  model the text is over; an over-long one keeps its first max_length tokens
+  (seqio's trim of a feature without EOS); flags can differ row by row."""
+  ids = data.batch_examples([[5, 6, 7], [8, 9, 10, 11, 12, 13]], buckets=(4,),
+                            add_eos=False)
+  np.testing.assert_array_equal(ids, [[5, 6, 7, 0], [8, 9, 10, 11]])
+  ids = data.batch_examples([[5, 6, 7], [5, 6, 7]], buckets=(4, 8),
+                            add_eos=[False, True])
+  np.testing.assert_array_equal(ids, [[5, 6, 7, 0], [5, 6, 7, 1]])
+  with pytest.raises(ValueError, match="2 flags for 1 rows"):
+    data.batch_examples([[5]], buckets=(8,), add_eos=[True, False])
+  with pytest.raises(ValueError, match="Row 0 is empty"):
+    data.batch_examples([[]], buckets=(8,), add_eos=False)
+
+
+def test_batches_follow_each_examples_inputs_eos():
+  """`batches` truncates and ends each row by its example's `inputs_eos`:
+  prompts keep their last real token last, and the lengths count no EOS."""
+  prompts = [dataclasses.replace(_example(i, [3] * n), inputs_eos=False)
+             for i, n in enumerate((2, 5, 20))]
+  (batch,) = data.batches(prompts, batch_size=3, buckets=(8, 16),
+                          max_length=16)
+  assert batch.input_ids.shape == (3, 16)
+  np.testing.assert_array_equal(batch.input_lengths, [2, 5, 16])
+  assert not (batch.input_ids == data.EOS_ID).any()
+  np.testing.assert_array_equal(batch.truncated, [False, False, True])
 
 
 def test_batch_examples_rejects_bad_input():

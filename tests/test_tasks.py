@@ -52,7 +52,7 @@ def _preprocess(task_name, features, sequence_length):
 
 
 def test_tasks_registered_with_tfds_sources_and_lengths():
-  """Importing the module registers the six tasks; the TFDS ones read the
+  """Importing the module registers the eight tasks; the TFDS ones read the
   datasets and versions the paper's T5 setup used; lengths are T5's."""
   names = set(seqio.TaskRegistry.names())
   assert set(tasks.FEATURE_LENGTHS) <= names
@@ -108,7 +108,8 @@ def test_cnndm_preprocessing_on_tfds_features(tiny_vocab):
 
 @pytest.mark.parametrize("name,tfds_name,local", [
     (tasks.WMT14_ENDE, "wmt14_translate/de-en:1.0.0", tasks.WMT14_ENDE_LOCAL),
-    (tasks.CNN_DAILYMAIL, "cnn_dailymail:3.4.0", tasks.CNN_DAILYMAIL_LOCAL)])
+    (tasks.CNN_DAILYMAIL, "cnn_dailymail:3.4.0", tasks.CNN_DAILYMAIL_LOCAL),
+    (tasks.LM1B, "lm1b:1.1.0", tasks.LM1B_LOCAL)])
 def test_unprepared_tfds_data_says_how_to_prepare_it(tmp_path, tiny_vocab,
                                                      name, tfds_name, local):
   """A TFDS task whose data was never built fails at once (no download) and
@@ -120,6 +121,131 @@ def test_unprepared_tfds_data_says_how_to_prepare_it(tmp_path, tiny_vocab,
   message = str(info.value)
   assert f"tfds build {tfds_name} --data_dir={tmp_path}" in message
   assert "TaskConfig.tfds_data_dir" in message and repr(local) in message
+
+
+def test_lm1b_tasks_registered_for_a_decoder_only_model():
+  """lm1b reads TFDS lm1b:1.1.0 (train and test only), its inputs are a
+  prompt without EOS while targets end in EOS, it has no metric (Table 3
+  reports alpha only), and its lengths are 64 prompt / 128 target tokens."""
+  for name in (tasks.LM1B, tasks.LM1B_LOCAL):
+    task = seqio.get_mixture_or_task(name)
+    assert task.output_features["inputs"].add_eos is False
+    assert task.output_features["targets"].add_eos is True
+    assert task.metric_fns == []
+    assert tasks.feature_lengths(name) == {"inputs": 64, "targets": 128}
+  source = seqio.get_mixture_or_task(tasks.LM1B).source
+  assert source.tfds_dataset.name == "lm1b:1.1.0"
+  assert list(source.splits) == ["train", "test"]
+  with pytest.raises(ValueError, match="no split 'validation'"):
+    source.get_dataset("validation")
+  assert tasks.current_config().lm1b_files == {}
+  assert tasks.current_config().lm1b_prompt_words == 4
+
+
+def test_lm1b_preprocessing_on_tfds_features(tiny_vocab):
+  """A TFDS lm1b example {'text'} becomes prompt (the first words) and
+  continuation; append_eos_after_trim, given sequence lengths, adds EOS to
+  the continuation only and leaves the prompt whole (seqio trims it later,
+  see test_lm1b_prompt_truncation_matches_seqio); a sentence without a word
+  is dropped."""
+  features = {"text": ["the cat sat on the mat today", "   ",
+                       "the house is wonderful " * 10]}
+  with tasks.override_config(vocab_path=tiny_vocab, lm1b_prompt_words=20):
+    vocab = tasks.get_vocabulary()
+    full = vocab.encode("the cat sat on the mat today")
+    out = _preprocess(tasks.LM1B, features, {"inputs": 6, "targets": 32})
+  assert len(out) == 2
+  assert out[0]["inputs_pretokenized"] == b"the cat sat on the mat today"
+  assert out[0]["targets_pretokenized"] == b""
+  assert out[0]["inputs"].tolist() == full  # No EOS.
+  assert out[0]["targets"].tolist() == [1]
+  assert 1 not in out[1]["inputs"].tolist()
+  assert out[1]["targets"][-1] == 1
+
+
+def test_lm1b_local_task_splits_prompt_and_continuation(tmp_path,
+                                                        tiny_vocab):
+  """One sentence a line: the first lm1b_prompt_words words are the prompt,
+  tokenized WITHOUT EOS (the model continues it), the rest the target WITH
+  EOS; a sentence of fewer words is all prompt with an empty target (just
+  EOS); blank lines are skipped and ids are line numbers; prompt + target
+  tokens read as the whole sentence, and batches keep the prompt's last
+  token last."""
+  lines = ["the cat sat on the mat today", "a house", "",
+           "  the   house is  wonderful  ",
+           "das Haus ist wunderbar auf der Matte"]
+  path = tmp_path / "lm1b.txt"
+  path.write_text("\n".join(lines) + "\n", "utf-8")
+  with tasks.override_config(vocab_path=tiny_vocab,
+                             lm1b_files={"test": str(path)}):
+    examples = data.load_examples(tasks.LM1B_LOCAL, "test")
+    vocab = tasks.get_vocabulary()
+    (batch,) = data.iterate_examples(tasks.LM1B_LOCAL, "test", batch_size=4)
+    with tasks.override_config(lm1b_prompt_words=2):
+      (two,) = data.load_examples(tasks.LM1B_LOCAL, "test", max_examples=1)
+    for e, line in zip(examples, [lines[0], lines[1], lines[3], lines[4]]):
+      assert vocab.decode(e.inputs.tolist()) == e.inputs_text
+      whole = np.concatenate([e.inputs, e.targets[:-1]]).tolist()
+      assert vocab.decode(whole) == " ".join(line.split())
+  assert [e.id for e in examples] == ["0", "1", "3", "4"]
+  assert [(e.inputs_text, e.targets_text) for e in examples] == [
+      ("the cat sat on", "the mat today"), ("a house", ""),
+      ("the house is wonderful", ""),
+      ("das Haus ist wunderbar", "auf der Matte")]
+  for e in examples:
+    assert not e.inputs_eos and 1 not in e.inputs.tolist()
+    assert e.targets[-1] == 1 and 1 not in e.targets[:-1].tolist()
+  assert examples[1].targets.tolist() == [1]
+  assert (two.inputs_text, two.targets_text) == ("the cat", "sat on the mat "
+                                                 "today")
+  for row, length, e in zip(batch.input_ids, batch.input_lengths, examples):
+    assert length == len(e.inputs)
+    np.testing.assert_array_equal(row[:length], e.inputs)
+  assert not batch.truncated.any()
+
+
+def test_lm1b_local_needs_configuring(tmp_path, tiny_vocab):
+  """With no file configured (the default) lm1b_local says which setting to
+  make; a prompt of no words is refused with the setting to fix."""
+  with tasks.override_config(vocab_path=tiny_vocab):
+    with pytest.raises(ValueError, match="TaskConfig.lm1b_files"):
+      data.load_examples(tasks.LM1B_LOCAL, "test")
+    path = tmp_path / "s.txt"
+    path.write_text("a b c\n", "utf-8")
+    with tasks.override_config(lm1b_files={"train": str(path)},
+                               lm1b_prompt_words=0):
+      with pytest.raises(ValueError, match="lm1b_prompt_words"):
+        data.load_examples(tasks.LM1B_LOCAL, "train")
+
+
+def test_lm1b_prompt_truncation_matches_seqio(tmp_path, tiny_vocab):
+  """`batches` cuts an over-long prompt exactly as seqio trims a feature
+  without EOS: its first max_length tokens, no EOS added."""
+  path = tmp_path / "long.txt"
+  path.write_text("the cat sat on the mat " * 6 + "\nthe cat\n", "utf-8")
+  with tasks.override_config(vocab_path=tiny_vocab,
+                             lm1b_files={"test": str(path)},
+                             lm1b_prompt_words=100):
+    task = seqio.get_mixture_or_task(tasks.LM1B_LOCAL)
+    seqio_rows = [ex["inputs"] for ex in task.get_dataset(
+        {"inputs": 12, "targets": 12}, split="test",
+        shuffle=False).as_numpy_iterator()]
+    (batch,) = data.iterate_examples(tasks.LM1B_LOCAL, "test", batch_size=2,
+                                     max_length=12)
+  for row, length, expected in zip(batch.input_ids, batch.input_lengths,
+                                   seqio_rows):
+    np.testing.assert_array_equal(row[:length], expected)
+  assert batch.truncated.tolist() == [True, False]
+  assert batch.input_lengths[0] == 12 and batch.input_ids[0, -1] != 1
+
+
+def test_read_tfds_split_never_downloads(tmp_path):
+  """Reading a TFDS split for export (scripts/export_text.py) is read-only:
+  an unprepared dataset fails at once with the command that prepares it."""
+  with tasks.override_config(tfds_data_dir=str(tmp_path)):
+    with pytest.raises(tasks.TfdsNotPreparedError) as info:
+      tasks.read_tfds_split("lm1b", "train")
+  assert f"tfds build lm1b --data_dir={tmp_path}" in str(info.value)
 
 
 def test_local_parallel_text_task(tmp_path, tiny_vocab):

@@ -253,3 +253,22 @@ def test_config_errors_name_the_fix(corpus, tmp_path):
     train.train(_config(tmp_path, corpus, distill_alpha=0.5))
   with pytest.raises(ValueError, match="raise model_overrides"):
     train.train(_config(tmp_path, corpus, model_overrides={}))
+
+
+def test_export_tfds_text_writes_one_value_a_line(tmp_path, monkeypatch):
+  """export_tfds_text (scripts/export_text.py, the input of an lm1b
+  vocabulary) writes the chosen field one value a line, in order, up to
+  max_examples; a newline inside a value cannot split it and empty values
+  are skipped; an unknown field names the dataset's features."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rows = {"text": ["the red dog", "a\nsmall  cat", " ", "big tree", "man"],
+          "id": ["0", "1", "2", "3", "4"]}
+  monkeypatch.setattr(tasks, "read_tfds_split", lambda name, split: (
+      tf.data.Dataset.from_tensor_slices(rows)))
+  output = tmp_path / "out" / "text.txt"
+  lines = vocab_training.export_tfds_text("lm1b", "train", "text",
+                                          str(output), max_examples=4)
+  assert lines == 3
+  assert output.read_text("utf-8") == "the red dog\na small cat\nbig tree\n"
+  with pytest.raises(ValueError, match=r"no feature 'txt'.*\['id', 'text'\]"):
+    vocab_training.export_tfds_text("lm1b", "train", "txt", str(output))
