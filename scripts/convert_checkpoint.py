@@ -6,8 +6,14 @@ r"""Converts a Hugging Face or T5X checkpoint into our format.
       --input=t5x:gs://BUCKET/t5_1_1_xxl/checkpoint_1000000 \
       --param_dtype=bfloat16 --output=/models/t5_1_1_xxl
 
+  python scripts/convert_checkpoint.py --input=demo:target --format=hf \
+      --output=/tmp/demo_target_hf   # for Hugging Face transformers
+
 Expected: it prints the output directory, which then loads with
-`specdec_jax.load_model(DIR)` (config.json + orbax params). T5X checkpoints
+`specdec_jax.load_model(DIR)` (config.json + orbax params), or with
+--format=hf, as a Hugging Face T5 directory (config.json +
+model.safetensors) that `transformers.T5ForConditionalGeneration
+.from_pretrained(DIR)` and `load_model("hf:DIR")` both read. T5X checkpoints
 need --config (a config name or a gin file under configs/models), since
 they do not record their architecture.
 """
@@ -16,6 +22,7 @@ from absl import app
 from absl import flags
 
 from specdec_jax import checkpoints
+from specdec_jax import checkpoints_hf
 
 _INPUT = flags.DEFINE_string(
     "input", None, "hf:DIR or t5x:PATH (a checkpoint_<step> directory).",
@@ -28,6 +35,10 @@ _PARAM_DTYPE = flags.DEFINE_string(
     "param_dtype", None, "Store the parameters in this dtype (e.g. bfloat16).")
 _VOCAB = flags.DEFINE_string(
     "vocab", None, "SentencePiece model file to copy next to the params.")
+_FORMAT = flags.DEFINE_enum(
+    "format", "specdec", ["specdec", "hf"],
+    "specdec: our orbax format; hf: a Hugging Face T5 directory "
+    "(safetensors; T5 models only).")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False,
                                "Replace an existing output directory.")
 
@@ -35,10 +46,19 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False,
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  output = checkpoints.convert(
-      _INPUT.value, _OUTPUT.value, config=_CONFIG.value,
-      param_dtype=_PARAM_DTYPE.value, vocab=_VOCAB.value,
-      overwrite=_OVERWRITE.value)
+  if _FORMAT.value == "hf":
+    if _VOCAB.value:
+      raise app.UsageError("--vocab is for --format=specdec; a Hugging Face "
+                           "export holds the weights and config only.")
+    model = checkpoints.load_model(_INPUT.value, config=_CONFIG.value,
+                                   param_dtype=_PARAM_DTYPE.value)
+    output = checkpoints_hf.save_t5(model, _OUTPUT.value,
+                                    overwrite=_OVERWRITE.value)
+  else:
+    output = checkpoints.convert(
+        _INPUT.value, _OUTPUT.value, config=_CONFIG.value,
+        param_dtype=_PARAM_DTYPE.value, vocab=_VOCAB.value,
+        overwrite=_OVERWRITE.value)
   print(output)
 
 

@@ -354,6 +354,25 @@ def test_convert_script(tiny, t5x_dir, tmp_path):
       jax.tree.map(lambda x: x.astype(jnp.bfloat16), tiny.params))
 
 
+def test_convert_script_to_hugging_face_format(tiny, t5x_dir, tmp_path):
+  """--format=hf writes a Hugging Face T5 directory (config.json +
+  model.safetensors, no pickle) that loads back as the same model."""
+  root = os.path.join(os.path.dirname(__file__), os.pardir)
+  output = str(tmp_path / "hf")
+  subprocess.run(
+      [sys.executable, os.path.join(root, "scripts", "convert_checkpoint.py"),
+       "--input=t5x:" + t5x_dir, "--config=t5_tiny", "--format=hf",
+       "--output=" + output],
+      check=True, cwd=root, capture_output=True,
+      env=dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.path.abspath(root)))
+  assert sorted(os.listdir(output)) == ["config.json", "model.safetensors"]
+  model = checkpoints.load_model("hf:" + output)
+  assert model.config.num_decoder_layers == tiny.config.num_decoder_layers
+  _assert_trees_equal(jax.tree.map(np.asarray, model.params),
+                      jax.tree.map(np.asarray, tiny.params))
+
+
 # Heavy optional dependencies; a GPU benchmark machine has only jax, flax
 # and numpy, so the core must not import these when it is imported.
 _LAZY_MODULES = ("orbax", "tensorstore", "gin", "tensorflow", "seqio",

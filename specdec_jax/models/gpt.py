@@ -22,9 +22,10 @@ and are exactly what the T5X decoder-only example trains. Norms are T5's RMS
 norm, layers have no biases, and query scaling lives in the query kernel.
 
 Decoding. `prefill` feeds the whole 0-padded prompt [B, L] at positions
-0..L-1, filling slots 0..L-1 of every layer's cache. A row of length l (its
-EOS, id 1, included) then starts at start_pos = l - 1 with its last real
-token; slots l..L-1 hold keys of padding, but a query at position t only sees
+0..L-1, filling slots 0..L-1 of every layer's cache. A row of l real
+tokens (a prompt to continue, e.g. the lm1b tasks' first words, or a row
+ending in EOS where a task asks for one) then starts at start_pos = l - 1
+with its last real token; slots l..L-1 hold keys of padding, but a query at position t only sees
 slots j <= t and every slot up to t is rewritten with a real token before
 any query reaches it.
 
@@ -252,7 +253,7 @@ class GPTDef(base.FlaxModelDef):
 
     Args:
       params: the parameter tree.
-      input_ids: int [B, L], 0-padded on the right, each row ending in EOS.
+      input_ids: int [B, L], 0-padded on the right: the prompts.
       num_decode_positions: decoder positions after the start position.
 
     Returns:
