@@ -59,7 +59,7 @@ def main():
           f"{np.round(verify, 2).tolist()}")
     for temperature, alpha in alphas.items():
       thm = theory.walltime_improvement(alpha, gammas, c)
-      cpu = theory.expected_tokens(alpha, gammas) / (gammas * c + verify)
+      cpu = theory.walltime_improvement_measured(alpha, gammas, c, verify)
       print(f"  T={temperature:g} alpha={alpha:.3f}  Theorem 3.8 best gamma "
             f"{gammas[thm.argmax()]} ({thm.max():.2f}x); with measured verify "
             f"cost best gamma {gammas[cpu.argmax()]} ({cpu.max():.2f}x)",

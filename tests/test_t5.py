@@ -186,6 +186,32 @@ def test_stale_slots_do_not_affect_logits(model):
   np.testing.assert_allclose(logits, expected[:, 3:], atol=1e-5)
 
 
+def test_kv_cache_write_puts_each_row_at_its_positions():
+  """KVCache.write: row b's token t lands in slot positions[b, t] of both
+  layouts (keys [B, N, H, S], values [B, N, S, H]); rewriting a slot
+  replaces it; positions past the last slot are dropped, not wrapped or
+  clamped onto the last slot."""
+  batch, slots, heads, dim = 2, 5, 3, 4
+  cache = layers.KVCache.zeros(batch, slots, heads, dim, "float32")
+  rng = np.random.default_rng(0)
+  key = rng.normal(size=(batch, 2, heads, dim)).astype(np.float32)
+  value = rng.normal(size=(batch, 2, heads, dim)).astype(np.float32)
+  positions = np.array([[1, 2], [4, 5]], np.int32)  # row 1: slot 5 is past
+  out = cache.write(key, value, positions)
+  expected_k = np.zeros((batch, heads, dim, slots), np.float32)
+  expected_v = np.zeros((batch, heads, slots, dim), np.float32)
+  for b in range(batch):
+    for t in range(2):
+      if positions[b, t] < slots:
+        expected_k[b, :, :, positions[b, t]] = key[b, t]
+        expected_v[b, :, positions[b, t], :] = value[b, t]
+  np.testing.assert_array_equal(out.key, expected_k)
+  np.testing.assert_array_equal(out.value, expected_v)
+  again = out.write(-key, -value, positions)
+  np.testing.assert_array_equal(again.key, -expected_k)
+  np.testing.assert_array_equal(again.value, -expected_v)
+
+
 def test_bfloat16_compute_gives_float32_logits():
   """Logits are float32 whatever the compute dtype, and stay close."""
   input_ids, decoder_ids = _inputs()
