@@ -50,7 +50,7 @@ def test_shipped_models_keep_greedy_exact(models):
   ids = _encode(target, _sentences(4))
   base = generate(target, ids, max_decode_len=40)
   text = target.vocab.decode([t for t in base.tokens[0] if t > 1])
-  assert "Mann" in text and "Hund" in text, text  # "A man ... his dog ..."
+  assert "Mann" in text and "Strand" in text, text  # "A man ... beach."
   for name in NAMES[1:]:
     spec = speculative_generate(target, models[name], ids, gamma=4,
                                 max_decode_len=40)
@@ -91,17 +91,29 @@ def test_demo_gin_config_parses():
   gin.clear_config()
   assert [d for d, _ in config.drafts] == [f"demo:{n}" for n in NAMES[1:]]
   assert tuple(config.temperatures) == (0.0, 1.0)
+  for draft, gammas in config.drafts:  # every row has its gamma
+    for temperature in config.temperatures:
+      assert demo._gamma_for(gammas, temperature, draft) >= 1
+
+
+def test_demo_gamma_per_temperature_must_cover_every_row():
+  """A {temperature: gamma} mapping without one of the demo's temperatures
+  is refused with a message naming the draft and the missing temperature."""
+  assert demo._gamma_for({0.0: 7, 1.0: 4}, 1.0, "d") == 4
+  assert demo._gamma_for(3, 1.0, "d") == 3
+  with pytest.raises(ValueError, match="demo:x.*not for 1.0"):
+    demo._gamma_for({0.0: 7}, 1.0, "demo:x")
 
 
 def test_demo_runs_on_two_sentences(tmp_path):
   """The demo, cut to two sentences and one draft, writes its table with a
   greedy row identical to the target and a sampled row."""
-  config = demo.DemoConfig(drafts=(("demo:draft_small", 3),),
+  config = demo.DemoConfig(drafts=(("demo:draft_small", {0.0: 3, 1.0: 2}),),
                            sweep_draft=None, max_examples=2, repeats=1,
                            cost_repeats=1, trace_examples=1)
   rows = demo.run(config, str(tmp_path))
-  assert [(r["draft"], r["temperature"]) for r in rows] == [
-      ("draft_small", 0.0), ("draft_small", 1.0)]
+  assert [(r["draft"], r["temperature"], r["gamma"]) for r in rows] == [
+      ("draft_small", 0.0, 3), ("draft_small", 1.0, 2)]
   assert rows[0]["identical"] is True
   for name in ["table.md", "table.csv", "speedup.png",
                "draft_small_t0/trace.html"]:
