@@ -143,9 +143,16 @@ def _worker_hf(args, rows):
       kw["assistant_model"] = draft
     results = []
     for ids in rows:
+      def run():
+        # A fresh cache without a config: transformers 5 sizes the cache it
+        # builds itself from T5's `num_layers` (the ENCODER depth), which
+        # breaks targets with more decoder than encoder layers (ours: 3+8).
+        cache = transformers.EncoderDecoderCache(transformers.DynamicCache(),
+                                                 transformers.DynamicCache())
+        return target.generate(torch.from_numpy(ids),  # pylint: disable=cell-var-from-loop
+                               past_key_values=cache, **kw)  # pylint: disable=cell-var-from-loop
       with torch.no_grad():
-        seq, t = _median(lambda: target.generate(torch.from_numpy(ids), **kw),  # pylint: disable=cell-var-from-loop
-                         args.repeats)
+        seq, t = _median(run, args.repeats)
       results.append((_strip(seq[0, 1:].tolist()), t))  # drop decoder start
     out[mode] = results
   return out
