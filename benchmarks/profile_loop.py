@@ -1,0 +1,84 @@
+r"""Where the time of one speculative decode goes, op by op (XLA on CPU).
+
+  python benchmarks/profile_loop.py [--target=demo:target]
+      [--draft=demo:draft_base] [--gamma=4] [--sentence=3] [--calls=20]
+
+Compiles the speculative loop for one demo sentence (batch 1, greedy), runs
+it --calls times under `jax.profiler.trace`, then reads the trace and prints
+the time per call of each kind of XLA op (ynn_fusion: the weight matmuls;
+dot: other matmuls such as attention; copy*: layout copies; while: loop
+control), largest first. Use it to see whether a change to the models or the
+engine moved work into or out of the loop.
+"""
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import specdec_jax as sd  # noqa: E402
+from specdec_jax import sampling  # noqa: E402
+from specdec_jax.decoding import engine  # noqa: E402
+
+_HOST_EVENTS = ("Execute", "Pjit", "Await", "Parse", "Handle")
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--target", default="demo:target")
+  p.add_argument("--draft", default="demo:draft_base")
+  p.add_argument("--gamma", type=int, default=4)
+  p.add_argument("--sentence", type=int, default=3)
+  p.add_argument("--calls", type=int, default=20)
+  p.add_argument("--max_decode_len", type=int, default=64)
+  p.add_argument("--top", type=int, default=15)
+  args = p.parse_args()
+  target, draft = sd.load_model(args.target), sd.load_model(args.draft)
+  here = os.path.dirname(os.path.abspath(__file__))
+  with open(os.path.join(here, "..", "specdec_jax", "demo_data",
+                         "sentences.en")) as f:
+    line = [l.strip() for l in f if l.strip()][args.sentence]
+  ids = np.array([target.vocab.encode("translate English to German: " + line)
+                  + [1]], np.int32)
+  fn = engine.build_speculative(target.definition, draft.definition,
+                                args.gamma, args.max_decode_len,
+                                sampling.SamplingConfig())
+  seeds = rows = np.zeros((1,), np.int32)
+  run = lambda: jax.block_until_ready(
+      fn(target.params, draft.params, ids, seeds, rows))
+  _, stats = run()  # compile
+  with tempfile.TemporaryDirectory() as trace_dir:
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+      for _ in range(args.calls):
+        run()
+    path = sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"),
+                            recursive=True))[-1]
+    with gzip.open(path) as f:
+      trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  per_kind = collections.Counter()
+  for e in events:
+    name = e.get("name", "")
+    if e.get("ph") != "X" or name.startswith("$") or any(
+        h in name for h in _HOST_EVENTS):
+      continue
+    per_kind[re.sub(r"\.\d+$", "", name)] += e.get("dur", 0)
+  print(f"{args.target} + {args.draft}, gamma {args.gamma}, sentence "
+        f"{args.sentence}: {int(stats['length'][0])} tokens in "
+        f"{int(stats['target_calls'][0])} iterations; ms per decode:")
+  for kind, micros in per_kind.most_common(args.top):
+    print(f"  {micros / args.calls / 1e3:8.3f}  {kind}")
+
+
+if __name__ == "__main__":
+  main()
