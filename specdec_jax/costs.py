@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import sampling
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.model import Model
 
@@ -44,7 +45,7 @@ def _build_timed_loop(definition: ModelDef, num_tokens: int, steps: int,
       # decoding (and nothing can be hoisted out of the loop).
       tokens = jnp.broadcast_to(acc[:, None], (batch, num_tokens))
       logits, cache = definition.extend(params, cache, tokens, positions)
-      return cache, jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+      return cache, sampling.argmax(logits[:, -1])
 
     _, acc = jax.lax.fori_loop(0, steps, body,
                                (cache, jnp.zeros((batch,), jnp.int32)))

@@ -27,6 +27,22 @@ import jax.numpy as jnp
 _RESIDUAL_EPS = 1e-6
 
 
+def argmax(logits: jax.Array) -> jax.Array:
+  """int32 argmax over the last axis, ties to the lowest id (as jnp.argmax).
+
+  Written as a max and the first index reaching it: two plain reductions
+  that XLA vectorises, where `jnp.argmax` lowers to a (value, index) pair
+  reduction that XLA on CPU runs element by element (18 us for a 4224-way
+  argmax there, a fifth of a small draft's step). A row holding a NaN gives
+  an arbitrary id (jnp.argmax gives the NaN's).
+  """
+  vocab = logits.shape[-1]
+  best = jnp.max(logits, axis=-1, keepdims=True)
+  ids = jnp.arange(vocab, dtype=jnp.int32)
+  first = jnp.min(jnp.where(logits == best, ids, vocab), axis=-1)
+  return jnp.minimum(first, vocab - 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """How logits become the distribution we sample from.
@@ -63,7 +79,7 @@ class SamplingConfig:
     logits = jnp.asarray(logits, jnp.float32)
     vocab = logits.shape[-1]
     if self.greedy:
-      return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab,
+      return jax.nn.one_hot(argmax(logits), vocab,
                             dtype=jnp.float32)
     logits = logits / jnp.float32(self.temperature)
     if 0 < self.top_k < vocab:

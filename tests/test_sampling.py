@@ -246,3 +246,18 @@ def test_lenience_accepts_more_and_uses_its_residual():
   residual = np.maximum(p[0] - lenience * q[0], 0)
   counts = np.bincount(emitted[n == 0, 0], minlength=VOCAB)
   assert _chisquare_pvalue(counts, residual / residual.sum()) > SIGNIFICANCE
+
+
+def test_argmax_is_first_maximum_like_numpy():
+  """sampling.argmax (max + first index, for speed on CPU) must pick exactly
+  numpy's argmax, ties included: greedy decoding and the greedy fast path
+  depend on ties going to the lowest id."""
+  rng = np.random.default_rng(0)
+  # Small integer logits make ties common; -inf rows parts too.
+  logits = rng.integers(-3, 3, size=(64, 7, 50)).astype(np.float32)
+  logits[0, 0, :] = 1.0                      # all tied -> id 0
+  logits[1, 0, :10] = -np.inf
+  got = np.asarray(jax.jit(sampling.argmax)(jnp.asarray(logits)))
+  np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
+  assert got.dtype == np.int32
+  assert got[0, 0] == 0

@@ -160,7 +160,7 @@ def _finish(stream: Stream, max_decode_len: int) -> jax.Array:
 
 def _greedy_token(logits: jax.Array) -> jax.Array:
   """argmax (ties to the lowest id): what sampling a one-hot p returns."""
-  return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  return sampling.argmax(logits)
 
 
 def _new_stream(batch: int, width: int) -> Stream:
@@ -271,7 +271,8 @@ def build_speculative(target: ModelDef, draft: ModelDef, gamma: int,
     if fast_greedy:
       best = _greedy_token(logits)                     # [B, G+1]
       match = best[:, :gamma] == xs
-      accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), 1)
+      # Leading matches: the first mismatch's index (gamma if none).
+      accepted = jnp.min(jnp.where(match, gamma, positions[None, :gamma]), 1)
       nxt = jnp.take_along_axis(best, accepted[:, None], axis=1)[:, 0]
       return accepted, nxt, match.astype(jnp.float32)
     p = sampler.probs(logits)

@@ -427,8 +427,12 @@ class MultiHeadAttention(nn.Module):
     logits = jnp.einsum("BTNH,BNHS->BNTS", q, kv.key.astype(self.dtype),
                         preferred_element_type=jnp.float32)
     weights = jax.nn.softmax(logits + bias, axis=-1).astype(self.dtype)
-    out = jnp.einsum("BNTS,BNSH->BTNH", weights, kv.value.astype(self.dtype))
-    out = constrain(out, "batch", "length", "heads", "kv")
+    # Produce [B, N, T, H] and swap, rather than asking for [B, T, N, H]
+    # directly: given the latter, XLA on CPU lays the product out with T
+    # minor and runs it as a plain (unfused) dot, 3x slower at T = 5
+    # queries (`benchmarks/profile_loop.py`).
+    out = jnp.einsum("BNTS,BNSH->BNTH", weights, kv.value.astype(self.dtype))
+    out = constrain(jnp.swapaxes(out, 1, 2), "batch", "length", "heads", "kv")
     return constrain(self.out(out), "batch", "length", "embed")
 
 
