@@ -17,7 +17,10 @@ What remains is divided by the number of target calls: one speculative
 iteration = gamma draft steps + one verification of gamma + 1 tokens (both
 timed in isolation by `specdec_jax.costs`) + the rest (sampling, acceptance,
 cache and buffer updates inside the while_loop, per-call host work); and one
-plain step for comparison.
+plain step for comparison. Because every call also pays fixed costs beyond
+the prefill (setup, dispatch, fetching results) which that average spreads
+over a few iterations, a second line fits time = fixed + per-iteration *
+iterations (and the same for plain steps) across the sentences.
 """
 
 import argparse
@@ -70,6 +73,22 @@ def _prefill_timer(model, num_positions):
   return lambda ids: jax.block_until_ready(fn(model.params, ids))
 
 
+def _fit(per_row, time_col, count_col):
+  """Least squares time = fixed + per_unit * count over the sentences.
+
+  Splits a decode's time into what every call pays once (prefill, setup,
+  dispatch, fetching results) and what each step or iteration costs, which
+  the averages above mix when sentences are a few iterations long. None
+  when all sentences have the same count.
+  """
+  counts = np.array([r[count_col] for r in per_row], np.float64)
+  times = np.array([r[time_col] for r in per_row], np.float64)
+  if len(set(counts.tolist())) < 2:
+    return None
+  per_unit, fixed = np.polyfit(counts, times, 1)
+  return fixed, per_unit
+
+
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--target", default="demo:target")
@@ -93,6 +112,7 @@ def main():
     prefill_d = _prefill_timer(draft, width)
     base_s = spec_s = pre_t = pre_d = 0.0
     alpha_sum = alpha_count = calls = tokens = 0
+    per_row = []  # (base s, spec s, tokens, target calls) of each sentence
     for i in range(len(rows)):
       ids = rows[i:i + 1]
       _, b = _median_time(lambda: sd.generate(target, ids, **kw), args.repeats)
@@ -106,6 +126,8 @@ def main():
       alpha_count += int(res.stats["alpha_count"][0])
       calls += int(res.stats["target_calls"][0])
       tokens += int(res.stats["length"][0])
+      per_row.append((b, s, int(res.stats["length"][0]),
+                      int(res.stats["target_calls"][0])))
     alpha = alpha_sum / max(alpha_count, 1)
     m = costs.measure_costs(target, draft, rows[:1], gamma=gamma,
                             cache_positions=width)
@@ -125,6 +147,13 @@ def main():
           f"{iteration * 1e3:6.3f} = {draft_part * 1e3:.3f} + "
           f"{verify_part * 1e3:.3f} + "
           f"{(iteration - draft_part - verify_part) * 1e3:.3f}", flush=True)
+    fit_b, fit_s = _fit(per_row, 0, 2), _fit(per_row, 1, 3)
+    if fit_b and fit_s:
+      print(f"      fit over sentences: plain {fit_b[0] * 1e3:.2f} ms per call + "
+            f"{fit_b[1] * 1e3:.3f} per step; speculative "
+            f"{fit_s[0] * 1e3:.2f} ms per call + {fit_s[1] * 1e3:.3f} per "
+            f"iteration (rest {(fit_s[1] - draft_part - verify_part) * 1e3:.3f})",
+            flush=True)
 
 
 if __name__ == "__main__":

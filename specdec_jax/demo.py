@@ -32,6 +32,7 @@ DEMO_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                          "demo_data")
 TABLE_COLUMNS = ("draft", "temperature", "gamma", "alpha", "c", "speedup",
                  "predicted_speedup", "predicted_with_verify_cost",
+                 "predicted_at_lengths", "predicted_at_lengths_with_verify_cost",
                  "tokens_per_call", "quality_baseline", "quality_speculative",
                  "identical", "examples")
 
@@ -137,7 +138,7 @@ def run(config: DemoConfig, workdir: str) -> list[dict]:
 
 
 def plot_rows(path: str, rows: list[dict]) -> None:
-  """Measured speedup per row beside Theorem 3.8's prediction."""
+  """Measured speedup per row beside Theorem 3.8's predictions."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -145,13 +146,19 @@ def plot_rows(path: str, rows: list[dict]) -> None:
   labels = [f"{r['draft']}\nT={r['temperature']:g}, γ={r['gamma']}"
             for r in rows]
   x = np.arange(len(rows))
-  fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
-  ax.bar(x - 0.2, [r["speedup"] for r in rows], 0.4, label="measured")
-  ax.bar(x + 0.2, [r["predicted_speedup"] for r in rows], 0.4,
-         label="Theorem 3.8 (measured α, c)")
+  bars = [("speedup", "measured"),
+          ("predicted_speedup", "Theorem 3.8 (measured α, c)"),
+          ("predicted_at_lengths", "… at these output lengths"),
+          ("predicted_at_lengths_with_verify_cost",
+           "… and the measured verification cost")]
+  width = 0.8 / len(bars)
+  fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(rows)), 4.5))
+  for i, (key, label) in enumerate(bars):
+    ax.bar(x - 0.4 + (i + 0.5) * width,
+           [r.get(key, float("nan")) for r in rows], width, label=label)
   for xi, r in zip(x, rows):
-    ax.text(xi - 0.2, r["speedup"], f"{r['speedup']:.2f}x", ha="center",
-            va="bottom", fontsize=7)
+    ax.text(xi - 0.4 + 0.5 * width, r["speedup"], f"{r['speedup']:.2f}x",
+            ha="center", va="bottom", fontsize=7)
     ax.text(xi, 0.05, f"α={r['alpha']:.2f}", ha="center", fontsize=7)
   ax.axhline(1.0, color="gray", lw=0.5)
   ax.set_xticks(x, labels, fontsize=7)

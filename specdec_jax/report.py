@@ -22,6 +22,7 @@ from specdec_jax import theory
 
 TABLE_COLUMNS = ("task", "draft", "temperature", "gamma", "alpha", "c",
                  "speedup", "predicted_speedup", "predicted_with_verify_cost",
+                 "predicted_at_lengths", "predicted_at_lengths_with_verify_cost",
                  "tokens_per_call", "quality_metric", "quality_baseline",
                  "quality_speculative", "identical", "examples")
 
@@ -34,6 +35,7 @@ def _row(config, records: list[dict], gamma: int, costs: dict,
   spec_time = sum(s["time_s"] for s in spec)
   alpha = sum(s["alpha_sum"] for s in spec) / max(
       sum(s["alpha_count"] for s in spec), 1)
+  lengths = [max(len(s["tokens"]), 1) for s in spec]
   tokens = sum(len(s["tokens"]) for s in spec)
   calls = sum(s["target_calls"] for s in spec)
   c = costs["c"]
@@ -50,6 +52,15 @@ def _row(config, records: list[dict], gamma: int, costs: dict,
       "predicted_with_verify_cost": float(
           theory.expected_tokens(alpha, gamma)
           / (gamma * c + costs.get("verify_cost", 1.0))),
+      # The same two predictions for outputs as long as these ones: the
+      # run that reaches EOS emits only what is left (see
+      # `theory.expected_iterations`), which Theorem 3.8 leaves out.
+      "predicted_at_lengths": float(theory.walltime_improvement_at_lengths(
+          alpha, gamma, c, lengths)),
+      "predicted_at_lengths_with_verify_cost": float(
+          theory.walltime_improvement_at_lengths(
+              alpha, gamma, c, lengths,
+              verify_cost=costs.get("verify_cost", 1.0))),
       "tokens_per_call": tokens / max(calls, 1),
       "expected_tokens_per_call": float(theory.expected_tokens(alpha, gamma)),
       "accepted_histogram": np.sum(

@@ -88,6 +88,12 @@ def test_complete_run_outputs_are_consistent(setup, tmp_path):
     assert row["alpha"] == pytest.approx(alpha)
     assert row["predicted_speedup"] == pytest.approx(
         float(theory.walltime_improvement(alpha, row["gamma"], row["c"])))
+    # The finite-length prediction uses the speculative outputs' lengths and
+    # can only be lower: the last run of each output is cut short.
+    assert row["predicted_at_lengths"] == pytest.approx(
+        theory.walltime_improvement_at_lengths(
+            alpha, row["gamma"], row["c"], [len(s["tokens"]) for s in spec]))
+    assert row["predicted_at_lengths"] <= row["predicted_speedup"] + 1e-9
     assert row["identical"] is True
     assert all(s["tokens"] == r["baseline"]["tokens"]
                for s, r in zip(spec, lines))
