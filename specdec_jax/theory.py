@@ -85,17 +85,23 @@ def expected_iterations(alpha: float, gamma: int, length: int) -> float:
   length / f(length) tends to `expected_tokens(alpha, gamma)` as length grows;
   for 12-token outputs and gamma = 7 it is about a quarter lower.
   """
-  gamma, length = int(gamma), int(length)
-  if gamma < 1 or length < 0:
-    raise ValueError(f"need gamma >= 1 and length >= 0, got {gamma}, {length}")
+  return float(_runs_table(alpha, gamma, length)[int(length)])
+
+
+def _runs_table(alpha: float, gamma: int, max_length: int) -> np.ndarray:
+  """[max_length + 1] expected runs f(0..max_length) (see above)."""
+  gamma, max_length = int(gamma), int(max_length)
+  if gamma < 1 or max_length < 0:
+    raise ValueError(
+        f"need gamma >= 1 and length >= 0, got {gamma}, {max_length}")
   alpha = float(alpha)
-  probs = np.array([alpha ** (k - 1) * (1.0 - alpha) for k in range(1, gamma + 1)]
-                   + [alpha ** gamma])
-  runs = np.zeros(length + 1)
-  for n in range(1, length + 1):
-    before = runs[np.maximum(n - np.arange(1, gamma + 2), 0)]
-    runs[n] = 1.0 + float(np.dot(probs, before))
-  return float(runs[length])
+  probs = np.array([alpha ** (k - 1) * (1.0 - alpha)
+                    for k in range(1, gamma + 1)] + [alpha ** gamma])
+  runs = np.zeros(max_length + 1)
+  steps = np.arange(1, gamma + 2)
+  for n in range(1, max_length + 1):
+    runs[n] = 1.0 + float(np.dot(probs, runs[np.maximum(n - steps, 0)]))
+  return runs
 
 
 def walltime_improvement_at_lengths(alpha: float, gamma: int, c: float,
@@ -111,9 +117,11 @@ def walltime_improvement_at_lengths(alpha: float, gamma: int, c: float,
   Like the theorem, it leaves out costs paid once per input (the encoder).
   """
   lengths = [int(n) for n in lengths]
-  if not lengths or sum(lengths) == 0:
-    raise ValueError("lengths must hold at least one non-empty output")
-  runs = sum(expected_iterations(alpha, gamma, n) for n in lengths)
+  if not lengths or sum(lengths) == 0 or min(lengths) < 0:
+    raise ValueError("lengths must be >= 0 and hold at least one non-empty "
+                     f"output, got {lengths[:8]}")
+  table = _runs_table(alpha, gamma, max(lengths))
+  runs = float(sum(table[n] for n in lengths))
   return sum(lengths) / (runs * (gamma * c + verify_cost))
 
 
