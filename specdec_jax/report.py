@@ -155,6 +155,9 @@ def plot_speedup_vs_gamma(path: str, rows: list[dict], title: str = "") -> None:
           label=f"Theorem 3.8 (alpha={alpha:.2f}, c={c:.3f})")
   ax.plot(grid, theory.expected_tokens(alpha, grid) / (grid * c + verify),
           "--", label=f"with measured verify cost ({verify:.2f})")
+  if all("predicted_at_lengths_with_verify_cost" in r for r in rows):
+    ax.plot(gammas, [r["predicted_at_lengths_with_verify_cost"] for r in rows],
+            "x:", label="with each γ's verify cost, at the output lengths")
   ax.plot(gammas, [r["speedup"] for r in rows], "o", color="black",
           label="measured")
   ax.axhline(1.0, color="gray", lw=0.5)
