@@ -52,22 +52,22 @@ from specdec_jax.checkpoints_hf import CheckpointError
 from specdec_jax.checkpoints_hf import CheckpointNotFoundError
 from specdec_jax.checkpoints_hf import MissingParameterError
 from specdec_jax.checkpoints_hf import ParameterShapeError
-from specdec_jax.checkpoints_t5x import _Stored
-from specdec_jax.checkpoints_t5x import _children
-from specdec_jax.checkpoints_t5x import _flatten
-from specdec_jax.checkpoints_t5x import _is_gcs
-from specdec_jax.checkpoints_t5x import _isdir
-from specdec_jax.checkpoints_t5x import _join
-from specdec_jax.checkpoints_t5x import _open_orbax
-from specdec_jax.checkpoints_t5x import _open_t5x
-from specdec_jax.checkpoints_t5x import _place
-from specdec_jax.checkpoints_t5x import _read_bytes
-from specdec_jax.checkpoints_t5x import _unflatten
-from specdec_jax.checkpoints_t5x import _write_bytes
+from specdec_jax.checkpoints_t5x import flatten_tree
+from specdec_jax.checkpoints_t5x import is_gcs
+from specdec_jax.checkpoints_t5x import isdir
+from specdec_jax.checkpoints_t5x import join_path
+from specdec_jax.checkpoints_t5x import list_dir
+from specdec_jax.checkpoints_t5x import open_orbax
+from specdec_jax.checkpoints_t5x import open_t5x
+from specdec_jax.checkpoints_t5x import place_leaf
+from specdec_jax.checkpoints_t5x import read_bytes
 from specdec_jax.checkpoints_t5x import read_t5x
+from specdec_jax.checkpoints_t5x import StoredParams
 from specdec_jax.checkpoints_t5x import T5X_MSGPACK
 from specdec_jax.checkpoints_t5x import T5X_ORBAX_DIR
 from specdec_jax.checkpoints_t5x import T5X_VERSION
+from specdec_jax.checkpoints_t5x import unflatten_tree
+from specdec_jax.checkpoints_t5x import write_bytes
 from specdec_jax.checkpoints_t5x import write_t5x
 from specdec_jax.model import Model
 from specdec_jax.model_configs import _FAMILIES
@@ -107,7 +107,7 @@ class UnexpectedParameterError(CheckpointError):
 @functools.lru_cache(maxsize=32)
 def _expected(definition: Any) -> dict[str, jax.ShapeDtypeStruct]:
   """Name -> shape and dtype of every parameter `definition` needs."""
-  return _flatten(jax.eval_shape(definition.init_params,
+  return flatten_tree(jax.eval_shape(definition.init_params,
                                  jax.random.PRNGKey(0)))
 
 
@@ -181,32 +181,32 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
                     "given parameters rather than a Model")
   family = _family(config)
   definition = registry.make_def(config)
-  _check({n: np.shape(v) for n, v in _flatten(params).items()}, definition,
+  _check({n: np.shape(v) for n, v in flatten_tree(params).items()}, definition,
          "the parameters to save")
-  config_path = _join(directory, CONFIG_FILE)
-  if _read_bytes(config_path) is not None and not overwrite:
+  config_path = join_path(directory, CONFIG_FILE)
+  if read_bytes(config_path) is not None and not overwrite:
     raise FileExistsError(f"{config_path} exists; pass overwrite=True")
   vocab_entry, vocab_data = vocab, None
   if vocab is not None:
-    vocab_data = _read_bytes(vocab)
+    vocab_data = read_bytes(vocab)
     if vocab_data is None:
       raise CheckpointNotFoundError(f"vocabulary file not found: {vocab!r}")
     vocab_entry = VOCAB_FILE if copy_vocab else (
-        vocab if _is_gcs(vocab) else os.path.abspath(vocab))
+        vocab if is_gcs(vocab) else os.path.abspath(vocab))
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  params_dir = _join(directory, PARAMS_DIR)
-  if not _is_gcs(params_dir):
+  params_dir = join_path(directory, PARAMS_DIR)
+  if not is_gcs(params_dir):
     params_dir = os.path.abspath(params_dir)
   ocp.PyTreeCheckpointer().save(params_dir, params, force=overwrite)
   if not sharding_lib.is_primary():
     return directory
   if vocab_data is not None and copy_vocab:
-    _write_bytes(_join(directory, VOCAB_FILE), vocab_data)
+    write_bytes(join_path(directory, VOCAB_FILE), vocab_data)
   manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
               "family": family, "config": dataclasses.asdict(config),
               "vocab": vocab_entry, "vocab_extra_ids": vocab_extra_ids or 0}
   # Written last: a directory with config.json is a complete checkpoint.
-  _write_bytes(config_path, json.dumps(manifest, indent=2).encode())
+  write_bytes(config_path, json.dumps(manifest, indent=2).encode())
   return directory
 
 
@@ -217,9 +217,9 @@ def _make_vocab(path: str, extra_ids: int = 0) -> Any:
 
 
 def _read_manifest(directory: str) -> dict[str, Any]:
-  data = _read_bytes(_join(directory, CONFIG_FILE))
+  data = read_bytes(join_path(directory, CONFIG_FILE))
   if data is None:
-    if not _isdir(directory):
+    if not isdir(directory):
       raise CheckpointNotFoundError(f"checkpoint directory not found: "
                                     f"{directory!r}")
     raise CheckpointNotFoundError(
@@ -227,7 +227,7 @@ def _read_manifest(directory: str) -> dict[str, Any]:
         "(write one with checkpoints.save or scripts/convert_checkpoint.py)")
   manifest = json.loads(data)
   if manifest.get("format") != FORMAT:
-    raise CheckpointError(f"{_join(directory, CONFIG_FILE)} is not a {FORMAT} "
+    raise CheckpointError(f"{join_path(directory, CONFIG_FILE)} is not a {FORMAT} "
                           "config (no \"format\": \"specdec_jax\")")
   if manifest.get("format_version", 0) > FORMAT_VERSION:
     raise CheckpointError(
@@ -252,21 +252,21 @@ def restore(directory: str, *, mesh: jax.sharding.Mesh | None = None,
   """
   manifest = _read_manifest(directory)
   config = _config_from_fields(manifest["config"], manifest["family"],
-                               f"{_join(directory, CONFIG_FILE)}")
+                               f"{join_path(directory, CONFIG_FILE)}")
   overrides = {k: v for k, v in [("dtype", dtype),
                                   ("param_dtype", param_dtype)] if v}
   config = dataclasses.replace(config, **overrides)
   definition = registry.make_def(config)
-  params_dir = _join(directory, PARAMS_DIR)
-  if not _is_gcs(params_dir):
+  params_dir = join_path(directory, PARAMS_DIR)
+  if not is_gcs(params_dir):
     params_dir = os.path.abspath(params_dir)
-  stored = _open_orbax(params_dir, "", f"checkpoint {directory}")
+  stored = open_orbax(params_dir, "", f"checkpoint {directory}")
   params = _load_checked(stored, definition, mesh)
   vocab = None
   if manifest.get("vocab"):
     vocab_path = manifest["vocab"]
-    if not _is_gcs(vocab_path) and not os.path.isabs(vocab_path):
-      vocab_path = _join(directory, vocab_path)
+    if not is_gcs(vocab_path) and not os.path.isabs(vocab_path):
+      vocab_path = join_path(directory, vocab_path)
     vocab = _make_vocab(vocab_path, int(manifest.get("vocab_extra_ids", 0)))
   return Model(definition, params, vocab)
 
@@ -278,16 +278,16 @@ def _shardings(definition: Any, shapes: dict[str, Any],
   if mesh is None:
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     return {name: device for name in shapes}
-  return _flatten(sharding_lib.param_shardings(definition, _unflatten(shapes),
+  return flatten_tree(sharding_lib.param_shardings(definition, unflatten_tree(shapes),
                                                mesh))
 
 
-def _load_checked(stored: _Stored, definition: Any,
+def _load_checked(stored: StoredParams, definition: Any,
                   mesh: jax.sharding.Mesh | None) -> dict[str, Any]:
   """Checks names and shapes, then reads every leaf in place."""
   expected = _check(stored.shapes, definition, stored.where)
   shardings = _shardings(definition, expected, mesh)
-  return _unflatten(stored.load(
+  return unflatten_tree(stored.load(
       {n: (s.dtype, shardings[n]) for n, s in expected.items()}))
 
 
@@ -310,9 +310,9 @@ def _parse_spec(spec: str) -> tuple[str, str]:
     return prefix, rest
   if spec in registry.NAMES:
     return "random", spec
-  if _isdir(spec):
+  if isdir(spec):
     return "ours", spec
-  if _is_gcs(spec) or "/" in spec or os.sep in spec or spec.startswith("."):
+  if is_gcs(spec) or "/" in spec or os.sep in spec or spec.startswith("."):
     raise CheckpointNotFoundError(f"checkpoint directory not found: {spec!r}")
   raise SpecError(
       f"unknown config name {spec!r} (and no such directory); known config "
@@ -322,12 +322,12 @@ def _parse_spec(spec: str) -> tuple[str, str]:
 def _to_devices(params: dict[str, Any], definition: Any,
                 mesh: jax.sharding.Mesh | None) -> dict[str, Any]:
   """Moves host leaves to devices in place, so each host copy dies at once."""
-  for name, sharding in _shardings(definition, _flatten(params), mesh).items():
+  for name, sharding in _shardings(definition, flatten_tree(params), mesh).items():
     *parents, leaf = name.split("/")
     node = params
     for key in parents:
       node = node[key]
-    node[leaf] = _place(node[leaf], (None, sharding))
+    node[leaf] = place_leaf(node[leaf], (None, sharding))
   return params
 
 
@@ -375,12 +375,12 @@ def load_model(spec: str, *, config: Any = None,
     init = definition.init_params
     if mesh is not None:
       shardings = _shardings(definition, _expected(definition), mesh)
-      init = jax.jit(init, out_shardings=_unflatten(shardings))
+      init = jax.jit(init, out_shardings=unflatten_tree(shardings))
     return Model(definition, init(jax.random.PRNGKey(seed)))
   if kind == "t5x":
     model_config = dataclasses.replace(resolve_config(config), **overrides)
     definition = registry.make_def(model_config)
-    return Model(definition, _load_checked(_open_t5x(rest), definition, mesh))
+    return Model(definition, _load_checked(open_t5x(rest), definition, mesh))
   if kind == "hf":
     model_config, params = checkpoints_hf.load_t5(rest, **overrides)
     definition = registry.make_def(model_config)
@@ -388,7 +388,7 @@ def load_model(spec: str, *, config: Any = None,
   if kind == "demo":
     directory = os.path.join(DEMO_DIR, rest)
     if not os.path.isfile(os.path.join(directory, CONFIG_FILE)):
-      shipped = sorted(_children(DEMO_DIR)) if os.path.isdir(DEMO_DIR) else []
+      shipped = sorted(list_dir(DEMO_DIR)) if os.path.isdir(DEMO_DIR) else []
       raise CheckpointNotFoundError(
           f"demo model {rest!r} is not shipped: no {directory}/{CONFIG_FILE}; "
           f"shipped: {', '.join(shipped) or 'none'}")

@@ -22,7 +22,10 @@ T5X itself refuses to read, and so do we.
 
 Files are read and written through tensorstore (local paths and gs://), and
 the orbax layouts through orbax; both are imported inside the functions that
-need them, so importing this module needs only jax, flax and numpy.
+need them, so importing this module needs only jax, flax and numpy. The
+storage helpers here (`join_path`, `read_bytes`, `list_dir`, `flatten_tree`,
+`open_orbax`, `StoredParams`, ...) are also what `checkpoints.py` reads our
+own format with.
 """
 
 from __future__ import annotations
@@ -53,17 +56,17 @@ _GCS_DUMMY_BUCKET = "t5x-dummy-bucket"
 # --- Locations: a local path or gs://bucket/path, read via tensorstore. ---
 
 
-def _is_gcs(path: str) -> bool:
+def is_gcs(path: str) -> bool:
   return path.startswith("gs://")
 
 
-def _join(path: str, *names: str) -> str:
-  return (posixpath if _is_gcs(path) else os.path).join(path, *names)
+def join_path(path: str, *names: str) -> str:
+  return (posixpath if is_gcs(path) else os.path).join(path, *names)
 
 
 def _kvstore(directory: str) -> dict[str, Any]:
   """The tensorstore kvstore spec of a directory."""
-  if _is_gcs(directory):
+  if is_gcs(directory):
     bucket, _, prefix = directory[len("gs://"):].partition("/")
     prefix = prefix.strip("/")
     return {"driver": "gcs", "bucket": bucket,
@@ -73,10 +76,10 @@ def _kvstore(directory: str) -> dict[str, Any]:
 
 def _split(path: str) -> tuple[str, str]:
   path = path.rstrip("/")
-  return (posixpath if _is_gcs(path) else os.path).split(path)
+  return (posixpath if is_gcs(path) else os.path).split(path)
 
 
-def _read_bytes(path: str) -> bytes | None:
+def read_bytes(path: str) -> bytes | None:
   """The contents of a file, or None if it does not exist."""
   directory, name = _split(path)
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
@@ -85,22 +88,22 @@ def _read_bytes(path: str) -> bytes | None:
   return bytes(result.value) if result.state == "value" else None
 
 
-def _write_bytes(path: str, data: bytes) -> None:
+def write_bytes(path: str, data: bytes) -> None:
   directory, name = _split(path)
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   ts.KvStore.open(_kvstore(directory)).result().write(name, data).result()
 
 
-def _isdir(path: str) -> bool:
-  if not _is_gcs(path):
+def isdir(path: str) -> bool:
+  if not is_gcs(path):
     return os.path.isdir(path)
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   return bool(ts.KvStore.open(_kvstore(path)).result().list().result())
 
 
-def _children(path: str) -> list[str]:
+def list_dir(path: str) -> list[str]:
   """Names of the entries directly inside a directory."""
-  if not _is_gcs(path):
+  if not is_gcs(path):
     return sorted(os.listdir(path)) if os.path.isdir(path) else []
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   keys = ts.KvStore.open(_kvstore(path)).result().list().result()
@@ -115,16 +118,16 @@ def _is_ts_spec(x: Any) -> bool:
       "kvstore" in x or "path" in x)
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten_tree(tree: Any, prefix: str = "") -> dict[str, Any]:
   if not isinstance(tree, Mapping) or _is_ts_spec(tree):
     return {prefix: tree}
   flat = {}
   for key, value in tree.items():
-    flat.update(_flatten(value, f"{prefix}/{key}" if prefix else str(key)))
+    flat.update(flatten_tree(value, f"{prefix}/{key}" if prefix else str(key)))
   return flat
 
 
-def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+def unflatten_tree(flat: Mapping[str, Any]) -> dict[str, Any]:
   tree: dict[str, Any] = {}
   for name, value in flat.items():
     *parents, leaf = name.split("/")
@@ -142,7 +145,7 @@ def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
 _Placement = tuple[Any, Any]
 
 
-def _place(value: np.ndarray, placement: _Placement) -> Any:
+def place_leaf(value: np.ndarray, placement: _Placement) -> Any:
   dtype, sharding = placement
   if dtype is not None and value.dtype != dtype:
     value = value.astype(dtype)
@@ -154,7 +157,7 @@ def _place(value: np.ndarray, placement: _Placement) -> Any:
 
 
 @dataclasses.dataclass
-class _Stored:
+class StoredParams:
   """Parameters found in a checkpoint, not read yet.
 
   Attributes:
@@ -185,7 +188,7 @@ def _t5x_ts_leaf(ckpt_dir: str, name: str, spec: Mapping[str, Any]):
   # Wherever it was written (file, gfile, gcs with a dummy bucket), the
   # array now lives next to the msgpack file.
   open_spec = {"driver": spec["driver"],
-               "kvstore": _kvstore(_join(ckpt_dir, relative.rstrip("/")))}
+               "kvstore": _kvstore(join_path(ckpt_dir, relative.rstrip("/")))}
   shape = spec.get("metadata", {}).get("shape")
   if shape is None:
     shape = ts.open(open_spec, open=True).result().shape
@@ -193,8 +196,8 @@ def _t5x_ts_leaf(ckpt_dir: str, name: str, spec: Mapping[str, Any]):
   ).result()
 
 
-def _open_t5x_msgpack(ckpt_dir: str, data: bytes) -> _Stored:
-  where = f"T5X checkpoint {_join(ckpt_dir, T5X_MSGPACK)}"
+def _open_t5x_msgpack(ckpt_dir: str, data: bytes) -> StoredParams:
+  where = f"T5X checkpoint {join_path(ckpt_dir, T5X_MSGPACK)}"
   try:
     contents = flax.serialization.msgpack_restore(data)
   except Exception as e:  # msgpack raises several unrelated types
@@ -205,7 +208,7 @@ def _open_t5x_msgpack(ckpt_dir: str, data: bytes) -> _Stored:
         f"{where} has no 'target' parameters (top-level keys: "
         f"{sorted(contents)}); is it a T5X checkpoint?")
   leaves = {}
-  for name, leaf in _flatten(state["target"]).items():
+  for name, leaf in flatten_tree(state["target"]).items():
     if _is_ts_spec(leaf):
       leaves[name] = _t5x_ts_leaf(ckpt_dir, name, leaf)
     else:
@@ -217,10 +220,10 @@ def _open_t5x_msgpack(ckpt_dir: str, data: bytes) -> _Stored:
     out = {}
     for name, placement in placements.items():
       # Read, cast and place one leaf; its host copy dies with this frame.
-      out[name] = _place(np.asarray(leaves[name][1]()), placement)
+      out[name] = place_leaf(np.asarray(leaves[name][1]()), placement)
     return out
 
-  return _Stored(where, {n: s for n, (s, _) in leaves.items()}, load)
+  return StoredParams(where, {n: s for n, (s, _) in leaves.items()}, load)
 
 
 def _orbax_restore_args(dtype, sharding):
@@ -230,7 +233,7 @@ def _orbax_restore_args(dtype, sharding):
   return ocp.ArrayRestoreArgs(sharding=sharding, dtype=dtype)
 
 
-def _open_orbax(directory: str, prefix: str, where: str) -> _Stored:
+def open_orbax(directory: str, prefix: str, where: str) -> StoredParams:
   """Parameters under `prefix` ('' for all) of an orbax PyTree checkpoint."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   checkpointer = ocp.PyTreeCheckpointer()
@@ -242,41 +245,41 @@ def _open_orbax(directory: str, prefix: str, where: str) -> _Stored:
       raise CheckpointError(f"{where} has no '{prefix}' parameters (keys: "
                             f"{sorted(tree)}); is it a T5X checkpoint?")
     tree = tree[prefix]
-  leaves = _flatten(tree)
+  leaves = flatten_tree(tree)
   shapes = {n: tuple(m.shape) for n, m in leaves.items()}
 
   def load(placements):
     def wrap(t):
       return {prefix: t} if prefix else t
-    item = wrap(_unflatten({
+    item = wrap(unflatten_tree({
         n: jax.ShapeDtypeStruct(shapes[n], d or leaves[n].dtype)
         for n, (d, _) in placements.items()}))
-    args = wrap(_unflatten({n: _orbax_restore_args(*p)
+    args = wrap(unflatten_tree({n: _orbax_restore_args(*p)
                             for n, p in placements.items()}))
     restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
         item=item, restore_args=args, partial_restore=True))
-    return _flatten(restored[prefix] if prefix else restored)
+    return flatten_tree(restored[prefix] if prefix else restored)
 
-  return _Stored(where, shapes, load)
+  return StoredParams(where, shapes, load)
 
 
-def _open_t5x(path: str) -> _Stored:
+def open_t5x(path: str) -> StoredParams:
   """Finds the T5X checkpoint at `path` (a checkpoint_<step> dir or file)."""
   path = path.rstrip("/")
-  if _split(path)[1] == T5X_MSGPACK and not _isdir(path):
+  if _split(path)[1] == T5X_MSGPACK and not isdir(path):
     path = _split(path)[0]
-  if _isdir(_join(path, T5X_ORBAX_DIR)):
-    state_dir = _join(path, T5X_ORBAX_DIR)
-    return _open_orbax(state_dir, "target", f"T5X orbax checkpoint {path}")
-  if _read_bytes(_join(path, "_METADATA")) is not None:  # the state dir
-    return _open_orbax(path, "target", f"T5X orbax checkpoint {path}")
-  data = _read_bytes(_join(path, T5X_MSGPACK))
+  if isdir(join_path(path, T5X_ORBAX_DIR)):
+    state_dir = join_path(path, T5X_ORBAX_DIR)
+    return open_orbax(state_dir, "target", f"T5X orbax checkpoint {path}")
+  if read_bytes(join_path(path, "_METADATA")) is not None:  # the state dir
+    return open_orbax(path, "target", f"T5X orbax checkpoint {path}")
+  data = read_bytes(join_path(path, T5X_MSGPACK))
   if data is not None:
     return _open_t5x_msgpack(path, data)
-  if not _isdir(path):
+  if not isdir(path):
     raise CheckpointNotFoundError(f"T5X checkpoint directory not found: "
                                   f"{path!r}")
-  steps = [c for c in _children(path) if re.fullmatch(r"checkpoint_\d+", c)]
+  steps = [c for c in list_dir(path) if re.fullmatch(r"checkpoint_\d+", c)]
   hint = (f"; it holds {', '.join(steps)}: pass one of those directories"
           if steps else "")
   raise CheckpointNotFoundError(
@@ -299,8 +302,8 @@ def read_t5x(path: str) -> dict[str, Any]:
     CheckpointNotFoundError: no checkpoint at `path`.
     CheckpointError: a file that is not a T5X checkpoint.
   """
-  stored = _open_t5x(path)
-  return _unflatten(stored.load({n: (None, None) for n in stored.shapes}))
+  stored = open_t5x(path)
+  return unflatten_tree(stored.load({n: (None, None) for n in stored.shapes}))
 
 
 def _chunk_shape(shape: tuple[int, ...], itemsize: int) -> list[int]:
@@ -319,7 +322,7 @@ def _write_t5x_array(ckpt_dir: str, name: str, value: np.ndarray) -> dict:
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   relative = name.replace("/", ".")
   kvstore = ({"driver": "gcs", "bucket": _GCS_DUMMY_BUCKET, "path": relative}
-             if _is_gcs(ckpt_dir) else {"driver": "file", "path": relative})
+             if is_gcs(ckpt_dir) else {"driver": "file", "path": relative})
   spec = {"driver": "zarr", "dtype": jnp.dtype(value.dtype).name,
           "kvstore": kvstore,
           "metadata": {"compressor": {"id": "gzip"},
@@ -327,7 +330,7 @@ def _write_t5x_array(ckpt_dir: str, name: str, value: np.ndarray) -> dict:
                        "chunks": _chunk_shape(value.shape,
                                               value.dtype.itemsize)}}
   recorded = ts.Spec(spec).to_json()  # normalised, as T5X records it
-  spec = dict(spec, kvstore=_kvstore(_join(ckpt_dir, relative)))
+  spec = dict(spec, kvstore=_kvstore(join_path(ckpt_dir, relative)))
   ts.open(spec, create=True, open=True).result().write(value).result()
   return recorded
 
@@ -350,9 +353,9 @@ def write_t5x(params: Any, path: str, step: int, *, inline_below: int = 0,
   Returns:
     The checkpoint directory.
   """
-  ckpt_dir = _join(path, f"checkpoint_{step}")
-  if (_read_bytes(_join(ckpt_dir, T5X_MSGPACK)) is not None
-      or _isdir(_join(ckpt_dir, T5X_ORBAX_DIR))):
+  ckpt_dir = join_path(path, f"checkpoint_{step}")
+  if (read_bytes(join_path(ckpt_dir, T5X_MSGPACK)) is not None
+      or isdir(join_path(ckpt_dir, T5X_ORBAX_DIR))):
     raise FileExistsError(f"T5X checkpoint {ckpt_dir!r} already exists")
   host = jax.tree.map(np.asarray, params)
   state = {"step": np.int32(step)}
@@ -360,15 +363,15 @@ def write_t5x(params: Any, path: str, step: int, *, inline_below: int = 0,
     state["param_states"] = jax.tree.map(np.asarray, param_states)
   if use_orbax:
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-    ocp.PyTreeCheckpointer().save(_join(ckpt_dir, T5X_ORBAX_DIR),
+    ocp.PyTreeCheckpointer().save(join_path(ckpt_dir, T5X_ORBAX_DIR),
                                   {"target": host, "state": state})
     return ckpt_dir
 
   def write(tree, prefix):
-    return _unflatten({
+    return unflatten_tree({
         name: (value if value.nbytes < inline_below else
                _write_t5x_array(ckpt_dir, f"{prefix}/{name}", value))
-        for name, value in _flatten(tree).items()})
+        for name, value in flatten_tree(tree).items()})
 
   state_dict = {"target": write(host, "target"), "state": dict(state)}
   if param_states is not None:
@@ -377,5 +380,5 @@ def write_t5x(params: Any, path: str, step: int, *, inline_below: int = 0,
   # The msgpack file goes last: its presence marks a complete checkpoint.
   data = flax.serialization.msgpack_serialize(
       {"version": T5X_VERSION, "optimizer": state_dict})
-  _write_bytes(_join(ckpt_dir, T5X_MSGPACK), data)
+  write_bytes(join_path(ckpt_dir, T5X_MSGPACK), data)
   return ckpt_dir

@@ -38,8 +38,8 @@ def _logits(model: Model) -> np.ndarray:
 
 
 def _assert_trees_equal(a, b):
-  flat_a = checkpoints_t5x._flatten(a)
-  flat_b = checkpoints_t5x._flatten(b)
+  flat_a = checkpoints_t5x.flatten_tree(a)
+  flat_b = checkpoints_t5x.flatten_tree(b)
   assert sorted(flat_a) == sorted(flat_b)
   for name in flat_a:
     x, y = np.asarray(flat_a[name]), np.asarray(flat_b[name])
@@ -397,7 +397,7 @@ def test_import_needs_only_jax_flax_numpy(tmp_path):
       "  return [m for m in heavy if any(k == m or k.startswith(m + '.')\n"
       "                                  for k in sys.modules)]\n"
       "print(imported())\n"
-      "specdec_jax.checkpoints_t5x._read_bytes(sys.argv[1])\n"
+      "specdec_jax.checkpoints_t5x.read_bytes(sys.argv[1])\n"
       "print(imported())\n")
   result = subprocess.run(
       [sys.executable, "-c", code, str(tmp_path / "absent")], check=True,
