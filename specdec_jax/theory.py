@@ -6,7 +6,9 @@ tokens per step; c the walltime cost of one draft run over one target run;
 c_hat the same ratio in arithmetic operations.
 
 Every function takes numpy or jax arrays (broadcasting) and returns the same
-kind; Python scalars give numpy results.
+kind; Python scalars give numpy results. The exceptions are the finite-length
+forms (`expected_iterations`, `walltime_improvement_at_lengths`), which take
+Python scalars and a list of lengths and return floats.
 """
 
 from __future__ import annotations
