@@ -32,9 +32,10 @@ def argmax(logits: jax.Array) -> jax.Array:
 
   Written as a max and the first index reaching it: two plain reductions
   that XLA vectorises, where `jnp.argmax` lowers to a (value, index) pair
-  reduction that XLA on CPU runs element by element (18 us for a 4224-way
-  argmax there, a fifth of a small draft's step). A row holding a NaN gives
-  an arbitrary id (jnp.argmax gives the NaN's).
+  reduction that XLA on CPU runs element by element (`iota_reduce_fusion` in
+  `benchmarks/profile_loop.py`: 0.41 ms of a 12-token speculative decode,
+  gone with this form). A row holding a NaN gives an arbitrary id
+  (jnp.argmax gives the NaN's).
   """
   vocab = logits.shape[-1]
   best = jnp.max(logits, axis=-1, keepdims=True)

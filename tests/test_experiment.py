@@ -94,6 +94,8 @@ def test_complete_run_outputs_are_consistent(setup, tmp_path):
         theory.walltime_improvement_at_lengths(
             alpha, row["gamma"], row["c"], [len(s["tokens"]) for s in spec]))
     assert row["predicted_at_lengths"] <= row["predicted_speedup"] + 1e-9
+    # Cutting outputs at EOS can only drop tokens a call accepted.
+    assert row["tokens_per_call"] <= row["accepted_plus_one_per_call"] + 1e-9
     assert row["identical"] is True
     assert all(s["tokens"] == r["baseline"]["tokens"]
                for s, r in zip(spec, lines))
