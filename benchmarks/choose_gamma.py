@@ -20,7 +20,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 import specdec_jax as sd  # noqa: E402
-from specdec_jax import costs, data, tasks, theory  # noqa: E402
+from specdec_jax import theory  # noqa: E402
+from specdec_jax.experiments import costs  # noqa: E402
+from specdec_jax.data import batching  # noqa: E402
+from specdec_jax.data import tasks  # noqa: E402
 
 
 def main():
@@ -33,10 +36,10 @@ def main():
   args = p.parse_args()
   target = sd.load_model(args.target)
   with tasks.override_config(vocab_path=target.vocab.sentencepiece_model_file):
-    examples = data.load_examples("multi30k_ende_local", "validation",
+    examples = batching.load_examples("multi30k_ende_local", "validation",
                                   max_examples=args.examples)
-  batches = list(data.batches(examples, batch_size=32, max_length=128))
-  one = next(data.batches(examples[:1], batch_size=1, max_length=128))
+  batches = list(batching.batches(examples, batch_size=32, max_length=128))
+  one = next(batching.batches(examples[:1], batch_size=1, max_length=128))
   for spec in args.drafts.split(","):
     draft = sd.load_model(spec)
     alphas = {}

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 import specdec_jax as sd  # noqa: E402
-from specdec_jax import tasks  # noqa: E402
+from specdec_jax.data import tasks  # noqa: E402
 
 
 def main():

@@ -28,7 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from specdec_jax import Model, theory  # noqa: E402
-from specdec_jax import costs  # noqa: E402
+from specdec_jax.experiments import costs  # noqa: E402
 from specdec_jax.models import registry  # noqa: E402
 
 PAPER_ALPHA = {"t5_1_1_small": 0.75, "t5_1_1_base": 0.80, "t5_1_1_large": 0.82}

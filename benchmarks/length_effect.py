@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import logging  # noqa: E402
 
-from specdec_jax import demo  # noqa: E402
+from specdec_jax.experiments import demo  # noqa: E402
 from specdec_jax import theory  # noqa: E402
 
 _SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",

@@ -15,7 +15,7 @@ input (`prefill`, timed on its own: the target's for the baseline, target's
 and draft's for speculative decoding), a fixed cost Theorem 3.8 leaves out.
 What remains is divided by the number of target calls: one speculative
 iteration = gamma draft steps + one verification of gamma + 1 tokens (both
-timed in isolation by `specdec_jax.costs`) + the rest (sampling, acceptance,
+timed in isolation by `specdec_jax.experiments.costs`) + the rest (sampling, acceptance,
 cache and buffer updates inside the while_loop, per-call host work); and one
 plain step for comparison. Because every call also pays fixed costs beyond
 the prefill (setup, dispatch, fetching results) which that average spreads
@@ -35,7 +35,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import specdec_jax as sd  # noqa: E402
-from specdec_jax import costs, theory  # noqa: E402
+from specdec_jax import theory  # noqa: E402
+from specdec_jax.experiments import costs  # noqa: E402
 
 
 def _inputs(model, batch, length, seed=0):

@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec_jax import costs  # noqa: E402
-from specdec_jax.model import Model  # noqa: E402
+from specdec_jax.experiments import costs  # noqa: E402
+from specdec_jax.decoding.protocol import Model  # noqa: E402
 from specdec_jax.models.t5 import T5Config, T5Def  # noqa: E402
 
 

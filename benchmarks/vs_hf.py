@@ -10,7 +10,7 @@ Both libraries load the SAME checkpoints, as Hugging Face directories:
   --target=SPEC / --draft=SPEC: any of our model specs (`load_model`: e.g.
     the trained demo models `demo:target`, `demo:draft_base`, or a config
     name for random weights), exported to a temporary directory with
-    `checkpoints_hf.save_t5`;
+    `checkpoints.hf.save_t5`;
   --target_hf=DIR / --draft_hf=DIR: existing HF T5 directories;
   neither: a random T5 v1.1-small-shaped target, 77M parameters, and a
     random 2-layer draft written here with `save_pretrained`.
@@ -101,12 +101,12 @@ def _worker_export(args):
   """Exports --target/--draft as HF directories; sentence inputs if a vocab."""
   sys.path.insert(0, REPO)
   import specdec_jax as sd  # pylint: disable=g-import-not-at-top
-  from specdec_jax import checkpoints_hf  # pylint: disable=g-import-not-at-top
+  from specdec_jax.checkpoints import hf  # pylint: disable=g-import-not-at-top
   for role in ("target", "draft"):
     spec = getattr(args, role)
     if spec:
       model = sd.load_model(spec)
-      checkpoints_hf.save_t5(model, os.path.join(args.io, role))
+      hf.save_t5(model, os.path.join(args.io, role))
       if role == "target" and model.vocab is not None:
         _save_rows(args.io, _sentence_rows(model.vocab, args.examples))
 

@@ -22,7 +22,7 @@ from absl import app
 from absl import flags
 
 from specdec_jax import checkpoints
-from specdec_jax import checkpoints_hf
+from specdec_jax.checkpoints import hf
 
 _INPUT = flags.DEFINE_string(
     "input", None, "hf:DIR or t5x:PATH (a checkpoint_<step> directory).",
@@ -52,7 +52,7 @@ def main(argv):
                            "export holds the weights and config only.")
     model = checkpoints.load_model(_INPUT.value, config=_CONFIG.value,
                                    param_dtype=_PARAM_DTYPE.value)
-    output = checkpoints_hf.save_t5(model, _OUTPUT.value,
+    output = hf.save_t5(model, _OUTPUT.value,
                                     overwrite=_OVERWRITE.value)
   else:
     output = checkpoints.convert(

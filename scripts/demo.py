@@ -4,7 +4,7 @@ r"""The main job on its embedded default: `make demo`.
       [--gin.demo.DemoConfig.max_examples=5]
 
 Runs the scaled Table 2 EnDe rows with the shipped demo models and prints
-the table; see specdec_jax/demo.py and configs/demo.gin.
+the table; see specdec_jax/experiments/demo.py and configs/demo.gin.
 """
 
 import os
@@ -12,22 +12,22 @@ import os
 from absl import flags
 import gin
 
-from specdec_jax import demo
-from specdec_jax import gin_utils
+from specdec_jax.experiments import demo
+from specdec_jax.experiments import gin_flags
 
 _WORKDIR = flags.DEFINE_string("workdir", "results/demo", "Output directory.")
 
 
 def main(argv):
   del argv
-  gin_utils.parse(flags.FLAGS.gin_file or ["demo.gin"],
+  gin_flags.parse(flags.FLAGS.gin_file or ["demo.gin"],
                   flags.FLAGS.gin_bindings)
   config = gin.get_configurable(demo.DemoConfig)()
-  gin_utils.write_config(_WORKDIR.value)
+  gin_flags.write_config(_WORKDIR.value)
   demo.run(config, _WORKDIR.value)
   print(open(os.path.join(_WORKDIR.value, "table.md")).read())
   print(f"Results, plots and traces: {_WORKDIR.value}/")
 
 
 if __name__ == "__main__":
-  gin_utils.run(main)
+  gin_flags.run(main)

@@ -13,9 +13,9 @@ import os
 
 from absl import flags
 
-from specdec_jax import gin_utils
-from specdec_jax import reproduce
-from specdec_jax import tasks  # noqa: F401  (registers tasks and TaskConfig)
+from specdec_jax.experiments import gin_flags
+from specdec_jax.experiments import reproduce
+from specdec_jax.data import tasks  # noqa: F401  (registers tasks and TaskConfig)
 
 _EXPERIMENTS = flags.DEFINE_multi_string(
     "experiments", [], "Experiment gin files or globs (relative paths are "
@@ -30,7 +30,7 @@ def main(argv):
   del argv
   if not _ASSEMBLE_ONLY.value:
     files = reproduce.experiment_files(_EXPERIMENTS.value,
-                                       gin_utils.CONFIGS_DIR)
+                                       gin_flags.CONFIGS_DIR)
     reproduce.run_configs(files, _WORKDIR.value, flags.FLAGS.gin_file,
                           flags.FLAGS.gin_bindings)
   tables = reproduce.assemble(_WORKDIR.value)
@@ -39,4 +39,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  gin_utils.run(main)
+  gin_flags.run(main)

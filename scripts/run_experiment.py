@@ -6,16 +6,16 @@ r"""Runs one speculative decoding experiment from gin configs.
     --workdir=/tmp/ende_small_t0
 
 Writes examples.jsonl (resumable), summary.json, table.md/.csv and plots to
-the workdir; see specdec_jax/experiment.py.
+the workdir; see specdec_jax/experiments/experiment.py.
 """
 
 from absl import flags
 from absl import logging
 import gin
 
-from specdec_jax import experiment
-from specdec_jax import gin_utils
-from specdec_jax import tasks  # noqa: F401  (registers tasks and TaskConfig)
+from specdec_jax.experiments import experiment
+from specdec_jax.experiments import gin_flags
+from specdec_jax.data import tasks  # noqa: F401  (registers tasks and TaskConfig)
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.",
                                required=True)
@@ -23,11 +23,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.",
 
 def main(argv):
   del argv
-  gin_utils.parse(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
+  gin_flags.parse(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
   config = gin.get_configurable(experiment.ExperimentConfig)()
-  gin_utils.write_config(_WORKDIR.value)
+  gin_flags.write_config(_WORKDIR.value)
   summary = experiment.run(config, _WORKDIR.value)
-  gin_utils.write_operative_config(_WORKDIR.value)
+  gin_flags.write_operative_config(_WORKDIR.value)
   logging.info("alpha=%.3f c=%.4f speedup=%.2fx (Theorem 3.8 predicts %.2fx)",
                summary["alpha"], summary["c"], summary["speedup"],
                summary["predicted_speedup"])
@@ -35,4 +35,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  gin_utils.run(main)
+  gin_flags.run(main)

@@ -19,8 +19,8 @@ from absl import logging
 import gin
 import jax
 
-from specdec_jax import gin_utils
-from specdec_jax import train
+from specdec_jax.experiments import gin_flags
+from specdec_jax.training import train
 
 _WORKDIR = flags.DEFINE_string("workdir", None,
                                "Overrides TrainConfig.workdir.")
@@ -34,16 +34,16 @@ def main(argv):
   if _CACHE_DIR.value:
     jax.config.update("jax_compilation_cache_dir", _CACHE_DIR.value)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-  gin_utils.parse(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
+  gin_flags.parse(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
   config = gin.get_configurable(train.TrainConfig)()
   if _WORKDIR.value:
     config = dataclasses.replace(config, workdir=_WORKDIR.value)
   config.check()
-  gin_utils.write_config(config.workdir)
+  gin_flags.write_config(config.workdir)
   result = train.train(config)
   logging.info("final metrics: %s", result)
   sys.exit(1 if result.get("stopped") else 0)
 
 
 if __name__ == "__main__":
-  gin_utils.run(main)
+  gin_flags.run(main)

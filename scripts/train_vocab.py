@@ -13,8 +13,8 @@ import os
 from absl import app
 from absl import flags
 
-from specdec_jax import tasks
-from specdec_jax import vocab_training
+from specdec_jax.data import tasks
+from specdec_jax.data import vocabularies
 
 _DATA = str(tasks.default_local_data_dir())
 _SOURCE_FILES = flags.DEFINE_list(
@@ -34,7 +34,7 @@ _OUTPUT_PREFIX = flags.DEFINE_string(
 
 def main(argv):
   del argv
-  path = vocab_training.train_vocab(
+  path = vocabularies.train_vocab(
       _SOURCE_FILES.value + _TARGET_FILES.value, _OUTPUT_PREFIX.value,
       vocab_size=_VOCAB_SIZE.value,
       line_prefixes={f: _SOURCE_PREFIX.value for f in _SOURCE_FILES.value})

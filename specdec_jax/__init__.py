@@ -11,7 +11,7 @@ from specdec_jax.checkpoints import load_model
 from specdec_jax.decoding.api import DecodeResult
 from specdec_jax.decoding.api import generate
 from specdec_jax.decoding.api import speculative_generate
-from specdec_jax.model import Model
+from specdec_jax.decoding.protocol import Model
 from specdec_jax.sharding import make_mesh
 
 __version__ = "0.1.0"

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
-from specdec_jax import checkpoints_hf
-from specdec_jax import checkpoints_t5x
+from specdec_jax.checkpoints import hf
+from specdec_jax.checkpoints import native
+from specdec_jax.checkpoints import t5x
 from specdec_jax import sharding
-from specdec_jax.model import Model
+from specdec_jax.decoding.protocol import Model
 from specdec_jax.models import registry
 
 GIN_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "configs",
@@ -38,8 +39,8 @@ def _logits(model: Model) -> np.ndarray:
 
 
 def _assert_trees_equal(a, b):
-  flat_a = checkpoints_t5x.flatten_tree(a)
-  flat_b = checkpoints_t5x.flatten_tree(b)
+  flat_a = t5x.flatten_tree(a)
+  flat_b = t5x.flatten_tree(b)
   assert sorted(flat_a) == sorted(flat_b)
   for name in flat_a:
     x, y = np.asarray(flat_a[name]), np.asarray(flat_b[name])
@@ -115,7 +116,7 @@ def test_t5x_msgpack_has_t5x_structure(t5x_dir):
 def test_t5x_multi_chunk_arrays(tiny, tmp_path, monkeypatch):
   """Arrays split over several zarr chunks read back exactly."""
   # Patched where write_t5x reads it; checkpoints only re-exports it.
-  monkeypatch.setattr(checkpoints_t5x, "_CHUNK_BYTES", 1024)
+  monkeypatch.setattr(t5x, "_CHUNK_BYTES", 1024)
   path = checkpoints.write_t5x(tiny.params, str(tmp_path), 1)
   emb = os.path.join(path, "target.token_embedder.embedding")
   assert len([f for f in os.listdir(emb) if not f.startswith(".")]) > 1
@@ -155,7 +156,7 @@ def test_save_restore_gpt_and_vocab(tmp_path, monkeypatch):
   vocab.write_bytes(b"not really sentencepiece")
   directory = checkpoints.save(model, str(tmp_path / "gpt"), vocab=str(vocab))
   assert (tmp_path / "gpt" / "vocab.model").read_bytes() == vocab.read_bytes()
-  monkeypatch.setattr(checkpoints, "_make_vocab", lambda path, extra_ids=0: ("vocab", path))
+  monkeypatch.setattr(native, "_make_vocab", lambda path, extra_ids=0: ("vocab", path))
   restored = checkpoints.load_model(directory)
   assert restored.vocab == ("vocab", os.path.join(directory, "vocab.model"))
   assert restored.config == model.config
@@ -196,7 +197,7 @@ def test_load_ours_and_demo(tiny, tmp_path, monkeypatch):
   directory = checkpoints.save(tiny, str(tmp_path / "demo" / "tiny"))
   np.testing.assert_array_equal(
       _logits(checkpoints.load_model(directory)), _logits(tiny))
-  monkeypatch.setattr(checkpoints, "DEMO_DIR", str(tmp_path / "demo"))
+  monkeypatch.setattr(native, "DEMO_DIR", str(tmp_path / "demo"))
   np.testing.assert_array_equal(
       _logits(checkpoints.load_model("demo:tiny")), _logits(tiny))
   with pytest.raises(FileNotFoundError,
@@ -205,10 +206,10 @@ def test_load_ours_and_demo(tiny, tmp_path, monkeypatch):
 
 
 def test_load_hf():
-  """hf:DIR gives the parameters of checkpoints_hf.load_t5, on devices."""
+  """hf:DIR gives the parameters of hf.load_t5, on devices."""
   if not os.path.isdir(HF_DIR):
     pytest.skip("tests/testdata/hf_t5_v1_1 not present")
-  config, params = checkpoints_hf.load_t5(HF_DIR)
+  config, params = hf.load_t5(HF_DIR)
   model = checkpoints.load_model("hf:" + HF_DIR)
   assert model.config == config
   _assert_trees_equal(jax.tree.map(np.asarray, model.params), params)
@@ -390,14 +391,14 @@ def test_import_needs_only_jax_flax_numpy(tmp_path):
       "import sys\n"
       "import specdec_jax\n"
       "import specdec_jax.checkpoints\n"
-      "import specdec_jax.checkpoints_t5x\n"
-      "import specdec_jax.model_configs\n"
+      "import specdec_jax.checkpoints.t5x\n"
+      "import specdec_jax.checkpoints.configs\n"
       f"heavy = {_LAZY_MODULES!r}\n"
       "def imported():\n"
       "  return [m for m in heavy if any(k == m or k.startswith(m + '.')\n"
       "                                  for k in sys.modules)]\n"
       "print(imported())\n"
-      "specdec_jax.checkpoints_t5x.read_bytes(sys.argv[1])\n"
+      "specdec_jax.checkpoints.t5x.read_bytes(sys.argv[1])\n"
       "print(imported())\n")
   result = subprocess.run(
       [sys.executable, "-c", code, str(tmp_path / "absent")], check=True,

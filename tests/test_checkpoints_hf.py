@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from specdec_jax import checkpoints_hf
+from specdec_jax.checkpoints import hf
 from specdec_jax.models import t5
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -77,7 +77,7 @@ def _edit_config(path, **changes):
 def test_logits_match_hf(name):
   """Encoder outputs and teacher-forced logits equal HF's within 1e-4."""
   ref = _reference(name)
-  config, params = checkpoints_hf.load_t5(_fixture(name))
+  config, params = hf.load_t5(_fixture(name))
   definition = t5.T5Def(config)
   encoded = np.asarray(jax.jit(definition.encode)(params, ref["input_ids"]))
   real = ref["input_ids"] > 0
@@ -93,7 +93,7 @@ def test_logits_match_hf(name):
 def test_greedy_generation_matches_hf(name):
   """Greedy decoding via prefill/extend equals HF generate token for token."""
   ref = _reference(name)
-  config, params = checkpoints_hf.load_t5(_fixture(name))
+  config, params = hf.load_t5(_fixture(name))
   expected = ref["generated"]
   ours = _greedy(t5.T5Def(config), params, ref["input_ids"], 12)
   # HF stops once every row has finished; we always run 12 steps.
@@ -107,7 +107,7 @@ def test_greedy_generation_matches_hf(name):
                                        ("hf_t5_v1_1_tf5", False)])
 def test_tie_conventions(name, tied):
   """v1.0 (either config style) is tied and scaled; v1.1 is untied."""
-  config, params = checkpoints_hf.load_t5(_fixture(name))
+  config, params = hf.load_t5(_fixture(name))
   assert config.logits_via_embedding == tied
   assert ("logits_dense" in params["decoder"]) == (not tied)
   weights = load_file(os.path.join(_fixture(name), "model.safetensors"))
@@ -128,7 +128,7 @@ def test_untied_but_scaled_folds_the_scale(tmp_path):
   path = _copy("hf_t5_v1_1", tmp_path)
   _edit_config(path, tie_word_embeddings=True)
   ref = _reference("hf_t5_v1_1")
-  config, params = checkpoints_hf.load_t5(str(path))
+  config, params = hf.load_t5(str(path))
   assert not config.logits_via_embedding
   logits = t5.T5Def(config).forward(params, ref["input_ids"],
                                     ref["decoder_input_ids"])
@@ -140,7 +140,7 @@ def test_tied_but_unscaled_copies_the_embedding(tmp_path):
   path = _copy("hf_t5_v1_0", tmp_path)
   _edit_config(path, tie_word_embeddings=False)
   ref = _reference("hf_t5_v1_0")
-  config, params = checkpoints_hf.load_t5(str(path))
+  config, params = hf.load_t5(str(path))
   assert not config.logits_via_embedding
   np.testing.assert_array_equal(params["decoder"]["logits_dense"]["kernel"],
                                 params["token_embedder"]["embedding"].T)
@@ -162,14 +162,14 @@ def test_sharded_safetensors_load_like_a_single_file(tmp_path):
     weight_map.update({n: shard for n in part})
   with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
     json.dump({"metadata": {}, "weight_map": weight_map}, f)
-  _, sharded = checkpoints_hf.load_t5(str(path))
-  _, single = checkpoints_hf.load_t5(_fixture("hf_t5_v1_1"))
+  _, sharded = hf.load_t5(str(path))
+  _, single = hf.load_t5(_fixture("hf_t5_v1_1"))
   jax.tree.map(np.testing.assert_array_equal, sharded, single)
 
 
 def test_bfloat16_parameters():
   """param_dtype='bfloat16' converts every tensor while loading."""
-  config, params = checkpoints_hf.load_t5(
+  config, params = hf.load_t5(
       _fixture("hf_t5_v1_1"), dtype="bfloat16", param_dtype="bfloat16")
   assert config.dtype == "bfloat16"
   assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype("bfloat16")}
@@ -178,13 +178,13 @@ def test_bfloat16_parameters():
 def test_missing_directory_config_and_weights(tmp_path):
   """Missing files raise FileNotFoundError naming what is missing."""
   with pytest.raises(FileNotFoundError, match="directory not found"):
-    checkpoints_hf.load_t5(str(tmp_path / "nowhere"))
+    hf.load_t5(str(tmp_path / "nowhere"))
   with pytest.raises(FileNotFoundError, match="missing config.json"):
-    checkpoints_hf.load_t5(str(tmp_path))
+    hf.load_t5(str(tmp_path))
   path = _copy("hf_t5_v1_0", tmp_path)
   os.remove(os.path.join(path, "model.safetensors"))
   with pytest.raises(FileNotFoundError, match="expected model.safetensors"):
-    checkpoints_hf.load_t5(str(path))
+    hf.load_t5(str(path))
 
 
 def test_unknown_architecture(tmp_path):
@@ -194,11 +194,11 @@ def test_unknown_architecture(tmp_path):
                architectures=["BartForConditionalGeneration"])
   with pytest.raises(ValueError,
                      match="model_type='bart'.*only model_type 't5'"):
-    checkpoints_hf.load_t5(str(path))
+    hf.load_t5(str(path))
   _edit_config(path, model_type="t5", architectures=["T5EncoderModel"])
-  with pytest.raises(checkpoints_hf.UnsupportedCheckpointError,
+  with pytest.raises(hf.UnsupportedCheckpointError,
                      match="T5EncoderModel"):
-    checkpoints_hf.load_t5(str(path))
+    hf.load_t5(str(path))
 
 
 def test_wrong_shape_names_the_parameter(tmp_path):
@@ -209,8 +209,8 @@ def test_wrong_shape_names_the_parameter(tmp_path):
   name = "decoder.block.1.layer.1.EncDecAttention.k.weight"
   weights[name] = np.zeros((16, 32), np.float32)
   save_file(weights, file)
-  with pytest.raises(checkpoints_hf.ParameterShapeError) as e:
-    checkpoints_hf.load_t5(str(path))
+  with pytest.raises(hf.ParameterShapeError) as e:
+    hf.load_t5(str(path))
   message = str(e.value)
   assert name in message and "(16, 32)" in message and "(32, 32)" in message
   assert "decoder/layers_1/encoder_decoder_attention/key/kernel" in message
@@ -224,9 +224,9 @@ def test_missing_parameter_names_it(tmp_path):
   del weights["encoder.block.0.layer.1.DenseReluDense.wi_1.weight"]
   save_file(weights, file)
   with pytest.raises(
-      checkpoints_hf.MissingParameterError,
+      hf.MissingParameterError,
       match=r"encoder\.block\.0\.layer\.1\.DenseReluDense\.wi_1"):
-    checkpoints_hf.load_t5(str(path))
+    hf.load_t5(str(path))
 
 
 def test_pytorch_bin_without_torch_names_the_install(tmp_path):
@@ -240,7 +240,7 @@ def test_pytorch_bin_without_torch_names_the_install(tmp_path):
   os.remove(os.path.join(path, "model.safetensors"))
   (path / "pytorch_model.bin").write_bytes(b"not read")
   with pytest.raises(ImportError, match=r"pip install -e '\.\[hf\]'"):
-    checkpoints_hf.load_t5(str(path))
+    hf.load_t5(str(path))
 
 
 @pytest.mark.parametrize("v1_1", [False, True])
@@ -274,7 +274,7 @@ def test_live_against_transformers(tmp_path, v1_1):
   shutil.copy(tmp_path / "st" / "config.json", tmp_path / "bin")
   torch.save(model.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
   for sub in ("st", "bin"):
-    config, params = checkpoints_hf.load_t5(str(tmp_path / sub))
+    config, params = hf.load_t5(str(tmp_path / sub))
     assert config.num_decoder_layers == 3
     logits = t5.T5Def(config).forward(params, input_ids.astype(np.int32),
                                       decoder_ids.astype(np.int32))
@@ -304,8 +304,8 @@ def test_save_t5_round_trip(tmp_path, name, tied):
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
   model = checkpoints.load_model(name, seed=3)
   path = str(tmp_path / name)
-  assert checkpoints_hf.save_t5(model, path) == path
-  config, params = checkpoints_hf.load_t5(path)
+  assert hf.save_t5(model, path) == path
+  config, params = hf.load_t5(path)
   assert config == model.config
   _assert_same_params(params, model.params)
   again = checkpoints.load_model(f"hf:{path}")
@@ -313,12 +313,12 @@ def test_save_t5_round_trip(tmp_path, name, tied):
   _assert_same_params(again.params, model.params)
 
   with open(os.path.join(path, "config.json")) as f:
-    hf = json.load(f)
-  assert hf["tie_word_embeddings"] is tied
-  assert hf["scale_decoder_outputs"] is tied
-  assert hf["feed_forward_proj"] == ("relu" if tied else "gated-gelu")
-  assert (hf["decoder_start_token_id"], hf["pad_token_id"],
-          hf["eos_token_id"]) == (0, 0, 1)
+    hf_config = json.load(f)
+  assert hf_config["tie_word_embeddings"] is tied
+  assert hf_config["scale_decoder_outputs"] is tied
+  assert hf_config["feed_forward_proj"] == ("relu" if tied else "gated-gelu")
+  assert (hf_config["decoder_start_token_id"], hf_config["pad_token_id"],
+          hf_config["eos_token_id"]) == (0, 0, 1)
   weights = load_file(os.path.join(path, "model.safetensors"))
   assert ("lm_head.weight" in weights) == (not tied)
   # Relative attention bias only in block 0, [R, N] as HF holds it.
@@ -336,10 +336,10 @@ def test_save_t5_round_trip_bfloat16(tmp_path):
   """bfloat16 parameters are written as bfloat16 and read back unchanged."""
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
   model = checkpoints.load_model("t5_1_1_tiny", param_dtype="bfloat16")
-  checkpoints_hf.save_t5(model, str(tmp_path))
+  hf.save_t5(model, str(tmp_path))
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["dtype"] == "bfloat16"
-  config, params = checkpoints_hf.load_t5(
+  config, params = hf.load_t5(
       str(tmp_path), dtype=model.config.dtype, param_dtype="bfloat16")
   assert config == model.config
   _assert_same_params(params, model.params)
@@ -350,12 +350,12 @@ def test_save_t5_refuses_other_models_and_overwriting(tmp_path):
   unless overwrite=True."""
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
   with pytest.raises(TypeError, match="T5 models only.*GPTConfig"):
-    checkpoints_hf.save_t5(checkpoints.load_model("gpt_tiny"), str(tmp_path))
+    hf.save_t5(checkpoints.load_model("gpt_tiny"), str(tmp_path))
   model = checkpoints.load_model("t5_tiny")
-  checkpoints_hf.save_t5(model, str(tmp_path))
+  hf.save_t5(model, str(tmp_path))
   with pytest.raises(FileExistsError, match="overwrite=True"):
-    checkpoints_hf.save_t5(model, str(tmp_path))
-  checkpoints_hf.save_t5(model, str(tmp_path), overwrite=True)
+    hf.save_t5(model, str(tmp_path))
+  hf.save_t5(model, str(tmp_path), overwrite=True)
 
 
 @pytest.mark.parametrize("spec", ["demo:draft_small", "t5_1_1_tiny"])
@@ -370,8 +370,8 @@ def test_save_t5_live_against_transformers(tmp_path, spec):
   transformers = pytest.importorskip("transformers")
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
   model = checkpoints.load_model(spec, seed=5)
-  checkpoints_hf.save_t5(model, str(tmp_path))
-  hf = transformers.T5ForConditionalGeneration.from_pretrained(
+  hf.save_t5(model, str(tmp_path))
+  reference = transformers.T5ForConditionalGeneration.from_pretrained(
       str(tmp_path)).eval()
   vocab = model.config.vocab_size
   rng = np.random.default_rng(0)
@@ -381,7 +381,7 @@ def test_save_t5_live_against_transformers(tmp_path, spec):
   decoder_ids = np.concatenate([np.zeros((2, 1), np.int64),
                                 rng.integers(3, vocab, (2, 5))], 1)
   with torch.no_grad():
-    expected = hf(input_ids=torch.tensor(input_ids),
+    expected = reference(input_ids=torch.tensor(input_ids),
                   attention_mask=torch.tensor(input_ids != 0),
                   decoder_input_ids=torch.tensor(decoder_ids)).logits
   logits = model.definition.forward(model.params, input_ids.astype(np.int32),

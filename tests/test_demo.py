@@ -1,4 +1,4 @@
-"""Tests for the shipped demo models and `make demo` (specdec_jax.demo).
+"""Tests for the shipped demo models and `make demo` (specdec_jax.experiments.demo).
 
 Invariants: the four shipped models load from the package alone and keep
 speculative decoding exact (greedy output identical to the target's); their
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
-from specdec_jax import costs
-from specdec_jax import demo
+from specdec_jax.experiments import costs
+from specdec_jax.experiments import demo
 from specdec_jax import generate
-from specdec_jax import gin_utils
+from specdec_jax.experiments import gin_flags
 from specdec_jax import load_model
 from specdec_jax import speculative_generate
 
@@ -86,7 +86,7 @@ def test_sizes_keep_the_ratios_and_the_budget(models):
 def test_demo_gin_config_parses():
   """configs/demo.gin binds every row of the demo."""
   gin.clear_config()
-  gin_utils.parse(["demo.gin"], [])
+  gin_flags.parse(["demo.gin"], [])
   config = gin.get_configurable(demo.DemoConfig)()
   gin.clear_config()
   assert [d for d, _ in config.drafts] == [f"demo:{n}" for n in NAMES[1:]]

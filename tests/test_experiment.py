@@ -1,4 +1,4 @@
-"""Tests for specdec_jax.experiment / report / reproduce and the scripts.
+"""Tests for specdec_jax.experiments.experiment / report / reproduce and the scripts.
 
 A complete run on tiny random T5s over a few local examples must produce
 every output with numbers that agree with each other; a run killed midway
@@ -18,9 +18,9 @@ import pytest
 
 from specdec_jax import Model
 from specdec_jax import checkpoints
-from specdec_jax import experiment
-from specdec_jax import reproduce
-from specdec_jax import tasks
+from specdec_jax.experiments import experiment
+from specdec_jax.experiments import reproduce
+from specdec_jax.data import tasks
 from specdec_jax import theory
 from specdec_jax.models import registry
 
@@ -232,7 +232,7 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
   gin_file = tmp_path / "exp.gin"
   gin_file.write_text(
       "from __gin__ import dynamic_registration\n"
-      "from specdec_jax import experiment\n"
+      "from specdec_jax.experiments import experiment\n"
       "experiment.ExperimentConfig:\n"
       "  task = 'wmt14_ende_local'\n"
       f"  target = '{models['target']}'\n"
@@ -312,14 +312,14 @@ def test_ngram_draft_for_decoder_only_target_learns_across_the_prompt(
   (decoder_only): a bigram that only occurs from the prompt's last token into
   the continuation gets most of its row's mass, where a T5-style fit on the
   targets alone (the negative control) leaves it at the smoothing floor."""
-  from specdec_jax import data  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import batching  # pylint: disable=g-import-not-at-top
   from specdec_jax.decoding import ngram  # pylint: disable=g-import-not-at-top
   _, task_config = lm_setup
   target = checkpoints.load_model("gpt_tiny")
   with tasks.override_config(**task_config):
     draft = experiment.fit_ngram_draft(_lm_config(), target)
     unigram = experiment.fit_ngram_draft(_lm_config(draft="unigram"), target)
-    examples = data.load_examples("lm1b_local", "train")
+    examples = batching.load_examples("lm1b_local", "train")
   assert draft.definition.decoder_only and draft.definition.order == 2
   assert unigram.definition.decoder_only and unigram.definition.order == 1
   pairs = {(int(e.inputs[-1]), int(e.targets[0])) for e in examples}
@@ -422,9 +422,9 @@ _CONFIGS = os.path.join(REPO, "configs")
 
 def _parse(gin_file):
   import gin  # pylint: disable=g-import-not-at-top
-  from specdec_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import gin_flags  # pylint: disable=g-import-not-at-top
   gin.clear_config()
-  gin_utils.parse([gin_file], [])
+  gin_flags.parse([gin_file], [])
 
 
 def test_every_experiment_config_parses_and_validates_but_placeholders():
@@ -469,7 +469,7 @@ def test_lm1b_training_configs(name, model):
   the 100 extra ids, and length buckets that hold a whole prompt +
   continuation row (64 + 128 tokens)."""
   import gin  # pylint: disable=g-import-not-at-top
-  from specdec_jax import train  # pylint: disable=g-import-not-at-top
+  from specdec_jax.training import train  # pylint: disable=g-import-not-at-top
   try:
     _parse(os.path.join(_CONFIGS, "training", f"{name}.gin"))
     config = gin.get_configurable(train.TrainConfig)()

@@ -1,10 +1,10 @@
-"""Tests for specdec_jax.metrics on small cases worked out by hand."""
+"""Tests for specdec_jax.data.metrics on small cases worked out by hand."""
 
 import math
 
 import pytest
 
-from specdec_jax import metrics
+from specdec_jax.data import metrics
 
 REF = "the cat sat on the mat"
 

@@ -1,4 +1,4 @@
-"""Tests for specdec_jax.tasks and the task-backed half of specdec_jax.data.
+"""Tests for specdec_jax.data.tasks and the task-backed half of specdec_jax.data.batching.
 
 Offline throughout: the TFDS tasks are exercised by running their
 preprocessors on in-memory datasets with the TFDS features, the local tasks on
@@ -22,8 +22,8 @@ import sentencepiece as spm
 import seqio
 import tensorflow as tf
 
-from specdec_jax import data
-from specdec_jax import tasks
+from specdec_jax.data import batching
+from specdec_jax.data import tasks
 
 SHARED = Path(os.environ.get("SPECDEC_SHARED_DATA")
               or Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -117,7 +117,7 @@ def test_unprepared_tfds_data_says_how_to_prepare_it(tmp_path, tiny_vocab,
   with tasks.override_config(vocab_path=tiny_vocab,
                              tfds_data_dir=str(tmp_path)):
     with pytest.raises(tasks.TfdsNotPreparedError) as info:
-      data.load_examples(name, "test")
+      batching.load_examples(name, "test")
   message = str(info.value)
   assert f"tfds build {tfds_name} --data_dir={tmp_path}" in message
   assert "TaskConfig.tfds_data_dir" in message and repr(local) in message
@@ -178,11 +178,11 @@ def test_lm1b_local_task_splits_prompt_and_continuation(tmp_path,
   path.write_text("\n".join(lines) + "\n", "utf-8")
   with tasks.override_config(vocab_path=tiny_vocab,
                              lm1b_files={"test": str(path)}):
-    examples = data.load_examples(tasks.LM1B_LOCAL, "test")
+    examples = batching.load_examples(tasks.LM1B_LOCAL, "test")
     vocab = tasks.get_vocabulary()
-    (batch,) = data.iterate_examples(tasks.LM1B_LOCAL, "test", batch_size=4)
+    (batch,) = batching.iterate_examples(tasks.LM1B_LOCAL, "test", batch_size=4)
     with tasks.override_config(lm1b_prompt_words=2):
-      (two,) = data.load_examples(tasks.LM1B_LOCAL, "test", max_examples=1)
+      (two,) = batching.load_examples(tasks.LM1B_LOCAL, "test", max_examples=1)
     for e, line in zip(examples, [lines[0], lines[1], lines[3], lines[4]]):
       assert vocab.decode(e.inputs.tolist()) == e.inputs_text
       whole = np.concatenate([e.inputs, e.targets[:-1]]).tolist()
@@ -209,13 +209,13 @@ def test_lm1b_local_needs_configuring(tmp_path, tiny_vocab):
   make; a prompt of no words is refused with the setting to fix."""
   with tasks.override_config(vocab_path=tiny_vocab):
     with pytest.raises(ValueError, match="TaskConfig.lm1b_files"):
-      data.load_examples(tasks.LM1B_LOCAL, "test")
+      batching.load_examples(tasks.LM1B_LOCAL, "test")
     path = tmp_path / "s.txt"
     path.write_text("a b c\n", "utf-8")
     with tasks.override_config(lm1b_files={"train": str(path)},
                                lm1b_prompt_words=0):
       with pytest.raises(ValueError, match="lm1b_prompt_words"):
-        data.load_examples(tasks.LM1B_LOCAL, "train")
+        batching.load_examples(tasks.LM1B_LOCAL, "train")
 
 
 def test_lm1b_prompt_truncation_matches_seqio(tmp_path, tiny_vocab):
@@ -230,7 +230,7 @@ def test_lm1b_prompt_truncation_matches_seqio(tmp_path, tiny_vocab):
     seqio_rows = [ex["inputs"] for ex in task.get_dataset(
         {"inputs": 12, "targets": 12}, split="test",
         shuffle=False).as_numpy_iterator()]
-    (batch,) = data.iterate_examples(tasks.LM1B_LOCAL, "test", batch_size=2,
+    (batch,) = batching.iterate_examples(tasks.LM1B_LOCAL, "test", batch_size=2,
                                      max_length=12)
   for row, length, expected in zip(batch.input_ids, batch.input_lengths,
                                    seqio_rows):
@@ -256,8 +256,8 @@ def test_local_parallel_text_task(tmp_path, tiny_vocab):
   prefix = _write_parallel(tmp_path, en, de)
   with tasks.override_config(vocab_path=tiny_vocab,
                              wmt_ende_files={"test": prefix}):
-    examples = data.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
-    batches = list(data.iterate_examples(
+    examples = batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    batches = list(batching.iterate_examples(
         tasks.WMT14_ENDE_LOCAL, "test", batch_size=2, buckets=(8, 16, 32),
         max_length=32))
     vocab = tasks.get_vocabulary()
@@ -284,8 +284,8 @@ def test_local_jsonl_task(tmp_path, tiny_vocab):
   path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", "utf-8")
   with tasks.override_config(vocab_path=tiny_vocab,
                              cnndm_files={"test": str(path)}):
-    examples = data.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
-    first = data.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test",
+    examples = batching.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
+    first = batching.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test",
                                max_examples=1)
   assert [e.id for e in examples] == ["x1", "1", "x3"]
   assert examples[0].inputs_text == "summarize: the cat sat"
@@ -300,18 +300,18 @@ def test_local_data_errors_name_the_file(tmp_path, tiny_vocab):
                              local_data_dir=str(tmp_path)):
     with pytest.raises(FileNotFoundError, match=r"nowhere\.en"):
       with tasks.override_config(wmt_ende_files={"test": "nowhere"}):
-        data.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+        batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
     with pytest.raises(ValueError, match="TaskConfig.multi30k_files"):
       with tasks.override_config(multi30k_files={}):
-        data.load_examples(tasks.MULTI30K_ENDE_LOCAL, "test")
+        batching.load_examples(tasks.MULTI30K_ENDE_LOCAL, "test")
     prefix = _write_parallel(tmp_path, ["a", "b"], ["a"], name="skew")
     with pytest.raises(ValueError, match="Misaligned.*2 lines.*1"):
       with tasks.override_config(wmt_ende_files={"test": prefix}):
-        data.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+        batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
     (tmp_path / "bad.jsonl").write_text('{"article": "a"}\n', "utf-8")
     with pytest.raises(ValueError, match=r"bad\.jsonl line 1"):
       with tasks.override_config(cnndm_files={"test": "bad.jsonl"}):
-        data.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
+        batching.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
 
 
 def test_vocabulary_that_does_not_load(tmp_path):
@@ -328,7 +328,7 @@ def test_vocabulary_that_does_not_load(tmp_path):
   with tasks.override_config(vocab_path=str(garbage),
                              wmt_ende_files={"test": prefix}):
     with pytest.raises(tasks.VocabularyError, match="garbage.model"):
-      data.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+      batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
 
 
 def test_configured_vocabulary_follows_the_config(tmp_path, tiny_vocab):
@@ -354,7 +354,7 @@ def test_gin_binds_task_config():
     gin.clear_config()
     gin.parse_config("\n".join([
         "from __gin__ import dynamic_registration",
-        "from specdec_jax import tasks",
+        "from specdec_jax.data import tasks",
         "tasks.TaskConfig.tfds_data_dir = '/tfds'"]))
     assert tasks.current_config().tfds_data_dir == "/tfds"
     assert tasks.current_config().vocab_path == tasks.DEFAULT_VOCAB_PATH
@@ -373,7 +373,7 @@ def test_batch_truncation_matches_seqio(tmp_path, tiny_vocab):
     seqio_rows = [ex["inputs"] for ex in task.get_dataset(
         {"inputs": 12, "targets": 12}, split="test",
         shuffle=False).as_numpy_iterator()]
-    (batch,) = data.iterate_examples(tasks.WMT14_ENDE_LOCAL, "test",
+    (batch,) = batching.iterate_examples(tasks.WMT14_ENDE_LOCAL, "test",
                                      batch_size=2, max_length=12)
   for row, length, expected in zip(batch.input_ids, batch.input_lengths,
                                    seqio_rows):
@@ -388,7 +388,7 @@ def test_t5_vocabulary_matches_reference_ids(tmp_path):
   prefix = _write_parallel(tmp_path, [HOUSE], ["Das Haus ist wunderbar."])
   with tasks.override_config(vocab_path=str(T5_VOCAB),
                              wmt_ende_files={"test": prefix}):
-    (example,) = data.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    (example,) = batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
     vocab = tasks.get_vocabulary()
     assert vocab.vocab_size == 32100
     assert vocab.decode(example.inputs.tolist()) == example.inputs_text
@@ -403,12 +403,12 @@ def test_shared_newstest_dev100():
   en = (SHARED / "newstest2014.dev100.en").read_text("utf-8").splitlines()
   with tasks.override_config(vocab_path=str(T5_VOCAB),
                              local_data_dir=str(SHARED)):
-    examples = data.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    examples = batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
     vocab = tasks.get_vocabulary()
     for e in examples:
       for ids, text in ((e.inputs, e.inputs_text), (e.targets, e.targets_text)):
         assert 2 in ids or vocab.decode(ids.tolist()) == text
-    out = list(data.batches(examples, batch_size=8, max_length=512))
+    out = list(batching.batches(examples, batch_size=8, max_length=512))
   assert len(examples) == 100
   assert examples[0].inputs_text == tasks.TRANSLATE_PREFIX + en[0]
   assert [len(b) for b in out] == [8] * 12 + [4]
@@ -425,9 +425,9 @@ def test_shared_cnndm_dev100_truncates_long_articles():
          .splitlines()]
   with tasks.override_config(vocab_path=str(T5_VOCAB),
                              local_data_dir=str(SHARED)):
-    examples = data.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
+    examples = batching.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
   assert [e.id for e in examples] == ids
-  out = list(data.batches(examples, batch_size=10, max_length=512))
+  out = list(batching.batches(examples, batch_size=10, max_length=512))
   truncated = np.concatenate([b.truncated for b in out])
   assert truncated.tolist() == [len(e.inputs) > 512 for e in examples]
   assert truncated.sum() > 50  # Most articles are longer than T5's 512.

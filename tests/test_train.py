@@ -1,4 +1,4 @@
-"""Tests for specdec_jax.train and specdec_jax.vocab_training.
+"""Tests for specdec_jax.training.train and specdec_jax.data.vocabularies.
 
 Everything runs on a generated toy corpus (a word-for-word English->German
 "translation" over a 16-word lexicon) and a tiny vocabulary trained on it,
@@ -17,10 +17,10 @@ import sentencepiece as spm
 
 from specdec_jax import checkpoints
 from specdec_jax import generate
-from specdec_jax import tasks
-from specdec_jax import train
-from specdec_jax import train_data
-from specdec_jax import vocab_training
+from specdec_jax.data import tasks
+from specdec_jax.training import train
+from specdec_jax.training import batches
+from specdec_jax.data import vocabularies
 from specdec_jax.models import registry
 
 _LEXICON = {
@@ -42,7 +42,7 @@ def corpus(tmp_path_factory):
         words = [rng.choice(list(_LEXICON)) for _ in range(rng.randint(3, 7))]
         en.write(" ".join(words) + "\n")
         de.write(" ".join(_LEXICON[w] for w in words) + "\n")
-  vocab = vocab_training.train_vocab(
+  vocab = vocabularies.train_vocab(
       [str(root / "train.en"), str(root / "train.de")], str(root / "vocab"),
       vocab_size=64,
       line_prefixes={str(root / "train.en"): tasks.TRANSLATE_PREFIX})
@@ -107,7 +107,7 @@ def test_buckets_cover_every_example_once_per_epoch_in_few_shapes():
   row = lambda n: np.append(rng.integers(3, 50, n - 1), 1).astype(np.int32)
   inputs = [row(a) for a, _ in lengths]
   targets = [row(b) for _, b in lengths]
-  bucketed = train_data.BucketedData(inputs, targets, (8, 16, 64),
+  bucketed = batches.BucketedData(inputs, targets, (8, 16, 64),
                                 decoder_only=False, batch_tokens=256,
                                 batch_size=0, seed=3)
   assert bucketed.shapes() == [(3, 64, 16), (8, 16, 16), (10, 8, 16),
@@ -129,7 +129,7 @@ def test_buckets_cover_every_example_once_per_epoch_in_few_shapes():
                                 np.append(0, targets[first][:-1]))
   assert batch["weights"].sum() == sum(len(targets[i]) for i in indices)
   # Decoder-only rows hold inputs + targets; only target tokens are weighed.
-  gpt = train_data.BucketedData(inputs[:4], targets[:4], (64,), decoder_only=True,
+  gpt = batches.BucketedData(inputs[:4], targets[:4], (64,), decoder_only=True,
                            batch_tokens=0, batch_size=4, seed=0)
   batch = gpt.batch(*gpt.epoch(None)[0])
   a, b = inputs[0], targets[0]
@@ -195,7 +195,7 @@ def test_distillation_kl_is_zero_when_student_is_teacher(corpus, tmp_path):
   step = train.make_train_step(definition, tx, config, definition)
   inputs = [np.array([5, 6, 7, 1], np.int32), np.array([8, 1], np.int32)]
   targets = [np.array([9, 10, 1], np.int32), np.array([11, 1], np.int32)]
-  data = train_data.BucketedData(inputs, targets, (8,), decoder_only=False,
+  data = batches.BucketedData(inputs, targets, (8,), decoder_only=False,
                             batch_tokens=0, batch_size=2, seed=0)
   batch = data.batch(*data.epoch(None)[0])
   for teacher, zero in ((teacher_params, True),
@@ -218,7 +218,7 @@ def test_decoder_only_model_learns_its_targets():
   tx = train.make_optimizer(config, train.make_schedule(config, 8))
   step = train.make_train_step(definition, tx, config)
   rows = [np.array([5, 6, 7, 1], np.int32), np.array([9, 10, 11, 12, 1])]
-  data = train_data.BucketedData(rows, rows[::-1], (16,), decoder_only=True,
+  data = batches.BucketedData(rows, rows[::-1], (16,), decoder_only=True,
                             batch_tokens=0, batch_size=2, seed=0)
   batch = data.batch(*data.epoch(None)[0])
   assert batch["weights"].sum() == 4 + 5  # The targets' tokens, EOS included.
@@ -266,9 +266,9 @@ def test_export_tfds_text_writes_one_value_a_line(tmp_path, monkeypatch):
   monkeypatch.setattr(tasks, "read_tfds_split", lambda name, split: (
       tf.data.Dataset.from_tensor_slices(rows)))
   output = tmp_path / "out" / "text.txt"
-  lines = vocab_training.export_tfds_text("lm1b", "train", "text",
+  lines = vocabularies.export_tfds_text("lm1b", "train", "text",
                                           str(output), max_examples=4)
   assert lines == 3
   assert output.read_text("utf-8") == "the red dog\na small cat\nbig tree\n"
   with pytest.raises(ValueError, match=r"no feature 'txt'.*\['id', 'text'\]"):
-    vocab_training.export_tfds_text("lm1b", "train", "txt", str(output))
+    vocabularies.export_tfds_text("lm1b", "train", "txt", str(output))

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.decoding.protocol import Prefill
-from specdec_jax.model import Model
+from specdec_jax.decoding.protocol import Model
 
 
 def _weights(n):

@@ -19,7 +19,7 @@ import numpy as np
 from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax.decoding import engine
-from specdec_jax.model import Model
+from specdec_jax.decoding.protocol import Model
 
 
 @dataclasses.dataclass

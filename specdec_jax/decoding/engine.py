@@ -26,8 +26,7 @@ import jax.numpy as jnp
 from specdec_jax import sampling
 from specdec_jax import theory
 from specdec_jax.decoding.protocol import ModelDef
-
-EOS_ID = 1
+from specdec_jax.tokens import EOS_ID
 
 
 @flax.struct.dataclass

@@ -17,9 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.decoding.protocol import Prefill
-from specdec_jax.model import Model
-
-DECODER_START_ID = 0
+from specdec_jax.decoding.protocol import Model
+from specdec_jax.tokens import DECODER_START_ID
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The contract between the decoding engine and a model.
+"""The contract between the decoding engine and a model, and `Model`.
 
 The engine (`specdec_jax.decoding.engine`) drives any model that implements
 `ModelDef`: Flax T5 (encoder-decoder), the GPT-like decoder-only model, the
@@ -22,12 +22,16 @@ token is the decoder start id 0 at position 0 and the encoder output lives in
 the cache; for a decoder-only model the start token is the last prompt token
 and every earlier prompt position is already in the cache after `prefill`.
 
+`Model` bundles a `ModelDef` with its parameters and vocabulary: what
+`load_model` returns and the decoders take.
+
 Dimension letters: B batch, L input length, K new tokens, V vocabulary,
 S cache length (decoder positions).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
 import flax
@@ -99,3 +103,31 @@ class ModelDef(Protocol):
       (logits float32 [B, K, V], the updated cache). logits[:, k] is the
       distribution of the token at positions[:, k] + 1.
     """
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Model:
+  """What `load_model` returns and `generate`/`speculative_generate` take.
+
+  Attributes:
+    definition: the hashable, parameter-free `ModelDef` (static under jit).
+    params: the parameter pytree (numpy or jax arrays, possibly sharded).
+    vocab: a seqio vocabulary when one is known, else None.
+  """
+
+  definition: ModelDef
+  params: Any
+  vocab: Any = None
+
+  @property
+  def config(self) -> Any:
+    """The architecture config of the definition (None for table models)."""
+    return getattr(self.definition, "config", None)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.definition.vocab_size
+
+  @property
+  def max_input_len(self) -> int | None:
+    return self.definition.max_input_len

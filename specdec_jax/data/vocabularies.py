@@ -7,7 +7,7 @@ unigram SentencePiece model on the task's own text (English and German
 together, one vocabulary for both sides, as T5 does) with T5's conventions:
 pad = 0, EOS = 1, UNK = 2 and no BOS.
 
-`specdec_jax.tasks` wraps whatever model `TaskConfig.vocab_path` names in a
+`specdec_jax.data.tasks` wraps whatever model `TaskConfig.vocab_path` names in a
 seqio vocabulary with 100 extra ids, so a model trained here with N pieces
 gives token ids in [0, N + 100); size the models' `vocab_size` to at least
 that (the demo configs round it up to a multiple of 128).
@@ -27,10 +27,9 @@ from __future__ import annotations
 import os
 import tempfile
 from typing import Mapping, Sequence
-
-PAD_ID = 0
-EOS_ID = 1
-UNK_ID = 2
+from specdec_jax.tokens import EOS_ID
+from specdec_jax.tokens import PAD_ID
+from specdec_jax.tokens import UNK_ID
 
 
 def export_tfds_text(tfds_name: str, split: str, field: str, output: str, *,
@@ -56,7 +55,7 @@ def export_tfds_text(tfds_name: str, split: str, field: str, output: str, *,
   Raises:
     ValueError: `field` is not a feature of the dataset, or no line came out.
   """
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
 
   if max_examples is not None and max_examples < 1:
     raise ValueError(f"max_examples must be positive or None, got "

@@ -19,8 +19,8 @@ from typing import Sequence
 
 from absl import logging
 
-from specdec_jax import paper
-from specdec_jax import report
+from specdec_jax.experiments import paper
+from specdec_jax.experiments import report
 
 _TASK_KEYS = {"wmt14_ende": "ende", "wmt_t2t_ende": "ende",
               "wmt14_ende_local": "ende", "multi30k_ende_local": "ende",
@@ -79,16 +79,17 @@ def run_configs(gin_files: Sequence[str], workdir: str,
                 bindings: Sequence[str] = ()) -> list[dict]:
   """Runs each experiment gin file (plus shared run files and bindings)."""
   import gin  # pylint: disable=g-import-not-at-top
-  from specdec_jax import experiment, gin_utils  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import experiment  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import gin_flags  # pylint: disable=g-import-not-at-top
   summaries = []
   for i, gin_file in enumerate(gin_files):
     gin.clear_config()
-    gin_utils.parse([gin_file, *extra_files], bindings)
+    gin_flags.parse([gin_file, *extra_files], bindings)
     config = gin.get_configurable(experiment.ExperimentConfig)()
     name = config.name or os.path.splitext(os.path.basename(gin_file))[0]
     logging.info("experiment %d/%d: %s", i + 1, len(gin_files), name)
     run_dir = os.path.join(workdir, name)
-    gin_utils.write_config(run_dir)
+    gin_flags.write_config(run_dir)
     summaries.append(experiment.run(config, run_dir))
   return summaries
 

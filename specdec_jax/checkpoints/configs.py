@@ -2,7 +2,7 @@
 
 T5X checkpoints do not record their architecture, so `load_model("t5x:...")`
 takes it from `resolve_config`; our own format stores the config fields in
-config.json and reads them back with `_config_from_fields`. gin is imported
+config.json and reads them back with `config_from_fields`. gin is imported
 only while reading a gin file.
 """
 
@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-from specdec_jax.checkpoints_hf import CheckpointNotFoundError
+from specdec_jax.checkpoints.errors import CheckpointNotFoundError
+from specdec_jax.checkpoints.errors import SpecError
 from specdec_jax.models import registry
 from specdec_jax.models.gpt import GPTConfig
 from specdec_jax.models.t5 import T5Config
@@ -22,27 +23,23 @@ from specdec_jax.models.t5 import T5Config
 # T5X `T5Config` / decoder-only `TransformerConfig` fields that don't matter
 # for inference.
 _IGNORED_FIELDS = ("dropout_rate", "float32_attention_logits")
-_FAMILIES = (("t5", T5Config), ("gpt", GPTConfig))
-
-
-class SpecError(ValueError):
-  """A `load_model` spec or config that cannot be understood."""
+FAMILIES = (("t5", T5Config), ("gpt", GPTConfig))
 
 
 # --- Configs for T5X checkpoints. ---
 
 
-def _config_from_fields(fields: Mapping[str, Any], family: str | None,
+def config_from_fields(fields: Mapping[str, Any], family: str | None,
                         where: str) -> T5Config | GPTConfig:
   """Our config from T5X-named fields (unknown ones are an error)."""
   fields = {k: v for k, v in fields.items() if k not in _IGNORED_FIELDS}
   if family is None:
     family = ("gpt" if "num_layers" in fields
               and "num_encoder_layers" not in fields else "t5")
-  cls = dict(_FAMILIES).get(family)
+  cls = dict(FAMILIES).get(family)
   if cls is None:
     raise SpecError(f"{where}: unknown model family {family!r}; "
-                    f"known: {', '.join(f for f, _ in _FAMILIES)}")
+                    f"known: {', '.join(f for f, _ in FAMILIES)}")
   known = [f.name for f in dataclasses.fields(cls)]
   unknown = sorted(set(fields) - set(known))
   if unknown:
@@ -110,7 +107,7 @@ def _config_from_gin(path: str) -> T5Config | GPTConfig:
     return value
 
   family = "t5" if selector.endswith("T5Config") else "gpt"
-  return _config_from_fields({k: resolve(v) for k, v in fields.items()},
+  return config_from_fields({k: resolve(v) for k, v in fields.items()},
                              family, path)
 
 
@@ -133,7 +130,7 @@ def resolve_config(config: Any) -> T5Config | GPTConfig:
   if isinstance(config, (T5Config, GPTConfig)):
     return config
   if isinstance(config, Mapping):
-    return _config_from_fields(dict(config), None, "config dict")
+    return config_from_fields(dict(config), None, "config dict")
   if isinstance(config, str):
     if config.endswith(".gin") or os.path.isfile(config):
       if not os.path.isfile(config):

@@ -19,9 +19,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from specdec_jax import data
-
-EOS_ID = 1
+from specdec_jax.data import batching
+from specdec_jax.tokens import EOS_ID
 
 
 def _bucket(length: int, buckets: Sequence[int]) -> int:
@@ -33,7 +32,7 @@ class BucketedData:
 
   Attributes:
     inputs, targets: [N] int32 rows; targets end in EOS, inputs too except
-      a decoder-only prompt (`data.Example.inputs_eos`).
+      a decoder-only prompt (`batching.Example.inputs_eos`).
     decoder_only: one row per example (inputs + targets) instead of two.
     groups: key (widths) -> indices of its examples.
     rows: key -> rows per batch.
@@ -119,7 +118,7 @@ def load_split(config: Any, split: str, limit: int | None,
 
   `config` is a `train.TrainConfig`.
   """
-  examples = data.load_examples(config.task, split, max_examples=limit)
+  examples = batching.load_examples(config.task, split, max_examples=limit)
   max_in, max_tgt = config.max_lengths()
 
   def clip(tokens, n, eos=True):

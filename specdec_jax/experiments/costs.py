@@ -21,7 +21,7 @@ import numpy as np
 
 from specdec_jax import sampling
 from specdec_jax.decoding.protocol import ModelDef
-from specdec_jax.model import Model
+from specdec_jax.decoding.protocol import Model
 
 
 @functools.lru_cache(maxsize=32)

@@ -2,7 +2,7 @@
 
 `load_model(spec)` understands these specs:
 
-  hf:DIR       Hugging Face T5ForConditionalGeneration (`checkpoints_hf`).
+  hf:DIR       Hugging Face T5ForConditionalGeneration (`checkpoints.hf`).
   t5x:PATH     a T5X `checkpoint_<step>` directory (local or gs://). T5X does
                not record the architecture, so `config=` must say it: one of
                our config names, a gin file such as configs/models/x.gin, a
@@ -12,10 +12,11 @@
   NAME         a config name (`registry.NAMES`, e.g. "t5_tiny"): random,
                seeded parameters for tests and benchmarks.
 
-The T5X format (layout, reader, writer) lives in `checkpoints_t5x`, config
-resolution (`resolve_config`) in `model_configs`; both are re-exported here.
-orbax, tensorstore, gin and seqio are imported inside the functions that
-use them, so `import specdec_jax.checkpoints` needs only jax, flax and numpy.
+The T5X format (layout, reader, writer) lives in `t5x`, the Hugging Face
+one in `hf`, config resolution (`resolve_config`) in `configs`, the shared
+storage helpers in `storage`. orbax, tensorstore, gin and seqio are imported
+inside the functions that use them, so `import specdec_jax.checkpoints`
+needs only jax, flax and numpy.
 
 Memory. Loading reads, checks, casts and places one tensor at a time: the
 leaf is read from tensorstore, cast to the config's `param_dtype`, put on
@@ -29,7 +30,7 @@ parameters: 22 GB as bfloat16, 45 GB as float32 (pass
 tensors are the embedding and the output layer, 32128 x 4096 = 132M values
 (0.26 GB bf16, 0.53 GB f32), so loading it needs well under 2 GB of host
 memory beyond the runtime. Hugging Face checkpoints are read into one host
-copy by `checkpoints_hf` and then placed leaf by leaf, dropping each host
+copy by `checkpoints.hf` and then placed leaf by leaf, dropping each host
 array as it goes. `read_t5x` returns host numpy arrays, i.e. the full model
 in host memory.
 """
@@ -46,59 +47,40 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-from specdec_jax import checkpoints_hf
 from specdec_jax import sharding as sharding_lib
-from specdec_jax.checkpoints_hf import CheckpointError
-from specdec_jax.checkpoints_hf import CheckpointNotFoundError
-from specdec_jax.checkpoints_hf import MissingParameterError
-from specdec_jax.checkpoints_hf import ParameterShapeError
-from specdec_jax.checkpoints_t5x import flatten_tree
-from specdec_jax.checkpoints_t5x import is_gcs
-from specdec_jax.checkpoints_t5x import isdir
-from specdec_jax.checkpoints_t5x import join_path
-from specdec_jax.checkpoints_t5x import list_dir
-from specdec_jax.checkpoints_t5x import open_orbax
-from specdec_jax.checkpoints_t5x import open_t5x
-from specdec_jax.checkpoints_t5x import place_leaf
-from specdec_jax.checkpoints_t5x import read_bytes
-from specdec_jax.checkpoints_t5x import read_t5x
-from specdec_jax.checkpoints_t5x import StoredParams
-from specdec_jax.checkpoints_t5x import T5X_MSGPACK
-from specdec_jax.checkpoints_t5x import T5X_ORBAX_DIR
-from specdec_jax.checkpoints_t5x import T5X_VERSION
-from specdec_jax.checkpoints_t5x import unflatten_tree
-from specdec_jax.checkpoints_t5x import write_bytes
-from specdec_jax.checkpoints_t5x import write_t5x
-from specdec_jax.model import Model
-from specdec_jax.model_configs import _FAMILIES
-from specdec_jax.model_configs import _config_from_fields
-from specdec_jax.model_configs import resolve_config
-from specdec_jax.model_configs import SpecError
+from specdec_jax.checkpoints import hf
+from specdec_jax.checkpoints.configs import FAMILIES
+from specdec_jax.checkpoints.configs import config_from_fields
+from specdec_jax.checkpoints.configs import resolve_config
+from specdec_jax.checkpoints.errors import CheckpointError
+from specdec_jax.checkpoints.errors import CheckpointNotFoundError
+from specdec_jax.checkpoints.errors import MissingParameterError
+from specdec_jax.checkpoints.errors import ParameterShapeError
+from specdec_jax.checkpoints.errors import SpecError
+from specdec_jax.checkpoints.errors import UnexpectedParameterError
+from specdec_jax.checkpoints.storage import StoredParams
+from specdec_jax.checkpoints.storage import flatten_tree
+from specdec_jax.checkpoints.storage import is_gcs
+from specdec_jax.checkpoints.storage import isdir
+from specdec_jax.checkpoints.storage import join_path
+from specdec_jax.checkpoints.storage import list_dir
+from specdec_jax.checkpoints.storage import open_orbax
+from specdec_jax.checkpoints.storage import place_leaf
+from specdec_jax.checkpoints.storage import read_bytes
+from specdec_jax.checkpoints.storage import unflatten_tree
+from specdec_jax.checkpoints.storage import write_bytes
+from specdec_jax.checkpoints.t5x import open_t5x
+from specdec_jax.decoding.protocol import Model
 from specdec_jax.models import registry
-from specdec_jax.models.gpt import GPTConfig
-from specdec_jax.models.t5 import T5Config
-
-__all__ = [
-    "CONFIG_FILE", "CheckpointError", "CheckpointNotFoundError", "DEMO_DIR",
-    "FORMAT", "FORMAT_VERSION", "GPTConfig", "MissingParameterError", "Model",
-    "PARAMS_DIR", "ParameterShapeError", "SPEC_PREFIXES", "SpecError",
-    "T5Config", "T5X_MSGPACK", "T5X_ORBAX_DIR", "T5X_VERSION",
-    "UnexpectedParameterError", "VOCAB_FILE", "convert", "load_model",
-    "read_t5x", "resolve_config", "restore", "save", "write_t5x",
-]
 
 FORMAT = "specdec_jax"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
 VOCAB_FILE = "vocab.model"
-DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                        "demo_models")
+DEMO_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo_models")
 SPEC_PREFIXES = ("hf", "t5x", "demo")
-
-
-class UnexpectedParameterError(CheckpointError):
-  """The checkpoint has parameters the config does not."""
 
 
 # --- Checking parameters against a model definition. ---
@@ -139,7 +121,7 @@ def _check(found: Mapping[str, tuple[int, ...]], definition: Any,
 
 
 def _family(config: Any) -> str:
-  for family, cls in _FAMILIES:
+  for family, cls in FAMILIES:
     if isinstance(config, cls):
       return family
   raise TypeError(f"not a model config (T5Config or GPTConfig): {config!r}")
@@ -251,7 +233,7 @@ def restore(directory: str, *, mesh: jax.sharding.Mesh | None = None,
     The `Model` (with its vocabulary when one was saved).
   """
   manifest = _read_manifest(directory)
-  config = _config_from_fields(manifest["config"], manifest["family"],
+  config = config_from_fields(manifest["config"], manifest["family"],
                                f"{join_path(directory, CONFIG_FILE)}")
   overrides = {k: v for k, v in [("dtype", dtype),
                                   ("param_dtype", param_dtype)] if v}
@@ -382,7 +364,7 @@ def load_model(spec: str, *, config: Any = None,
     definition = registry.make_def(model_config)
     return Model(definition, _load_checked(open_t5x(rest), definition, mesh))
   if kind == "hf":
-    model_config, params = checkpoints_hf.load_t5(rest, **overrides)
+    model_config, params = hf.load_t5(rest, **overrides)
     definition = registry.make_def(model_config)
     return Model(definition, _to_devices(params, definition, mesh))
   if kind == "demo":

@@ -69,6 +69,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.checkpoints.errors import CheckpointError
+from specdec_jax.checkpoints.errors import CheckpointNotFoundError
+from specdec_jax.checkpoints.errors import MissingParameterError
+from specdec_jax.checkpoints.errors import ParameterShapeError
+from specdec_jax.checkpoints.errors import UnsupportedCheckpointError
 from specdec_jax.models.t5 import T5Config, T5Def
 
 CONFIG_FILE = "config.json"
@@ -77,26 +82,6 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
 TORCH_INDEX = "pytorch_model.bin.index.json"
 ARCHITECTURE = "T5ForConditionalGeneration"
-
-
-class CheckpointError(ValueError):
-  """A checkpoint that exists but cannot be loaded."""
-
-
-class UnsupportedCheckpointError(CheckpointError):
-  """Not a T5ForConditionalGeneration (or an unsupported variant of it)."""
-
-
-class ParameterShapeError(CheckpointError):
-  """A tensor's shape disagrees with the config."""
-
-
-class MissingParameterError(CheckpointError):
-  """A tensor the config needs is not in the checkpoint."""
-
-
-class CheckpointNotFoundError(FileNotFoundError):
-  """The directory, its config or its weights are missing."""
 
 
 # HF `feed_forward_proj` -> our MLP activations. HF maps "gated-gelu" to the

@@ -2,7 +2,7 @@
 
 Both functions take the references first and the predictions second and
 return a dict of floats, the signature of a seqio metric function, so they
-serve as the `metric_fns` of the tasks in `specdec_jax.tasks` as well as on
+serve as the `metric_fns` of the tasks in `specdec_jax.data.tasks` as well as on
 their own. Scores are on a 0-100 scale (sacrebleu's BLEU scale; ROUGE
 fractions are multiplied by 100 to match, as T5 reports them).
 

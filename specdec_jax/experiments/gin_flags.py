@@ -17,8 +17,8 @@ from absl import flags
 from absl import logging
 import gin
 
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "configs")
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "configs")
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config files (repeatable).")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings (repeatable); "

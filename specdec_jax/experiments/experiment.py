@@ -10,7 +10,7 @@ killed run resumes where it stopped:
   optimal_gamma.json  the probe behind gamma="optimal" (if used)
   summary.json     pooled alpha, c, speedups, predictions, quality
   table.md/.csv    rows in the paper's Table 2 layout
-  *.png, trace.html  plots (see `specdec_jax.report`)
+  *.png, trace.html  plots (see `specdec_jax.experiments.report`)
 
 Pooled alpha is the mean of beta = sum_x min(p, q) over all verified
 positions of all examples (each example weighs by its number of verified
@@ -30,9 +30,8 @@ import numpy as np
 
 from specdec_jax import theory
 from specdec_jax.decoding.api import generate, speculative_generate
-from specdec_jax.model import Model
-
-EOS_ID = 1
+from specdec_jax.decoding.protocol import Model
+from specdec_jax.tokens import EOS_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +115,7 @@ def validate(config: ExperimentConfig) -> None:
           f"your checkpoint (see README, 'Reproduce the paper on Cloud TPU')")
   if config.mesh_shape is not None and len(config.mesh_shape) != 2:
     problems.append(f"mesh_shape={config.mesh_shape!r}: use (data, model)")
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   try:
     tasks.get_task(config.task)
   except ValueError as e:
@@ -153,7 +152,7 @@ def _load_model(role: str, spec: str, model_config: Any, mesh,
   A t5x: checkpoint needs its architecture (`*_config`). Every other spec
   records its own, so there the config is not passed on but compared with
   what loaded: a row that names 'gpt_97m' then runs the model it names
-  whether its checkpoint came from T5X or from `specdec_jax.train`.
+  whether its checkpoint came from T5X or from `specdec_jax.training.train`.
   """
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
   if model_config is None or str(spec).startswith("t5x:"):
@@ -195,10 +194,10 @@ def fit_ngram_draft(config: ExperimentConfig, target: Model) -> Model:
   Returns:
     An n-gram `Model` over the target's vocabulary.
   """
-  from specdec_jax import data  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import batching  # pylint: disable=g-import-not-at-top
   from specdec_jax.decoding import ngram  # pylint: disable=g-import-not-at-top
   from specdec_jax.models import gpt  # pylint: disable=g-import-not-at-top
-  examples = data.load_examples(config.task, config.ngram_split,
+  examples = batching.load_examples(config.task, config.ngram_split,
                                 max_examples=config.ngram_max_examples)
   decoder_only = isinstance(target.definition, gpt.GPTDef)
   sequences = ([np.concatenate([e.inputs, e.targets]) for e in examples]
@@ -210,7 +209,7 @@ def fit_ngram_draft(config: ExperimentConfig, target: Model) -> Model:
 
 def _check_vocabulary_fits(config: ExperimentConfig, target: Model) -> None:
   """Task token ids past the target's embedding would decode as garbage."""
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   size = tasks.get_task(config.task).output_features["inputs"].vocabulary
   size = size.vocab_size
   if size > target.vocab_size:
@@ -225,7 +224,7 @@ def _check_vocabulary_fits(config: ExperimentConfig, target: Model) -> None:
 def task_vocabulary(config: ExperimentConfig, target: Model):
   if target.vocab is not None:
     return target.vocab
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   return tasks.get_task(config.task).output_features["targets"].vocabulary
 
 
@@ -305,7 +304,7 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
     alpha_sum += float(res.stats["alpha_sum"].sum())
     alpha_count += float(res.stats["alpha_count"].sum())
   alpha = alpha_sum / max(alpha_count, 1.0)
-  from specdec_jax import costs  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import costs  # pylint: disable=g-import-not-at-top
   positions = config.max_decode_len + config.max_gamma + 1
   ids = batches[0].input_ids
   measured = costs.measure_costs(target, draft, ids, gamma=config.probe_gamma,
@@ -333,15 +332,17 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
   """Runs (or resumes) one experiment; returns the summary dict."""
   validate(config)
   os.makedirs(workdir, exist_ok=True)
-  from specdec_jax import data, report, sharding  # pylint: disable=g-import-not-at-top
+  from specdec_jax import sharding  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import batching  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import report  # pylint: disable=g-import-not-at-top
   sharding.maybe_initialize_distributed(config.distributed)
   mesh = sharding.make_mesh(*config.mesh_shape) if config.mesh_shape else None
   target, draft = load_models(config, mesh)
   max_len = config.max_input_len or target.max_input_len or 512
-  examples = data.load_examples(config.task, config.split,
+  examples = batching.load_examples(config.task, config.split,
                                 max_examples=config.max_examples)
   _check_vocabulary_fits(config, target)
-  batches = list(data.batches(examples, batch_size=1, buckets=config.buckets,
+  batches = list(batching.batches(examples, batch_size=1, buckets=config.buckets,
                               max_length=max_len))
   gammas = config.gammas()
   if gammas == "optimal":
@@ -420,7 +421,7 @@ def _load_or_measure_costs(config, target, draft, batches, gammas, path,
       stored = json.load(f)
     if all(str(g) in stored for g in gammas):
       return {int(g): v for g, v in stored.items()}
-  from specdec_jax import costs  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import costs  # pylint: disable=g-import-not-at-top
   # The median input length is representative of the run.
   lengths = [b.input_ids.shape[1] for b in batches]
   shape_batch = batches[int(np.argsort(lengths)[len(lengths) // 2])]
@@ -435,7 +436,7 @@ def _load_or_measure_costs(config, target, draft, batches, gammas, path,
 
 
 def task_metric(config: ExperimentConfig):
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   fns = tasks.get_task(config.task).metric_fns
   return fns[0] if fns else None
 

@@ -23,27 +23,36 @@ T5X itself refuses to read, and so do we.
 Files are read and written through tensorstore (local paths and gs://), and
 the orbax layouts through orbax; both are imported inside the functions that
 need them, so importing this module needs only jax, flax and numpy. The
-storage helpers here (`join_path`, `read_bytes`, `list_dir`, `flatten_tree`,
-`open_orbax`, `StoredParams`, ...) are also what `checkpoints.py` reads our
-own format with.
+storage helpers it reads with (paths, flat parameter trees, orbax) live in
+`storage`, which our own format shares.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import posixpath
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import sharding as sharding_lib
-from specdec_jax.checkpoints_hf import CheckpointError
-from specdec_jax.checkpoints_hf import CheckpointNotFoundError
+from specdec_jax.checkpoints.errors import CheckpointError
+from specdec_jax.checkpoints.errors import CheckpointNotFoundError
+from specdec_jax.checkpoints.storage import StoredParams
+from specdec_jax.checkpoints.storage import flatten_tree
+from specdec_jax.checkpoints.storage import is_tensorstore_spec
+from specdec_jax.checkpoints.storage import is_gcs
+from specdec_jax.checkpoints.storage import isdir
+from specdec_jax.checkpoints.storage import join_path
+from specdec_jax.checkpoints.storage import kvstore_spec
+from specdec_jax.checkpoints.storage import list_dir
+from specdec_jax.checkpoints.storage import open_orbax
+from specdec_jax.checkpoints.storage import place_leaf
+from specdec_jax.checkpoints.storage import read_bytes
+from specdec_jax.checkpoints.storage import split_path
+from specdec_jax.checkpoints.storage import unflatten_tree
+from specdec_jax.checkpoints.storage import write_bytes
 
 T5X_VERSION = 3
 T5X_MSGPACK = "checkpoint"
@@ -51,124 +60,6 @@ T5X_ORBAX_DIR = "state"
 # T5X's chunk target; any chunking reads back the same.
 _CHUNK_BYTES = 64 * 2**20
 _GCS_DUMMY_BUCKET = "t5x-dummy-bucket"
-
-
-# --- Locations: a local path or gs://bucket/path, read via tensorstore. ---
-
-
-def is_gcs(path: str) -> bool:
-  return path.startswith("gs://")
-
-
-def join_path(path: str, *names: str) -> str:
-  return (posixpath if is_gcs(path) else os.path).join(path, *names)
-
-
-def _kvstore(directory: str) -> dict[str, Any]:
-  """The tensorstore kvstore spec of a directory."""
-  if is_gcs(directory):
-    bucket, _, prefix = directory[len("gs://"):].partition("/")
-    prefix = prefix.strip("/")
-    return {"driver": "gcs", "bucket": bucket,
-            "path": prefix + "/" if prefix else ""}
-  return {"driver": "file", "path": os.path.abspath(directory) + "/"}
-
-
-def _split(path: str) -> tuple[str, str]:
-  path = path.rstrip("/")
-  return (posixpath if is_gcs(path) else os.path).split(path)
-
-
-def read_bytes(path: str) -> bytes | None:
-  """The contents of a file, or None if it does not exist."""
-  directory, name = _split(path)
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  store = ts.KvStore.open(_kvstore(directory)).result()
-  result = store.read(name).result()
-  return bytes(result.value) if result.state == "value" else None
-
-
-def write_bytes(path: str, data: bytes) -> None:
-  directory, name = _split(path)
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  ts.KvStore.open(_kvstore(directory)).result().write(name, data).result()
-
-
-def isdir(path: str) -> bool:
-  if not is_gcs(path):
-    return os.path.isdir(path)
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  return bool(ts.KvStore.open(_kvstore(path)).result().list().result())
-
-
-def list_dir(path: str) -> list[str]:
-  """Names of the entries directly inside a directory."""
-  if not is_gcs(path):
-    return sorted(os.listdir(path)) if os.path.isdir(path) else []
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  keys = ts.KvStore.open(_kvstore(path)).result().list().result()
-  return sorted({k.decode().split("/")[0] for k in keys})
-
-
-# --- Parameter trees as flat {"a/b/c": leaf} dicts. ---
-
-
-def _is_ts_spec(x: Any) -> bool:
-  return isinstance(x, Mapping) and "driver" in x and (
-      "kvstore" in x or "path" in x)
-
-
-def flatten_tree(tree: Any, prefix: str = "") -> dict[str, Any]:
-  if not isinstance(tree, Mapping) or _is_ts_spec(tree):
-    return {prefix: tree}
-  flat = {}
-  for key, value in tree.items():
-    flat.update(flatten_tree(value, f"{prefix}/{key}" if prefix else str(key)))
-  return flat
-
-
-def unflatten_tree(flat: Mapping[str, Any]) -> dict[str, Any]:
-  tree: dict[str, Any] = {}
-  for name, value in flat.items():
-    *parents, leaf = name.split("/")
-    node = tree
-    for key in parents:
-      node = node.setdefault(key, {})
-    node[leaf] = value
-  return tree
-
-
-# --- Stored parameters, read and placed one leaf at a time. ---
-
-
-# A placement: (dtype to cast to or None, sharding or None for host numpy).
-_Placement = tuple[Any, Any]
-
-
-def place_leaf(value: np.ndarray, placement: _Placement) -> Any:
-  dtype, sharding = placement
-  if dtype is not None and value.dtype != dtype:
-    value = value.astype(dtype)
-  if sharding is None:
-    return value
-  if isinstance(sharding, jax.sharding.NamedSharding):
-    return sharding_lib.put(value, sharding)
-  return jax.device_put(value, sharding)
-
-
-@dataclasses.dataclass
-class StoredParams:
-  """Parameters found in a checkpoint, not read yet.
-
-  Attributes:
-    where: a description for errors.
-    shapes: name -> shape of every parameter.
-    load: {name: _Placement} -> {name: array}, reading as it places.
-  """
-
-  where: str
-  shapes: dict[str, tuple[int, ...]]
-  load: Callable[[dict[str, _Placement]], dict[str, Any]]
 
 
 # --- T5X ---
@@ -188,7 +79,7 @@ def _t5x_ts_leaf(ckpt_dir: str, name: str, spec: Mapping[str, Any]):
   # Wherever it was written (file, gfile, gcs with a dummy bucket), the
   # array now lives next to the msgpack file.
   open_spec = {"driver": spec["driver"],
-               "kvstore": _kvstore(join_path(ckpt_dir, relative.rstrip("/")))}
+               "kvstore": kvstore_spec(join_path(ckpt_dir, relative.rstrip("/")))}
   shape = spec.get("metadata", {}).get("shape")
   if shape is None:
     shape = ts.open(open_spec, open=True).result().shape
@@ -209,7 +100,7 @@ def _open_t5x_msgpack(ckpt_dir: str, data: bytes) -> StoredParams:
         f"{sorted(contents)}); is it a T5X checkpoint?")
   leaves = {}
   for name, leaf in flatten_tree(state["target"]).items():
-    if _is_ts_spec(leaf):
+    if is_tensorstore_spec(leaf):
       leaves[name] = _t5x_ts_leaf(ckpt_dir, name, leaf)
     else:
       # A copy: writable, and it frees the msgpack buffer it points into.
@@ -226,48 +117,11 @@ def _open_t5x_msgpack(ckpt_dir: str, data: bytes) -> StoredParams:
   return StoredParams(where, {n: s for n, (s, _) in leaves.items()}, load)
 
 
-def _orbax_restore_args(dtype, sharding):
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  if sharding is None:
-    return ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype)
-  return ocp.ArrayRestoreArgs(sharding=sharding, dtype=dtype)
-
-
-def open_orbax(directory: str, prefix: str, where: str) -> StoredParams:
-  """Parameters under `prefix` ('' for all) of an orbax PyTree checkpoint."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  checkpointer = ocp.PyTreeCheckpointer()
-  metadata = checkpointer.metadata(directory)
-  tree = getattr(getattr(metadata, "item_metadata", metadata), "tree",
-                 metadata)
-  if prefix:
-    if prefix not in tree:
-      raise CheckpointError(f"{where} has no '{prefix}' parameters (keys: "
-                            f"{sorted(tree)}); is it a T5X checkpoint?")
-    tree = tree[prefix]
-  leaves = flatten_tree(tree)
-  shapes = {n: tuple(m.shape) for n, m in leaves.items()}
-
-  def load(placements):
-    def wrap(t):
-      return {prefix: t} if prefix else t
-    item = wrap(unflatten_tree({
-        n: jax.ShapeDtypeStruct(shapes[n], d or leaves[n].dtype)
-        for n, (d, _) in placements.items()}))
-    args = wrap(unflatten_tree({n: _orbax_restore_args(*p)
-                            for n, p in placements.items()}))
-    restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
-        item=item, restore_args=args, partial_restore=True))
-    return flatten_tree(restored[prefix] if prefix else restored)
-
-  return StoredParams(where, shapes, load)
-
-
 def open_t5x(path: str) -> StoredParams:
   """Finds the T5X checkpoint at `path` (a checkpoint_<step> dir or file)."""
   path = path.rstrip("/")
-  if _split(path)[1] == T5X_MSGPACK and not isdir(path):
-    path = _split(path)[0]
+  if split_path(path)[1] == T5X_MSGPACK and not isdir(path):
+    path = split_path(path)[0]
   if isdir(join_path(path, T5X_ORBAX_DIR)):
     state_dir = join_path(path, T5X_ORBAX_DIR)
     return open_orbax(state_dir, "target", f"T5X orbax checkpoint {path}")
@@ -330,7 +184,7 @@ def _write_t5x_array(ckpt_dir: str, name: str, value: np.ndarray) -> dict:
                        "chunks": _chunk_shape(value.shape,
                                               value.dtype.itemsize)}}
   recorded = ts.Spec(spec).to_json()  # normalised, as T5X records it
-  spec = dict(spec, kvstore=_kvstore(join_path(ckpt_dir, relative)))
+  spec = dict(spec, kvstore=kvstore_spec(join_path(ckpt_dir, relative)))
   ts.open(spec, create=True, open=True).result().write(value).result()
   return recorded
 

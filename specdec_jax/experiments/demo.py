@@ -2,7 +2,7 @@
 
 The target and its three drafts (`demo:target`, `demo:draft_large`,
 `demo:draft_base`, `demo:draft_small`) were trained on Multi30k EN->DE by
-`specdec_jax.train` (docs/demo_models.md). The demo decodes the English
+`specdec_jax.training.train` (docs/demo_models.md). The demo decodes the English
 sentences shipped in `specdec_jax/demo_data/sentences.en` (written for this
 project, with German references in `sentences.de`) at batch size 1, with the
 target alone and with each draft at temperature 0 and 1, and writes:
@@ -25,11 +25,11 @@ from typing import Any, Mapping, Sequence
 
 from absl import logging
 
-from specdec_jax import experiment
-from specdec_jax import report
+from specdec_jax.experiments import experiment
+from specdec_jax.experiments import report
 
-DEMO_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                         "demo_data")
+DEMO_DATA = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo_data")
 TABLE_COLUMNS = ("draft", "temperature", "gamma", "alpha", "c", "speedup",
                  "predicted_speedup", "predicted_with_verify_cost",
                  "predicted_at_lengths", "predicted_at_lengths_with_verify_cost",
@@ -106,7 +106,7 @@ def _row_config(config: DemoConfig, draft: str, gamma, temperature: float,
 
 def run(config: DemoConfig, workdir: str) -> list[dict]:
   """Runs (or resumes) every demo row; returns the table rows."""
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   rows_to_run = []
   for draft, gammas in config.drafts:
     for temperature in config.temperatures:
@@ -191,7 +191,7 @@ def export_model(source: str, name: str, *, out_dir: str | None = None,
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  from specdec_jax.model import Model  # pylint: disable=g-import-not-at-top
+  from specdec_jax.decoding.protocol import Model  # pylint: disable=g-import-not-at-top
   model = checkpoints.load_model(source)
   params = jax.tree.map(lambda x: np.asarray(x).astype(jnp.bfloat16),
                         model.params)

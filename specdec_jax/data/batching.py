@@ -17,7 +17,7 @@ keeps its first `max_length - 1` tokens and then EOS, the same rule as
 seqio's `append_eos_after_trim` that T5 evaluated with; a prompt without EOS
 keeps its first `max_length` tokens, as seqio trims a feature without EOS.
 `Batch.truncated` marks those rows. Only `load_examples` needs TensorFlow
-(through `specdec_jax.tasks`); the rest of this module is numpy.
+(through `specdec_jax.data.tasks`); the rest of this module is numpy.
 
 `iterate_examples(task, split)` does both steps:
 
@@ -31,9 +31,8 @@ import dataclasses
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
-
-PAD_ID = 0
-EOS_ID = 1
+from specdec_jax.tokens import EOS_ID
+from specdec_jax.tokens import PAD_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +251,7 @@ def load_examples(task_name: str, split: str, *,
 
   Args:
     task_name: a registered seqio task, e.g. one of
-      `specdec_jax.tasks.FEATURE_LENGTHS`.
+      `specdec_jax.data.tasks.FEATURE_LENGTHS`.
     split: "train", "validation" or "test".
     max_examples: keep only the first this many (None: all).
 
@@ -260,7 +259,7 @@ def load_examples(task_name: str, split: str, *,
     The examples in the split's order.
   """
   # Only here does this module need TensorFlow; importing tasks registers them.
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
 
   if max_examples is not None and max_examples < 1:
     raise ValueError(f"max_examples must be positive or None, got "
@@ -307,14 +306,14 @@ def iterate_examples(task_name: str, split: str, *, batch_size: int = 1,
     max_length: longest input row, EOS included; longer inputs are truncated
       keeping EOS last (a prompt without EOS keeps its first `max_length`
       tokens). Default the task's input feature length
-      (`specdec_jax.tasks.FEATURE_LENGTHS`).
+      (`specdec_jax.data.tasks.FEATURE_LENGTHS`).
     max_examples: read only the first this many examples.
 
   Returns:
     An iterator of `Batch`es in the split's order.
   """
   if max_length is None:
-    from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+    from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
     max_length = tasks.feature_lengths(task_name)["inputs"]
   _check_batching(batch_size, buckets, max_length)  # Fail before loading.
   examples = load_examples(task_name, split, max_examples=max_examples)

@@ -3,7 +3,7 @@
 This is what trains the shipped demo target and drafts on Multi30k. The
 tokenized splits are materialised once as numpy (TensorFlow runs only then);
 batches are cut in numpy from length buckets, so the jitted train step sees
-a handful of static shapes and compiles once per shape (`train_data`).
+a handful of static shapes and compiles once per shape (`batches`).
 
 T5: inputs end in EOS, decoder inputs are the targets shifted right after the
 start id 0, the loss is the token-level cross-entropy on the real target
@@ -45,20 +45,19 @@ import optax
 import orbax.checkpoint as ocp
 
 from specdec_jax import checkpoints
-from specdec_jax import data
-from specdec_jax import metrics
-from specdec_jax import tasks
-from specdec_jax.train_data import BucketedData
-from specdec_jax.train_data import load_split
+from specdec_jax.data import batching
+from specdec_jax.data import metrics
+from specdec_jax.data import tasks
+from specdec_jax.training.batches import BucketedData
+from specdec_jax.training.batches import load_split
 from specdec_jax.decoding.api import generate
-from specdec_jax.model import Model
+from specdec_jax.decoding.protocol import Model
 from specdec_jax.models import gpt
 from specdec_jax.models import layers
 from specdec_jax.models import registry
-
-PAD_ID = 0
-EOS_ID = 1
-UNK_ID = 2
+from specdec_jax.tokens import EOS_ID
+from specdec_jax.tokens import PAD_ID
+from specdec_jax.tokens import UNK_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +65,7 @@ class TrainConfig:
   """What to train and how. Bind it with gin (configs/training/*.gin).
 
   Attributes:
-    task: a task of `specdec_jax.tasks`.
+    task: a task of `specdec_jax.data.tasks`.
     model: a `registry` config name, or a T5Config/GPTConfig.
     model_overrides: config fields replaced on top of `model`.
     vocab_path: SentencePiece model for the task (None: `TaskConfig`'s);
@@ -346,7 +345,7 @@ def evaluate(model: Model, eval_data: BucketedData | None, examples,
   Args:
     model: the model (with its seqio vocabulary) to evaluate.
     eval_data: the examples for the loss (None: no loss).
-    examples: `data.Example`s of the split; the first `bleu_examples` are
+    examples: `batching.Example`s of the split; the first `bleu_examples` are
       decoded, their EOS and padding stripped, and scored against the raw
       references.
     config: the training config.
@@ -366,7 +365,7 @@ def evaluate(model: Model, eval_data: BucketedData | None, examples,
   if config.bleu_examples:
     chosen = examples[:config.bleu_examples]
     vocab, predictions = model.vocab, []
-    for batch in data.batches(chosen, batch_size=config.eval_batch_size,
+    for batch in batching.batches(chosen, batch_size=config.eval_batch_size,
                               max_length=config.max_lengths()[0]):
       tokens = generate(model, batch.input_ids,
                         max_decode_len=config.max_decode_len).tokens

@@ -39,7 +39,7 @@ Nothing here downloads: an unprepared TFDS dataset is an error that says how to
 prepare it, and the `*_local` tasks read plain files.
 
 `FEATURE_LENGTHS` holds the lengths each task is meant to be decoded with;
-`specdec_jax.data` truncates inputs to them (keeping EOS last where the
+`specdec_jax.data.batching` truncates inputs to them (keeping EOS last where the
 inputs end in EOS, the first tokens of a prompt otherwise). TensorFlow and
 seqio are imported here and in nothing the core library imports.
 """
@@ -57,7 +57,7 @@ import gin
 import seqio
 import tensorflow as tf
 
-from specdec_jax import metrics
+from specdec_jax.data import metrics
 
 DEFAULT_VOCAB_PATH = (
     "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model")
@@ -118,7 +118,7 @@ def default_local_data_dir() -> Path:
   """`$SPECDEC_SHARED_DATA`, else the `shared/data` folder beside the repo."""
   if os.environ.get(SHARED_DATA_ENV):
     return Path(os.environ[SHARED_DATA_ENV])
-  return Path(__file__).resolve().parents[2] / "shared" / "data"
+  return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 @gin.configurable
@@ -267,7 +267,7 @@ def _output_features(inputs_eos: bool = True) -> dict[str, seqio.Feature]:
     inputs_eos: whether `inputs` end in EOS: True for encoder inputs, False
       for a decoder-only prompt, which the model continues (an EOS there
       would tell it the text is over). `append_eos_after_trim` and
-      `specdec_jax.data` both honour the feature's `add_eos`.
+      `specdec_jax.data.batching` both honour the feature's `add_eos`.
   """
   vocab = get_vocabulary()
   return {"inputs": seqio.Feature(vocab, add_eos=inputs_eos),

@@ -1,0 +1,178 @@
+"""Where checkpoints live and how their parameters are read, leaf by leaf.
+
+The storage layer every checkpoint format here shares: paths that are local
+or gs:// (read and written through tensorstore), parameter trees as flat
+{"a/b/c": leaf} dicts, `StoredParams` (shapes known, arrays read only when
+placed) and the orbax PyTree reader that our format and newer T5X
+checkpoints both use. tensorstore and orbax are imported inside the
+functions that need them, so importing this module needs only jax, flax and
+numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+from typing import Any, Callable, Mapping
+
+import jax
+import numpy as np
+
+from specdec_jax import sharding as sharding_lib
+from specdec_jax.checkpoints.errors import CheckpointError
+
+
+# --- Locations: a local path or gs://bucket/path, read via tensorstore. ---
+
+
+def is_gcs(path: str) -> bool:
+  return path.startswith("gs://")
+
+
+def join_path(path: str, *names: str) -> str:
+  return (posixpath if is_gcs(path) else os.path).join(path, *names)
+
+
+def kvstore_spec(directory: str) -> dict[str, Any]:
+  """The tensorstore kvstore spec of a directory."""
+  if is_gcs(directory):
+    bucket, _, prefix = directory[len("gs://"):].partition("/")
+    prefix = prefix.strip("/")
+    return {"driver": "gcs", "bucket": bucket,
+            "path": prefix + "/" if prefix else ""}
+  return {"driver": "file", "path": os.path.abspath(directory) + "/"}
+
+
+def split_path(path: str) -> tuple[str, str]:
+  path = path.rstrip("/")
+  return (posixpath if is_gcs(path) else os.path).split(path)
+
+
+def read_bytes(path: str) -> bytes | None:
+  """The contents of a file, or None if it does not exist."""
+  directory, name = split_path(path)
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  store = ts.KvStore.open(kvstore_spec(directory)).result()
+  result = store.read(name).result()
+  return bytes(result.value) if result.state == "value" else None
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  directory, name = split_path(path)
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  ts.KvStore.open(kvstore_spec(directory)).result().write(name, data).result()
+
+
+def isdir(path: str) -> bool:
+  if not is_gcs(path):
+    return os.path.isdir(path)
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  return bool(ts.KvStore.open(kvstore_spec(path)).result().list().result())
+
+
+def list_dir(path: str) -> list[str]:
+  """Names of the entries directly inside a directory."""
+  if not is_gcs(path):
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  keys = ts.KvStore.open(kvstore_spec(path)).result().list().result()
+  return sorted({k.decode().split("/")[0] for k in keys})
+
+
+# --- Parameter trees as flat {"a/b/c": leaf} dicts. ---
+
+
+def is_tensorstore_spec(x: Any) -> bool:
+  return isinstance(x, Mapping) and "driver" in x and (
+      "kvstore" in x or "path" in x)
+
+
+def flatten_tree(tree: Any, prefix: str = "") -> dict[str, Any]:
+  if not isinstance(tree, Mapping) or is_tensorstore_spec(tree):
+    return {prefix: tree}
+  flat = {}
+  for key, value in tree.items():
+    flat.update(flatten_tree(value, f"{prefix}/{key}" if prefix else str(key)))
+  return flat
+
+
+def unflatten_tree(flat: Mapping[str, Any]) -> dict[str, Any]:
+  tree: dict[str, Any] = {}
+  for name, value in flat.items():
+    *parents, leaf = name.split("/")
+    node = tree
+    for key in parents:
+      node = node.setdefault(key, {})
+    node[leaf] = value
+  return tree
+
+
+# --- Stored parameters, read and placed one leaf at a time. ---
+
+
+# A placement: (dtype to cast to or None, sharding or None for host numpy).
+_Placement = tuple[Any, Any]
+
+
+def place_leaf(value: np.ndarray, placement: _Placement) -> Any:
+  dtype, sharding = placement
+  if dtype is not None and value.dtype != dtype:
+    value = value.astype(dtype)
+  if sharding is None:
+    return value
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    return sharding_lib.put(value, sharding)
+  return jax.device_put(value, sharding)
+
+
+@dataclasses.dataclass
+class StoredParams:
+  """Parameters found in a checkpoint, not read yet.
+
+  Attributes:
+    where: a description for errors.
+    shapes: name -> shape of every parameter.
+    load: {name: _Placement} -> {name: array}, reading as it places.
+  """
+
+  where: str
+  shapes: dict[str, tuple[int, ...]]
+  load: Callable[[dict[str, _Placement]], dict[str, Any]]
+
+
+def _orbax_restore_args(dtype, sharding):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  if sharding is None:
+    return ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype)
+  return ocp.ArrayRestoreArgs(sharding=sharding, dtype=dtype)
+
+
+def open_orbax(directory: str, prefix: str, where: str) -> StoredParams:
+  """Parameters under `prefix` ('' for all) of an orbax PyTree checkpoint."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  checkpointer = ocp.PyTreeCheckpointer()
+  metadata = checkpointer.metadata(directory)
+  tree = getattr(getattr(metadata, "item_metadata", metadata), "tree",
+                 metadata)
+  if prefix:
+    if prefix not in tree:
+      raise CheckpointError(f"{where} has no '{prefix}' parameters (keys: "
+                            f"{sorted(tree)}); is it a T5X checkpoint?")
+    tree = tree[prefix]
+  leaves = flatten_tree(tree)
+  shapes = {n: tuple(m.shape) for n, m in leaves.items()}
+
+  def load(placements):
+    def wrap(t):
+      return {prefix: t} if prefix else t
+    item = wrap(unflatten_tree({
+        n: jax.ShapeDtypeStruct(shapes[n], d or leaves[n].dtype)
+        for n, (d, _) in placements.items()}))
+    args = wrap(unflatten_tree({n: _orbax_restore_args(*p)
+                            for n, p in placements.items()}))
+    restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
+        item=item, restore_args=args, partial_restore=True))
+    return flatten_tree(restored[prefix] if prefix else restored)
+
+  return StoredParams(where, shapes, load)

@@ -1,0 +1,1 @@
+"""Training and distillation with optax (`train`) over bucketed batches."""
