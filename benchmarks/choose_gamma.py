@@ -44,14 +44,13 @@ def main():
     draft = sd.load_model(spec)
     alphas = {}
     for temperature in (0.0, 1.0):
-      a_sum = a_cnt = 0.0
-      for batch in batches:
-        res = sd.speculative_generate(target, draft, batch.input_ids, gamma=4,
-                                      max_decode_len=64,
-                                      temperature=temperature)
-        a_sum += res.stats["alpha_sum"].sum()
-        a_cnt += res.stats["alpha_count"].sum()
-      alphas[temperature] = a_sum / a_cnt
+      probes = [sd.speculative_generate(target, draft, batch.input_ids,
+                                        gamma=4, max_decode_len=64,
+                                        temperature=temperature).stats
+                for batch in batches]
+      alphas[temperature] = theory.pooled_alpha(
+          [s.alpha_sum.sum() for s in probes],
+          [s.alpha_count.sum() for s in probes])
     gammas = np.arange(1, args.max_gamma + 1)
     measured = [costs.measure_costs(target, draft, one.input_ids, gamma=int(g),
                                     cache_positions=64 + int(g) + 1)

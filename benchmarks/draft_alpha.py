@@ -43,7 +43,7 @@ def main():
       res = sd.speculative_generate(target, draft, ids, gamma=args.gamma,
                                     max_decode_len=64,
                                     temperature=temperature)
-      alpha = res.stats["alpha_sum"].sum() / res.stats["alpha_count"].sum()
+      alpha = res.stats.pooled_alpha()
       print(f"{spec} T={temperature:g} alpha={alpha:.3f}", flush=True)
 
 

@@ -36,26 +36,16 @@ import numpy as np  # noqa: E402
 
 import specdec_jax as sd  # noqa: E402
 from specdec_jax import theory  # noqa: E402
+from specdec_jax.data import text  # noqa: E402
 from specdec_jax.experiments import costs  # noqa: E402
 
 
 def _inputs(model, batch, length, seed=0):
   if model.vocab is not None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.join(here, "..", "specdec_jax", "demo_data", "sentences.en")
-    with open(path) as f:
-      lines = [l.strip() for l in f if l.strip()][:batch]
-    rows = [model.vocab.encode("translate English to German: " + l) + [1]
-            for l in lines]
-  else:
-    rng = np.random.default_rng(seed)
-    rows = [list(rng.integers(3, model.vocab_size, length - 1)) + [1]
-            for _ in range(batch)]
-  width = max(len(r) for r in rows)
-  ids = np.zeros((len(rows), width), np.int32)
-  for i, r in enumerate(rows):
-    ids[i, :len(r)] = r
-  return ids
+    return text.encode(model.vocab, text.demo_sentences(batch))
+  rng = np.random.default_rng(seed)
+  return np.array([list(rng.integers(3, model.vocab_size, length - 1)) + [1]
+                   for _ in range(batch)], np.int32)
 
 
 def _median_time(fn, repeats):
@@ -112,7 +102,7 @@ def main():
     prefill_t = _prefill_timer(target, width)
     prefill_d = _prefill_timer(draft, width)
     base_s = spec_s = pre_t = pre_d = 0.0
-    alpha_sum = alpha_count = calls = tokens = 0
+    alpha_sums, alpha_counts, calls, tokens = [], [], 0, 0
     per_row = []  # (base s, spec s, tokens, target calls) of each sentence
     for i in range(len(rows)):
       ids = rows[i:i + 1]
@@ -123,13 +113,13 @@ def main():
       _, pd = _median_time(lambda: prefill_d(ids), args.repeats)
       base_s, spec_s = base_s + b, spec_s + s
       pre_t, pre_d = pre_t + pt, pre_d + pd
-      alpha_sum += float(res.stats["alpha_sum"][0])
-      alpha_count += int(res.stats["alpha_count"][0])
-      calls += int(res.stats["target_calls"][0])
-      tokens += int(res.stats["length"][0])
-      per_row.append((b, s, int(res.stats["length"][0]),
-                      int(res.stats["target_calls"][0])))
-    alpha = alpha_sum / max(alpha_count, 1)
+      alpha_sums.append(float(res.stats.alpha_sum[0]))
+      alpha_counts.append(int(res.stats.alpha_count[0]))
+      calls += int(res.stats.target_calls[0])
+      tokens += int(res.stats.length[0])
+      per_row.append((b, s, int(res.stats.length[0]),
+                      int(res.stats.target_calls[0])))
+    alpha = theory.pooled_alpha(alpha_sums, alpha_counts)
     m = costs.measure_costs(target, draft, rows[:1], gamma=gamma,
                             cache_positions=width)
     predicted = float(theory.walltime_improvement(alpha, gamma, m["c"]))

@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 
 import specdec_jax as sd  # noqa: E402
 from specdec_jax import sampling  # noqa: E402
+from specdec_jax.data import text  # noqa: E402
 from specdec_jax.decoding import engine  # noqa: E402
 
 _HOST_EVENTS = ("Execute", "Pjit", "Await", "Parse", "Handle")
@@ -44,12 +45,8 @@ def main():
   p.add_argument("--top", type=int, default=15)
   args = p.parse_args()
   target, draft = sd.load_model(args.target), sd.load_model(args.draft)
-  here = os.path.dirname(os.path.abspath(__file__))
-  with open(os.path.join(here, "..", "specdec_jax", "demo_data",
-                         "sentences.en")) as f:
-    line = [l.strip() for l in f if l.strip()][args.sentence]
-  ids = np.array([target.vocab.encode("translate English to German: " + line)
-                  + [1]], np.int32)
+  line = text.demo_sentences()[args.sentence]
+  ids = text.encode(target.vocab, [line])
   fn = engine.build_speculative(target.definition, draft.definition,
                                 args.gamma, args.max_decode_len,
                                 sampling.SamplingConfig())
@@ -74,8 +71,8 @@ def main():
       continue
     per_kind[re.sub(r"\.\d+$", "", name)] += e.get("dur", 0)
   print(f"{args.target} + {args.draft}, gamma {args.gamma}, sentence "
-        f"{args.sentence}: {int(stats['length'][0])} tokens in "
-        f"{int(stats['target_calls'][0])} iterations; ms per decode:")
+        f"{args.sentence}: {int(stats.length[0])} tokens in "
+        f"{int(stats.target_calls[0])} iterations; ms per decode:")
   for kind, micros in per_kind.most_common(args.top):
     print(f"  {micros / args.calls / 1e3:8.3f}  {kind}")
 

@@ -75,11 +75,9 @@ def _random_hf(path, *, layers, d_model, d_ff, heads, seed):
 
 def _sentence_rows(vocab, examples):
   """Token ids of "translate English to German: {en}" + EOS, one per line."""
-  path = os.path.join(REPO, "specdec_jax", "demo_data", "sentences.en")
-  with open(path) as f:
-    lines = [l.strip() for l in f if l.strip()][:examples]
-  return [np.array(vocab.encode("translate English to German: " + l) + [1],
-                   np.int32) for l in lines]
+  from specdec_jax.data import text  # pylint: disable=g-import-not-at-top
+  return [text.encode(vocab, [line])[0]
+          for line in text.demo_sentences(examples)]
 
 
 def _random_rows(vocab_size, examples):
@@ -175,7 +173,7 @@ def _worker_ours(args, rows):
         fn = lambda: sd.speculative_generate(target, draft, ids,  # pylint: disable=cell-var-from-loop
                                              gamma=args.gamma, **kw)
       res, t = _median(fn, args.repeats)
-      results.append((_strip(res.tokens[0][:int(res.stats["length"][0])]), t))
+      results.append((_strip(res.tokens[0][:int(res.stats.length[0])]), t))
     out[mode] = results
   return out
 

@@ -26,6 +26,17 @@ def _xp(*xs):
   return jnp if any(isinstance(x, jax.Array) for x in xs) else np
 
 
+def pooled_alpha(alpha_sums, alpha_counts) -> float:
+  """alpha pooled over rows or examples: sum(alpha_sum) / sum(alpha_count).
+
+  Each verified position weighs the same, so an example with many verified
+  positions counts for more than one with few (the mean of per-row alphas
+  would not). Zero positions give 0.
+  """
+  total = float(np.sum(np.asarray(alpha_counts, np.float64)))
+  return float(np.sum(np.asarray(alpha_sums, np.float64))) / max(total, 1.0)
+
+
 def acceptance_rate(p, q):
   """beta = sum_x min(p(x), q(x)) over the last axis (Definition 3.2)."""
   xp = _xp(p, q)

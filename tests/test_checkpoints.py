@@ -207,8 +207,7 @@ def test_load_ours_and_demo(tiny, tmp_path, monkeypatch):
 
 def test_load_hf():
   """hf:DIR gives the parameters of hf.load_t5, on devices."""
-  if not os.path.isdir(HF_DIR):
-    pytest.skip("tests/testdata/hf_t5_v1_1 not present")
+  assert os.path.isdir(HF_DIR), "committed fixture tests/testdata/hf_t5_v1_1"
   config, params = hf.load_t5(HF_DIR)
   model = checkpoints.load_model("hf:" + HF_DIR)
   assert model.config == config

@@ -66,7 +66,7 @@ def test_greedy_speculative_equals_greedy_target(decoder_only, gamma):
   base = generate(target, ids, max_decode_len=max_len)
   expected = [_greedy_reference(target, row, max_len) for row in ids]
   np.testing.assert_array_equal(base.tokens, expected)
-  lengths = {int(n) for n in base.stats["length"]}
+  lengths = {int(n) for n in base.stats.length}
   assert len(lengths) > 1, "inputs should stop at different lengths"
   for name, draft in drafts.items():
     spec = speculative_generate(target, draft, ids, gamma=gamma,
@@ -76,7 +76,7 @@ def test_greedy_speculative_equals_greedy_target(decoder_only, gamma):
                                   max_decode_len=max_len)
     np.testing.assert_array_equal(single.tokens, base.tokens[2:3])
     if name == "identical":
-      np.testing.assert_allclose(spec.stats["alpha"], 1.0, atol=1e-6)
+      np.testing.assert_allclose(spec.stats.alpha, 1.0, atol=1e-6)
 
 
 @pytest.mark.parametrize("decoder_only", [False, True])
@@ -101,10 +101,11 @@ def test_greedy_fast_path_equals_general_rejection_sampler(decoder_only):
     runs.append((np.asarray(tokens), jax.tree.map(np.asarray, stats)))
   (fast_tokens, fast), (slow_tokens, slow) = runs
   np.testing.assert_array_equal(fast_tokens, slow_tokens)
-  assert 0.2 < float(np.mean(fast["alpha"])) < 0.95, "draft should disagree"
-  for name in slow:
-    np.testing.assert_allclose(fast[name], slow[name], atol=1e-6,
-                               err_msg=name)
+  assert 0.2 < float(np.mean(fast.alpha)) < 0.95, "draft should disagree"
+  for name, value in vars(slow).items():
+    if value is not None:
+      np.testing.assert_allclose(getattr(fast, name), value, atol=1e-6,
+                                 err_msg=name)
 
 
 def _sequence_counts(tokens):
@@ -145,7 +146,7 @@ def test_sampled_sequences_follow_the_target_distribution(small_models, gamma):
                                 seed=11)
   assert _chisquare_vs_exact(result.tokens, exact) > SIGNIFICANCE
   # The draft was genuinely different: some drafts were rejected.
-  assert result.stats["alpha"].mean() < 0.95
+  assert result.stats.alpha.mean() < 0.95
   baseline = generate(target, ids, max_decode_len=SEQ_LEN, temperature=1.0,
                       seed=12)
   assert _chisquare_vs_exact(baseline.tokens, exact) > SIGNIFICANCE
@@ -178,7 +179,7 @@ def test_batch_of_four_equals_four_batch_one_runs(decoder_only):
   seeds = np.array([3, 1, 4, 1], np.int32)
   batch = speculative_generate(target, draft, ids, gamma=3, max_decode_len=10,
                                temperature=1.0, seed=seeds)
-  hist = batch.stats["accepted_histogram"]
+  hist = batch.stats.accepted_histogram
   assert len({tuple(h) for h in hist}) > 1, "rows should accept differently"
   for b in range(4):
     one = speculative_generate(target, draft, ids[b:b + 1], gamma=3,
@@ -186,8 +187,8 @@ def test_batch_of_four_equals_four_batch_one_runs(decoder_only):
                                seed=int(seeds[b]))
     np.testing.assert_array_equal(one.tokens[0], batch.tokens[b])
     for key in ["target_calls", "draft_calls", "accepted_histogram", "alpha"]:
-      np.testing.assert_allclose(one.stats[key][0], batch.stats[key][b],
-                                 rtol=1e-6)
+      np.testing.assert_allclose(getattr(one.stats, key)[0],
+                                 getattr(batch.stats, key)[b], rtol=1e-6)
 
 
 def test_rows_stop_at_eos_and_at_max_length():
@@ -199,7 +200,7 @@ def test_rows_stop_at_eos_and_at_max_length():
   for temperature in [0.0, 1.0]:
     res = speculative_generate(target, draft, ids, gamma=4, max_decode_len=9,
                                temperature=temperature, seed=2)
-    for row, n in zip(res.tokens, res.stats["length"]):
+    for row, n in zip(res.tokens, res.stats.length):
       assert 1 <= n <= 9
       eos = np.flatnonzero(row == 1)
       if eos.size:
@@ -210,7 +211,7 @@ def test_rows_stop_at_eos_and_at_max_length():
   # Without EOS in the vocabulary's reach, every row reaches max length.
   no_eos = toy_models.table_model(VOCAB, seed=7, eos_bias=-1e9)
   res = speculative_generate(no_eos, draft, ids, gamma=4, max_decode_len=9)
-  np.testing.assert_array_equal(res.stats["length"], 9)
+  np.testing.assert_array_equal(res.stats.length, 9)
 
 
 def test_stats_are_consistent_and_alpha_matches_theory():
@@ -225,17 +226,17 @@ def test_stats_are_consistent_and_alpha_matches_theory():
                              max_decode_len=10, temperature=temperature,
                              seed=5, record_trace=True)
   st = res.stats
-  np.testing.assert_array_equal(st["accepted_tokens"] + st["target_tokens"],
-                                st["length"])
-  np.testing.assert_array_equal(st["accepted_histogram"].sum(1),
-                                st["target_calls"])
-  np.testing.assert_array_equal(st["draft_calls"], gamma * st["target_calls"])
+  np.testing.assert_array_equal(st.accepted_tokens + st.target_tokens,
+                                st.length)
+  np.testing.assert_array_equal(st.accepted_histogram.sum(1),
+                                st.target_calls)
+  np.testing.assert_array_equal(st.draft_calls, gamma * st.target_calls)
   for b, row in enumerate(ids):
     prefix = [toy_models.start_token(target, row)]
     betas = []
-    for it in range(st["target_calls"][b]):
-      n_acc = st["trace_accepted"][b, it]
-      drafted = st["trace_draft"][b, it]
+    for it in range(st.target_calls[b]):
+      n_acc = st.trace_accepted[b, it]
+      drafted = st.trace_draft[b, it]
       context = list(prefix)
       for i in range(min(n_acc + 1, gamma)):
         p = toy_models._softmax(toy_models.next_logits(target, row, context),
@@ -244,11 +245,11 @@ def test_stats_are_consistent_and_alpha_matches_theory():
                                 temperature)
         betas.append(theory.acceptance_rate(p, q))
         context.append(int(drafted[i]))
-      prefix += list(drafted[:n_acc]) + [int(st["trace_next"][b, it])]
-    np.testing.assert_array_equal(prefix[1:1 + st["length"][b]],
-                                  res.tokens[b, :st["length"][b]])
-    assert st["alpha_count"][b] == len(betas)
-    assert st["alpha"][b] == pytest.approx(np.mean(betas), abs=1e-5)
+      prefix += list(drafted[:n_acc]) + [int(st.trace_next[b, it])]
+    np.testing.assert_array_equal(prefix[1:1 + st.length[b]],
+                                  res.tokens[b, :st.length[b]])
+    assert st.alpha_count[b] == len(betas)
+    assert st.alpha[b] == pytest.approx(np.mean(betas), abs=1e-5)
 
 
 def test_no_recompilation_for_the_same_shapes():

@@ -82,8 +82,8 @@ def test_sharded_speculative_equals_single_device(models, temperature):
                                  _on_mesh(draft, mesh, replicate=True), ids,
                                  mesh=mesh, **kwargs)
   np.testing.assert_array_equal(sharded.tokens, single.tokens)
-  np.testing.assert_array_equal(sharded.stats["accepted_histogram"],
-                                single.stats["accepted_histogram"])
+  np.testing.assert_array_equal(sharded.stats.accepted_histogram,
+                                single.stats.accepted_histogram)
   base = generate(_on_mesh(target, mesh), ids, max_decode_len=10,
                   temperature=temperature, seed=7, mesh=mesh)
   ref = generate(target, ids, max_decode_len=10, temperature=temperature,
@@ -105,7 +105,7 @@ def test_data_sharded_rows_match_batch_one_runs():
   seeds = np.array([3, 1, 4, 1], np.int32)
   batch = speculative_generate(target, draft, ids, gamma=3, max_decode_len=10,
                                temperature=1.0, seed=seeds, mesh=mesh)
-  assert len({tuple(h) for h in batch.stats["accepted_histogram"]}) > 1
+  assert len({tuple(h) for h in batch.stats.accepted_histogram}) > 1
   for b in range(4):
     one = speculative_generate(target, draft, ids[b:b + 1], gamma=3,
                                max_decode_len=10, temperature=1.0,

@@ -1,4 +1,5 @@
-"""Tests of the Flax T5, its cache contract, the registry and gin configs."""
+"""Tests of the Flax T5, the registry and gin configs (the cache contract:
+test_model_contract.py)."""
 
 import dataclasses
 import glob
@@ -111,79 +112,6 @@ def test_prefill_allocates_cache_and_starts_at_zero(model):
       "cache_batch", "cache_heads", "cache_kv", "cache_sequence")
   assert tuple(axes.cross_attention[0].value) == (
       "cache_batch", "cache_heads", "cache_sequence", "cache_kv")
-
-
-def test_cached_decoding_equals_uncached_forward(model):
-  """One token at a time through the cache == the teacher-forced pass."""
-  definition, params = model
-  input_ids, decoder_ids = _inputs()
-  expected = definition.forward(params, input_ids, decoder_ids)
-  assert expected.dtype == jnp.float32
-  cache = definition.prefill(params, input_ids, decoder_ids.shape[1]).cache
-  for t in range(decoder_ids.shape[1]):
-    logits, cache = definition.extend(params, cache, decoder_ids[:, t:t + 1],
-                           np.full((2, 1), t, np.int32))
-    np.testing.assert_allclose(logits[:, 0], expected[:, t], atol=1e-5)
-
-
-def test_chunk_at_per_row_offsets_equals_single_steps(model):
-  """A chunk of K tokens at per-row offsets == K single steps."""
-  definition, params = model
-  input_ids, decoder_ids = _inputs()
-  expected = definition.forward(params, input_ids, decoder_ids)
-  cache = definition.prefill(params, input_ids, 8).cache
-  # Row 0 has seen positions 0..1, row 1 positions 0..3.
-  done = np.array([2, 4])
-  for t in range(4):
-    positions = np.minimum(t, done - 1)[:, None].astype(np.int32)
-    tokens = np.take_along_axis(decoder_ids, positions, axis=1)
-    _, cache = definition.extend(params, cache, tokens, positions)
-  positions = (done[:, None] + np.arange(3)).astype(np.int32)
-  tokens = np.take_along_axis(decoder_ids, positions, axis=1)
-  logits, _ = definition.extend(params, cache, tokens, positions)
-  for row in range(2):
-    np.testing.assert_allclose(logits[row], expected[row, positions[row]],
-                               atol=1e-5)
-
-
-def test_repeated_position_changes_nothing(model):
-  """Rewriting a position with the same token leaves logits and cache as is."""
-  definition, params = model
-  input_ids, decoder_ids = _inputs()
-  cache = definition.prefill(params, input_ids, 6).cache
-  plain, plain_cache = definition.extend(
-      params, cache, decoder_ids[:, :3], np.tile(np.arange(3), (2, 1)))
-  tokens = np.concatenate([decoder_ids[:, :1], decoder_ids[:, :3]], axis=1)
-  positions = np.tile(np.array([0, 0, 1, 2]), (2, 1))
-  repeated, repeated_cache = definition.extend(params, cache, tokens,
-                                               positions)
-  np.testing.assert_allclose(repeated[:, 1:], plain, atol=1e-6)
-  np.testing.assert_allclose(repeated[:, 0], plain[:, 0], atol=1e-6)
-  for a, b in zip(jax.tree.leaves(plain_cache),
-                  jax.tree.leaves(repeated_cache)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
-
-
-def test_stale_slots_do_not_affect_logits(model):
-  """Rollback is by position: whatever sits in slots past t is invisible."""
-  definition, params = model
-  input_ids, decoder_ids = _inputs()
-  cache = definition.prefill(params, input_ids, 8).cache
-  # Write a draft of 6 tokens, then roll back to position 2 and continue
-  # with different tokens, as after a rejected draft.
-  _, cache = definition.extend(params, cache, decoder_ids[:, :6],
-                               np.tile(np.arange(6), (2, 1)))
-  # Fill every slot past position 2 with garbage as well.
-  noise = lambda kv: layers.KVCache(kv.key.at[..., 3:].set(1e3),
-                                    kv.value.at[:, :, 3:].set(-7.0))
-  cache = cache.replace(self_attention=tuple(
-      noise(kv) for kv in cache.self_attention))
-  new = np.array([[50, 51], [52, 53]], np.int32)
-  logits, _ = definition.extend(params, cache, new,
-                                np.tile(np.array([3, 4]), (2, 1)))
-  fresh = np.concatenate([decoder_ids[:, :3], new], axis=1)
-  expected = definition.forward(params, input_ids, fresh)
-  np.testing.assert_allclose(logits, expected[:, 3:], atol=1e-5)
 
 
 def test_kv_cache_write_puts_each_row_at_its_positions():

@@ -31,6 +31,7 @@ import dataclasses
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
+
 from specdec_jax.tokens import EOS_ID
 from specdec_jax.tokens import PAD_ID
 

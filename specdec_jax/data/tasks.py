@@ -58,12 +58,13 @@ import seqio
 import tensorflow as tf
 
 from specdec_jax.data import metrics
+from specdec_jax.data import text
 
 DEFAULT_VOCAB_PATH = (
     "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model")
 NUM_EXTRA_IDS = 100
-TRANSLATE_PREFIX = "translate English to German: "
-SUMMARIZE_PREFIX = "summarize: "
+TRANSLATE_PREFIX = text.TRANSLATE_PREFIX
+SUMMARIZE_PREFIX = text.SUMMARIZE_PREFIX
 SHARED_DATA_ENV = "SPECDEC_SHARED_DATA"
 
 WMT14_ENDE = "wmt14_ende"

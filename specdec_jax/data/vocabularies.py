@@ -27,9 +27,28 @@ from __future__ import annotations
 import os
 import tempfile
 from typing import Mapping, Sequence
+
 from specdec_jax.tokens import EOS_ID
 from specdec_jax.tokens import PAD_ID
 from specdec_jax.tokens import UNK_ID
+
+
+def detokenize(vocab, tokens) -> str:
+  """Text of one generated row: cut at the first EOS, pads dropped.
+
+  Ids past the vocabulary's pieces (the padded rows of an embedding table
+  rounded up to a multiple of 128) have no piece: they decode as UNK.
+
+  Args:
+    vocab: a seqio (or SentencePiece-like) vocabulary with `decode` and
+      `vocab_size`.
+    tokens: int [length], e.g. `DecodeResult.tokens[b]`.
+  """
+  ids = [int(t) for t in tokens]
+  if EOS_ID in ids:
+    ids = ids[:ids.index(EOS_ID)]
+  return vocab.decode([i if i < vocab.vocab_size else UNK_ID
+                       for i in ids if i != PAD_ID])
 
 
 def export_tfds_text(tfds_name: str, split: str, field: str, output: str, *,

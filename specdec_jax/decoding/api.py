@@ -20,6 +20,7 @@ from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax.decoding import engine
 from specdec_jax.decoding.protocol import Model
+from specdec_jax.decoding.stats import DecodeStats
 
 
 @dataclasses.dataclass
@@ -29,19 +30,12 @@ class DecodeResult:
   Attributes:
     tokens: int32 [B, max_decode_len] generated tokens (EOS included), 0 after
       each row's end.
-    stats: dict of per-row numpy arrays. Always: `length`, `target_calls`.
-      Speculative decoding adds `draft_calls`, `accepted_histogram`
-      [B, gamma+1] (accepted draft tokens per iteration), `accepted_tokens`
-      and `target_tokens` (emitted tokens that came from the draft / from the
-      target's correction or bonus; they sum to `length`),
-      `tokens_per_target_call`, and `alpha`: the mean over verified positions
-      whose prefix was accepted of sum_x min(p, q) (no sampling noise), with
-      its numerator and denominator `alpha_sum`, `alpha_count` so that
-      several rows can be pooled by position.
+    stats: the per-row `DecodeStats` (numpy): lengths, target and draft
+      calls, accepted tokens, alpha and its parts, traces.
   """
 
   tokens: np.ndarray
-  stats: dict[str, np.ndarray]
+  stats: DecodeStats
 
 
 def _check_model(name: str, model: Any) -> Model:
@@ -178,7 +172,8 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
     lenience: in (0, 1]; 1 (default) is exact, smaller is the paper's lossy
       variant.
     record_trace: also return per-iteration draft tokens, accepted counts and
-      target tokens (`trace_*` stats, [B, max_decode_len, ...]) for plots.
+      target tokens (`DecodeStats.trace_*`, [B, max_decode_len, ...]) for
+      plots.
     mesh: run sharded on this mesh (see `specdec_jax.sharding`).
 
   Returns:

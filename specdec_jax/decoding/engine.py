@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from specdec_jax import sampling
 from specdec_jax import theory
 from specdec_jax.decoding.protocol import ModelDef
+from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.tokens import EOS_ID
 
 
@@ -89,7 +90,8 @@ class SpeculativeState:
     draft: the draft model's cursor. Its cache is valid up to relative index
       length - 1 (or length - 2 after a fully accepted step); each step starts
       by feeding indices (length - 1, length) so both cases are covered.
-    stats: dict of per-row counters, see `speculative_generate`.
+    stats: dict of per-row counters, the fields of `DecodeStats` that the
+      loop accumulates.
   """
 
   step: jax.Array
@@ -205,7 +207,7 @@ def build_generate(model: ModelDef, max_decode_len: int,
                                  stats=stats)
 
     state = jax.lax.while_loop(cond, body, state)
-    stats = dict(state.stats, length=state.stream.length)
+    stats = DecodeStats(length=state.stream.length, **state.stats)
     return _finish(state.stream, max_decode_len), stats
 
   return jax.jit(run)
@@ -346,10 +348,13 @@ def build_speculative(target: ModelDef, draft: ModelDef, gamma: int,
                               stats=st)
 
     state = jax.lax.while_loop(cond, body, state)
-    st = dict(state.stats, length=state.stream.length)
-    st["alpha"] = st["alpha_sum"] / jnp.maximum(st["alpha_count"], 1)
-    st["tokens_per_target_call"] = state.stream.length / jnp.maximum(
-        st["target_calls"], 1)
-    return _finish(state.stream, max_decode_len), st
+    st = state.stats
+    stats = DecodeStats(
+        length=state.stream.length,
+        alpha=st["alpha_sum"] / jnp.maximum(st["alpha_count"], 1),
+        tokens_per_target_call=state.stream.length / jnp.maximum(
+            st["target_calls"], 1),
+        **st)
+    return _finish(state.stream, max_decode_len), stats
 
   return jax.jit(run)

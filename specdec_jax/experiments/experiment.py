@@ -29,9 +29,9 @@ from absl import logging
 import numpy as np
 
 from specdec_jax import theory
+from specdec_jax.data import vocabularies
 from specdec_jax.decoding.api import generate, speculative_generate
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.tokens import EOS_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,13 +228,6 @@ def task_vocabulary(config: ExperimentConfig, target: Model):
   return tasks.get_task(config.task).output_features["targets"].vocabulary
 
 
-def detokenize(vocab, tokens: np.ndarray) -> str:
-  ids = [int(t) for t in tokens]
-  if EOS_ID in ids:
-    ids = ids[:ids.index(EOS_ID)]
-  return vocab.decode([i for i in ids if i != 0])
-
-
 # ----------------------------------------------------------------------------
 # Results that survive a kill.
 
@@ -296,14 +289,12 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
   if os.path.exists(path):
     with open(path) as f:
       return int(json.load(f)["gamma"])
-  alpha_sum = alpha_count = 0.0
-  for batch in batches[:config.probe_examples]:
-    res = speculative_generate(target, draft, batch.input_ids,
-                               gamma=config.probe_gamma, seed=config.seed,
-                               **_spec_kwargs(config))
-    alpha_sum += float(res.stats["alpha_sum"].sum())
-    alpha_count += float(res.stats["alpha_count"].sum())
-  alpha = alpha_sum / max(alpha_count, 1.0)
+  probes = [speculative_generate(target, draft, batch.input_ids,
+                                 gamma=config.probe_gamma, seed=config.seed,
+                                 **_spec_kwargs(config)).stats
+            for batch in batches[:config.probe_examples]]
+  alpha = theory.pooled_alpha([s.alpha_sum.sum() for s in probes],
+                              [s.alpha_count.sum() for s in probes])
   from specdec_jax.experiments import costs  # pylint: disable=g-import-not-at-top
   positions = config.max_decode_len + config.max_gamma + 1
   ids = batches[0].input_ids
@@ -371,8 +362,8 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
         "id": batch.ids[0], "input_length": int(batch.input_lengths[0]),
         "target_text": batch.targets_text[0],
         "baseline": {"tokens": _tokens(base), "time_s": base_s,
-                     "text": detokenize(vocab, base.tokens[0]),
-                     "target_calls": int(base.stats["target_calls"][0])},
+                     "text": vocabularies.detokenize(vocab, base.tokens[0]),
+                     "target_calls": int(base.stats.target_calls[0])},
         "speculative": {},
     }
     for g in gammas:
@@ -382,13 +373,13 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
       st = spec.stats
       record["speculative"][str(g)] = {
           "tokens": _tokens(spec), "time_s": spec_s,
-          "text": detokenize(vocab, spec.tokens[0]),
-          "target_calls": int(st["target_calls"][0]),
-          "draft_calls": int(st["draft_calls"][0]),
-          "accepted_histogram": st["accepted_histogram"][0].tolist(),
-          "alpha": float(st["alpha"][0]),
-          "alpha_sum": float(st["alpha_sum"][0]),
-          "alpha_count": int(st["alpha_count"][0]),
+          "text": vocabularies.detokenize(vocab, spec.tokens[0]),
+          "target_calls": int(st.target_calls[0]),
+          "draft_calls": int(st.draft_calls[0]),
+          "accepted_histogram": st.accepted_histogram[0].tolist(),
+          "alpha": float(st.alpha[0]),
+          "alpha_sum": float(st.alpha_sum[0]),
+          "alpha_count": int(st.alpha_count[0]),
       }
     if primary:
       append_line(path, record)
@@ -410,7 +401,7 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
 
 
 def _tokens(result) -> list[int]:
-  n = int(result.stats["length"][0])
+  n = int(result.stats.length[0])
   return result.tokens[0, :n].tolist()
 
 
@@ -447,7 +438,7 @@ def _log_progress(done, new, total, started, gammas):
   g = str(gammas[0])
   base = sum(r["baseline"]["time_s"] for r in done)
   spec = sum(r["speculative"][g]["time_s"] for r in done)
-  a_sum = sum(r["speculative"][g]["alpha_sum"] for r in done)
-  a_cnt = sum(r["speculative"][g]["alpha_count"] for r in done)
+  alpha = theory.pooled_alpha([r["speculative"][g]["alpha_sum"] for r in done],
+                              [r["speculative"][g]["alpha_count"] for r in done])
   logging.info("[%d/%d] alpha=%.3f speedup(gamma=%s)=%.2fx  ETA %.0fs", new,
-               total, a_sum / max(a_cnt, 1), g, base / max(spec, 1e-9), eta)
+               total, alpha, g, base / max(spec, 1e-9), eta)

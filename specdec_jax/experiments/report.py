@@ -33,8 +33,8 @@ def _row(config, records: list[dict], gamma: int, costs: dict,
   spec = [r["speculative"][g] for r in records]
   base_time = sum(r["baseline"]["time_s"] for r in records)
   spec_time = sum(s["time_s"] for s in spec)
-  alpha = sum(s["alpha_sum"] for s in spec) / max(
-      sum(s["alpha_count"] for s in spec), 1)
+  alpha = theory.pooled_alpha([s["alpha_sum"] for s in spec],
+                              [s["alpha_count"] for s in spec])
   lengths = [len(s["tokens"]) for s in spec]
   histogram = np.sum([s["accepted_histogram"] for s in spec], axis=0)
   tokens = sum(len(s["tokens"]) for s in spec)
@@ -211,15 +211,15 @@ def _piece(vocab, token: int) -> str:
     return f"<{token}>"
 
 
-def trace_steps(stats: dict, row: int, gamma: int) -> list[dict]:
+def trace_steps(stats, row: int, gamma: int) -> list[dict]:
   """Per iteration: accepted draft tokens, the rejected one, the target's."""
   steps = []
-  for it in range(int(stats["target_calls"][row])):
-    n = int(stats["trace_accepted"][row, it])
-    draft = stats["trace_draft"][row, it].tolist()
+  for it in range(int(stats.target_calls[row])):
+    n = int(stats.trace_accepted[row, it])
+    draft = stats.trace_draft[row, it].tolist()
     steps.append({"accepted": draft[:n],
                   "rejected": draft[n:n + 1] if n < gamma else [],
-                  "target": int(stats["trace_next"][row, it])})
+                  "target": int(stats.trace_next[row, it])})
   return steps
 
 

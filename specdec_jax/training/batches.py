@@ -23,10 +23,6 @@ from specdec_jax.data import batching
 from specdec_jax.tokens import EOS_ID
 
 
-def _bucket(length: int, buckets: Sequence[int]) -> int:
-  return next((b for b in sorted(buckets) if b >= length), length)
-
-
 class BucketedData:
   """Tokenized examples in numpy, cut into batches of a few static shapes.
 
@@ -44,8 +40,16 @@ class BucketedData:
                seed: int):
     self.inputs, self.targets = inputs, targets
     self.decoder_only, self._seed = decoder_only, seed
-    keys = [(_bucket(len(a) + len(b), buckets),) if decoder_only else
-            (_bucket(len(a), buckets), _bucket(len(b), buckets))
+    # Rows are bucketed as in decoding (`batching.bucket_length`). Rows are
+    # already cut to the configured lengths, and the longest one is always
+    # allowed: past the largest bucket it is a width of its own (folded with
+    # other rare shapes below), never truncated here.
+    longest = max((len(a) + len(b) if decoder_only else max(len(a), len(b))
+                   for a, b in zip(inputs, targets)), default=1)
+    buckets = tuple(buckets) + ((longest,) if longest > max(buckets) else ())
+    bucket = lambda n: batching.bucket_length(n, buckets)
+    keys = [(bucket(len(a) + len(b)),) if decoder_only else
+            (bucket(len(a)), bucket(len(b)))
             for a, b in zip(inputs, targets)]
     rows = lambda key: (max(1, batch_tokens // sum(key)) if batch_tokens > 0
                         else batch_size)

@@ -48,6 +48,7 @@ from specdec_jax import checkpoints
 from specdec_jax.data import batching
 from specdec_jax.data import metrics
 from specdec_jax.data import tasks
+from specdec_jax.data import vocabularies
 from specdec_jax.training.batches import BucketedData
 from specdec_jax.training.batches import load_split
 from specdec_jax.decoding.api import generate
@@ -55,9 +56,6 @@ from specdec_jax.decoding.protocol import Model
 from specdec_jax.models import gpt
 from specdec_jax.models import layers
 from specdec_jax.models import registry
-from specdec_jax.tokens import EOS_ID
-from specdec_jax.tokens import PAD_ID
-from specdec_jax.tokens import UNK_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,11 +367,7 @@ def evaluate(model: Model, eval_data: BucketedData | None, examples,
                               max_length=config.max_lengths()[0]):
       tokens = generate(model, batch.input_ids,
                         max_decode_len=config.max_decode_len).tokens
-      for row in np.asarray(tokens).tolist():
-        row = row[:row.index(EOS_ID)] if EOS_ID in row else row
-        # Padded embedding rows have no piece: decode them as UNK.
-        predictions.append(vocab.decode([t if t < vocab.vocab_size else UNK_ID
-                                         for t in row if t != PAD_ID]))
+      predictions += [vocabularies.detokenize(vocab, row) for row in tokens]
     result["bleu"] = metrics.bleu([e.targets_text for e in chosen],
                                   predictions)["bleu"]
     result["sample"] = predictions[0]
@@ -514,11 +508,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
   logging.info("%s: %.3fM parameters", model_config, num_params / 1e6)
   train_step = make_train_step(definition, tx, config,
                                teacher.definition if teacher else None)
-  metrics_file = open(os.path.join(config.workdir, "metrics.jsonl"), "a")
+  metrics_path = os.path.join(config.workdir, "metrics.jsonl")
 
   def record(row):
-    metrics_file.write(json.dumps(row) + "\n")
-    metrics_file.flush()
+    with open(metrics_path, "a") as f:  # a line survives a kill right after
+      f.write(json.dumps(row) + "\n")
 
   def run_eval(step):
     result = evaluate(Model(definition, state.params, vocab), eval_data,
@@ -571,7 +565,6 @@ def train(config: TrainConfig) -> dict[str, Any]:
     checkpoints.save(Model(definition, state.params, vocab),
                      os.path.join(config.workdir, "model"),
                      config=model_config, vocab=vocab_path, overwrite=True)
-  metrics_file.close()
   manager.close()
   return {**last, **final, "step": step, "num_params": int(num_params),
           "seconds": time.time() - start_time, "stopped": stop.requested}

@@ -1,0 +1,67 @@
+"""What a decode measured, per row: `DecodeStats`.
+
+Both loops return one `DecodeStats` (a pytree, so it leaves the jitted loop
+as it is and is fetched to the host with the tokens). Fields that only
+speculative decoding fills are None after `generate`; the `trace_*` fields
+are None unless `record_trace=True`.
+
+Dimension letters: B batch, G gamma, T max_decode_len.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import numpy as np
+
+from specdec_jax import theory
+
+
+@flax.struct.dataclass
+class DecodeStats:
+  """Per-row counters of one decode (numpy on the host, jax in the loop).
+
+  Attributes:
+    length: int32 [B] tokens generated (EOS included).
+    target_calls: int32 [B] target runs: one per token for `generate`, one
+      per iteration (scoring gamma + 1 positions) for speculative decoding.
+    draft_calls: int32 [B] draft steps (gamma per iteration).
+    accepted_tokens: int32 [B] emitted tokens that came from the draft.
+    target_tokens: int32 [B] emitted tokens that came from the target (the
+      correction after a rejection, or the bonus token after a full accept);
+      `accepted_tokens + target_tokens == length`.
+    accepted_histogram: int32 [B, G + 1] iterations that accepted 0..G draft
+      tokens.
+    alpha_sum, alpha_count: float32 / int32 [B] the sum of
+      beta = sum_x min(p, q) over the verified positions whose prefix was
+      accepted, and their number; pooled over rows or examples by
+      `theory.pooled_alpha` (each position weighs the same).
+    alpha: float32 [B] alpha_sum / alpha_count: the row's acceptance rate
+      (no sampling noise: beta is computed from p and q, not drawn).
+    tokens_per_target_call: float32 [B] length / target_calls.
+    trace_draft: int32 [B, T, G] draft tokens of iteration t (zeros past the
+      row's last iteration).
+    trace_accepted: int32 [B, T] accepted draft tokens of iteration t (-1
+      past the row's last iteration).
+    trace_next: int32 [B, T] the target's token appended in iteration t.
+  """
+
+  length: Any
+  target_calls: Any
+  draft_calls: Any = None
+  accepted_tokens: Any = None
+  target_tokens: Any = None
+  accepted_histogram: Any = None
+  alpha_sum: Any = None
+  alpha_count: Any = None
+  alpha: Any = None
+  tokens_per_target_call: Any = None
+  trace_draft: Any = None
+  trace_accepted: Any = None
+  trace_next: Any = None
+
+  def pooled_alpha(self) -> float:
+    """alpha over every verified position of every row."""
+    return theory.pooled_alpha(np.asarray(self.alpha_sum),
+                               np.asarray(self.alpha_count))
