@@ -11,36 +11,33 @@ machine (on a CPU, verifying 8 tokens costs about twice one step, where the
 paper's accelerators pay about the same). Needs ../shared/data.
 """
 
-import argparse
-import os
-import sys
+from absl import app
+from absl import flags
+import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import specdec_jax as sd
+from specdec_jax import theory
+from specdec_jax.data import batching
+from specdec_jax.data import tasks
+from specdec_jax.experiments import costs
 
-import numpy as np  # noqa: E402
+flags.DEFINE_string("target", "demo:target", "Target model spec.")
+flags.DEFINE_list("drafts", ["demo:draft_large", "demo:draft_base",
+                             "demo:draft_small"], "Draft model specs.")
+flags.DEFINE_integer("examples", 128, "Multi30k validation sentences.")
+flags.DEFINE_integer("max_gamma", 8, "Largest gamma considered.")
+args = flags.FLAGS
 
-import specdec_jax as sd  # noqa: E402
-from specdec_jax import theory  # noqa: E402
-from specdec_jax.experiments import costs  # noqa: E402
-from specdec_jax.data import batching  # noqa: E402
-from specdec_jax.data import tasks  # noqa: E402
 
-
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("--target", default="demo:target")
-  p.add_argument("--drafts", default="demo:draft_large,demo:draft_base,"
-                 "demo:draft_small")
-  p.add_argument("--examples", type=int, default=128)
-  p.add_argument("--max_gamma", type=int, default=8)
-  args = p.parse_args()
+def main(argv):
+  del argv
   target = sd.load_model(args.target)
   with tasks.override_config(vocab_path=target.vocab.sentencepiece_model_file):
     examples = batching.load_examples("multi30k_ende_local", "validation",
                                   max_examples=args.examples)
   batches = list(batching.batches(examples, batch_size=32, max_length=128))
   one = next(batching.batches(examples[:1], batch_size=1, max_length=128))
-  for spec in args.drafts.split(","):
+  for spec in args.drafts:
     draft = sd.load_model(spec)
     alphas = {}
     for temperature in (0.0, 1.0):
@@ -69,4 +66,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -14,30 +14,24 @@ models with benchmarks/overhead.py). It is how the demo target's 3+8 layout
 was chosen (docs/demo_models.md).
 """
 
-import argparse
-import os
-import statistics
-import sys
-import time
+from absl import app
+from absl import flags
+import jax
+import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from specdec_jax.decoding.protocol import Model
+from specdec_jax.experiments import costs
+from specdec_jax.experiments import timing
+from specdec_jax.models.t5 import T5Config, T5Def
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from specdec_jax.experiments import costs  # noqa: E402
-from specdec_jax.decoding.protocol import Model  # noqa: E402
-from specdec_jax.models.t5 import T5Config, T5Def  # noqa: E402
+flags.DEFINE_integer("repeats", 7, "Timed repeats (the fastest is kept).")
+args = flags.FLAGS
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("shapes", nargs="+",
-                 help="d_model,d_ff,heads,encoder_layers,decoder_layers")
-  p.add_argument("--repeats", type=int, default=7)
-  args = p.parse_args()
+def main(argv):
+  shapes = argv[1:]  # d_model,d_ff,heads,encoder_layers,decoder_layers each
   ids = np.array([list(range(3, 24)) + [1] + [0] * 2], np.int32)
-  for shape in args.shapes:
+  for shape in shapes:
     d, f, h, e, n = map(int, shape.split(","))
     config = T5Config(vocab_size=4224, emb_dim=d, mlp_dim=f, num_heads=h,
                       head_dim=64, num_encoder_layers=e, num_decoder_layers=n,
@@ -49,13 +43,9 @@ def main():
                               steps=16, repeats=args.repeats)
          for k in (1, 4, 6)}
     prefill = jax.jit(lambda p, i: definition.prefill(p, i, 70).cache)  # pylint: disable=cell-var-from-loop
-    jax.block_until_ready(prefill(params, ids))
-    times = []
-    for _ in range(args.repeats):
-      t0 = time.perf_counter()
-      jax.block_until_ready(prefill(params, ids))
-      times.append(time.perf_counter() - t0)
-    pre = statistics.median(times) * 1e3
+    jax.block_until_ready(prefill(params, ids))  # compile
+    _, seconds = timing.best_time(lambda: prefill(params, ids), args.repeats)  # pylint: disable=cell-var-from-loop
+    pre = seconds * 1e3
     size = sum(x.size for x in jax.tree.leaves(params))
     base = pre + 12 * t[1] * 1e3
     spec = pre + 3 * (t[6] * 1e3 + 5 * 0.07 + 0.4)
@@ -66,4 +56,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -11,8 +11,6 @@ Dimension letters: B batch, L input length, K tokens per extend call.
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 from typing import Any
 
 import jax
@@ -22,6 +20,7 @@ import numpy as np
 from specdec_jax import sampling
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.decoding.protocol import Model
+from specdec_jax.experiments import timing
 
 
 @functools.lru_cache(maxsize=32)
@@ -57,7 +56,7 @@ def _build_timed_loop(definition: ModelDef, num_tokens: int, steps: int,
 def time_extend(model: Model, input_ids: np.ndarray, *, num_tokens: int = 1,
                 cache_positions: int = 64, steps: int = 16,
                 repeats: int = 5) -> float:
-  """Median seconds of one cached `extend` of `num_tokens` tokens per row.
+  """Seconds of one cached `extend` of `num_tokens` tokens per row.
 
   Args:
     model: the model to time.
@@ -67,7 +66,7 @@ def time_extend(model: Model, input_ids: np.ndarray, *, num_tokens: int = 1,
     cache_positions: decoder positions the cache holds (decoding uses
       max_decode_len + gamma + 1), since attention cost grows with it.
     steps: extend calls per timed loop (capped so the positions fit).
-    repeats: timed loops; the median is returned.
+    repeats: timed loops; the fastest is used (`timing.best_time`).
 
   Returns:
     Seconds per extend call.
@@ -78,12 +77,9 @@ def time_extend(model: Model, input_ids: np.ndarray, *, num_tokens: int = 1,
   ids = jnp.asarray(input_ids, jnp.int32)
   cache, start_pos = jax.block_until_ready(prefill(model.params, ids))
   jax.block_until_ready(loop(model.params, cache, start_pos))  # compile
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(loop(model.params, cache, start_pos))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times) / steps
+  _, seconds = timing.best_time(lambda: loop(model.params, cache, start_pos),
+                                repeats)
+  return seconds / steps
 
 
 def count_params(params: Any) -> int:

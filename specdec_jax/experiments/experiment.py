@@ -30,6 +30,7 @@ import numpy as np
 
 from specdec_jax import theory
 from specdec_jax.data import vocabularies
+from specdec_jax.experiments import timing
 from specdec_jax.decoding.api import generate, speculative_generate
 from specdec_jax.decoding.protocol import Model
 
@@ -267,15 +268,6 @@ def write_json(path: str, obj: Any) -> None:
 # The run.
 
 
-def _timed(fn, repeats: int):
-  best, out = float("inf"), None
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    out = fn()  # returns host numpy: the device work has finished
-    best = min(best, time.perf_counter() - t0)
-  return out, best
-
-
 def _spec_kwargs(config: ExperimentConfig) -> dict:
   return dict(max_decode_len=config.max_decode_len,
               temperature=config.temperature, top_k=config.top_k,
@@ -356,7 +348,7 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
         speculative_generate(target, draft, ids, gamma=g, seed=config.seed,
                              mesh=mesh, **kwargs)
       warmed.add(ids.shape)
-    base, base_s = _timed(lambda: generate(  # pylint: disable=cell-var-from-loop
+    base, base_s = timing.best_time(lambda: generate(  # pylint: disable=cell-var-from-loop
         target, ids, seed=config.seed, mesh=mesh, **kwargs), config.repeats)
     record = {
         "id": batch.ids[0], "input_length": int(batch.input_lengths[0]),
@@ -367,7 +359,7 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
         "speculative": {},
     }
     for g in gammas:
-      spec, spec_s = _timed(lambda: speculative_generate(  # pylint: disable=cell-var-from-loop
+      spec, spec_s = timing.best_time(lambda: speculative_generate(  # pylint: disable=cell-var-from-loop
           target, draft, ids, gamma=g, seed=config.seed, mesh=mesh, **kwargs),
                             config.repeats)
       st = spec.stats
