@@ -20,8 +20,8 @@ first --examples lines of specdec_jax/demo_data/sentences.en as
 Greedy outputs can part where the top two logits are within float32
 round-off of each other: often on random weights, rarely on trained ones
 (the demo models' smallest top-2 margin on these sentences is ~5e-5, in
-demo:draft_small). For batch 1 and each input, it times (median over
---repeats, warm-up/compile excluded):
+demo:draft_small). For batch 1 and each input, it times (the fastest of
+--repeats, `timing.best_time`; warm-up/compile excluded):
 
   plain: our `generate` vs HF `generate` (greedy, then sampled);
   speculative: our `speculative_generate` vs HF assisted generation with the
@@ -39,18 +39,31 @@ The export (--target/--draft) runs in a third subprocess before them, so
 the parent process never starts JAX.
 """
 
-import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
+from absl import app
+from absl import flags
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+flags.DEFINE_string("target", None, "Our model spec, exported with save_t5 "
+                    "(e.g. demo:target).")
+flags.DEFINE_string("draft", None, "Our model spec, exported with save_t5 "
+                    "(e.g. demo:draft_base).")
+flags.DEFINE_string("target_hf", None, "A Hugging Face T5 directory.")
+flags.DEFINE_string("draft_hf", None, "A Hugging Face T5 directory.")
+flags.DEFINE_integer("gamma", 4, "Draft tokens per iteration (both sides).")
+flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per input.")
+flags.DEFINE_integer("examples", 4, "Inputs (batch 1 each).")
+flags.DEFINE_integer("repeats", 3, "Timed repeats (the fastest is kept).")
+flags.DEFINE_enum("worker", None, ["hf", "ours", "export"],
+                  "Internal: run one side in this subprocess.")
+flags.DEFINE_string("io", None, "Internal: the workers' exchange directory.")
+args = flags.FLAGS
+
 MODES = ("plain_greedy", "plain_sampled", "speculative_greedy",
          "speculative_sampled")
 
@@ -97,7 +110,6 @@ def _load_rows(io):
 
 def _worker_export(args):
   """Exports --target/--draft as HF directories; sentence inputs if a vocab."""
-  sys.path.insert(0, REPO)
   import specdec_jax as sd  # pylint: disable=g-import-not-at-top
   from specdec_jax.checkpoints import hf  # pylint: disable=g-import-not-at-top
   for role in ("target", "draft"):
@@ -109,14 +121,11 @@ def _worker_export(args):
         _save_rows(args.io, _sentence_rows(model.vocab, args.examples))
 
 
-def _median(fn, repeats):
+def _timed(fn, repeats):
+  # Imported here: the HF worker must not import JAX before torch runs.
+  from specdec_jax.experiments import timing  # pylint: disable=g-import-not-at-top
   fn()  # warm-up (compilation for ours)
-  times, out = [], None
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - t0)
-  return out, statistics.median(times)
+  return timing.best_time(fn, repeats)
 
 
 def _strip(tokens):
@@ -150,14 +159,13 @@ def _worker_hf(args, rows):
         return target.generate(torch.from_numpy(ids),  # pylint: disable=cell-var-from-loop
                                past_key_values=cache, **kw)  # pylint: disable=cell-var-from-loop
       with torch.no_grad():
-        seq, t = _median(run, args.repeats)
+        seq, t = _timed(run, args.repeats)
       results.append((_strip(seq[0, 1:].tolist()), t))  # drop decoder start
     out[mode] = results
   return out
 
 
 def _worker_ours(args, rows):
-  sys.path.insert(0, REPO)
   import specdec_jax as sd  # pylint: disable=g-import-not-at-top
   target = sd.load_model(f"hf:{args.target_hf}")
   draft = sd.load_model(f"hf:{args.draft_hf}")
@@ -172,32 +180,17 @@ def _worker_ours(args, rows):
       else:
         fn = lambda: sd.speculative_generate(target, draft, ids,  # pylint: disable=cell-var-from-loop
                                              gamma=args.gamma, **kw)
-      res, t = _median(fn, args.repeats)
+      res, t = _timed(fn, args.repeats)
       results.append((_strip(res.tokens[0][:int(res.stats.length[0])]), t))
     out[mode] = results
   return out
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("--target", default=None,
-                 help="our model spec, exported with save_t5 (e.g. "
-                 "demo:target)")
-  p.add_argument("--draft", default=None,
-                 help="our model spec, exported with save_t5 (e.g. "
-                 "demo:draft_base)")
-  p.add_argument("--target_hf", default=None, help="HF T5 directory")
-  p.add_argument("--draft_hf", default=None, help="HF T5 directory")
-  p.add_argument("--gamma", type=int, default=4)
-  p.add_argument("--max_new_tokens", type=int, default=64)
-  p.add_argument("--examples", type=int, default=4)
-  p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--worker", choices=["hf", "ours", "export"], default=None)
-  p.add_argument("--io", default=None)
-  args = p.parse_args()
+def main(argv):
+  del argv
   for role in ("target", "draft"):
     if getattr(args, role) and getattr(args, f"{role}_hf"):
-      p.error(f"give --{role} or --{role}_hf, not both")
+      raise app.UsageError(f"give --{role} or --{role}_hf, not both")
   if args.worker == "export":
     _worker_export(args)
     return
@@ -268,4 +261,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)
