@@ -15,47 +15,45 @@ and set: mean output length, alpha, tokens per target call against Theorem
 prediction with the measured verification cost, and the ratios.
 """
 
-import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
+from absl import logging
 
-from absl import logging  # noqa: E402
+from specdec_jax import theory
+from specdec_jax.data import tasks
+from specdec_jax.data import text
+from specdec_jax.experiments import demo
 
-from specdec_jax.experiments import demo  # noqa: E402
-from specdec_jax import theory  # noqa: E402
-
-_SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                       "shared", "data")
+flags.DEFINE_integer("examples", 40, "Sentences in each set.")
+flags.DEFINE_string("data_dir", None, "Multi30k files (default: "
+                    "../shared/data, as the local tasks find it).")
+flags.DEFINE_string("workdir", "/tmp/specdec_length_effect", "Output folder.")
+flags.DEFINE_integer("repeats", 3, "Timed repeats (the fastest is kept).")
+args = flags.FLAGS
 _ROWS = (("demo:draft_large", 4), ("demo:draft_base", 7),
          ("demo:draft_small", 4))
 
 
-def _write_subset(data_dir, out_dir, name, pairs):
+def _write_subset(out_dir, name, pairs):
   os.makedirs(out_dir, exist_ok=True)
   for lang, i in (("en", 0), ("de", 1)):
     with open(os.path.join(out_dir, f"{name}.{lang}"), "w") as f:
       f.write("".join(p[i] + "\n" for p in pairs))
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("--examples", type=int, default=40)
-  p.add_argument("--data_dir", default=_SHARED)
-  p.add_argument("--workdir", default="/tmp/specdec_length_effect")
-  p.add_argument("--repeats", type=int, default=3)
-  args = p.parse_args()
+def main(argv):
+  del argv
+  data_dir = args.data_dir or str(tasks.default_local_data_dir())
   logging.set_verbosity(logging.WARNING)
-  with open(os.path.join(args.data_dir, "multi30k.val.en")) as f:
-    en = [l.strip() for l in f]
-  with open(os.path.join(args.data_dir, "multi30k.val.de")) as f:
-    de = [l.strip() for l in f]
+  en, de = (text.demo_sentences(name="multi30k.val", language=lang,
+                                 data_dir=data_dir) for lang in ("en", "de"))
   pairs = sorted(zip(en, de), key=lambda p: (len(p[1].split()), p[1]))
   sets = {"shortest": pairs[:args.examples], "longest": pairs[-args.examples:]}
   data = os.path.join(args.workdir, "data")
   for name, subset in sets.items():
-    _write_subset(args.data_dir, data, name, subset)
+    _write_subset(data, name, subset)
   print(f"{'set':9s} {'draft':12s} {'g':>2s} {'len':>5s} {'alpha':>6s} "
         f"{'tok/call':>8s} {'Thm3.1':>6s} {'speedup':>8s} {'Thm3.8':>7s} "
         f"{'ratio':>5s} {'len+v':>6s} {'ratio':>5s}")
@@ -79,4 +77,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

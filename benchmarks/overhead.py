@@ -5,8 +5,8 @@ r"""How much the decoding loop itself costs, against Theorem 3.8.
       # random weights: alpha ~ 0.2, shows the loop's own cost
 
 For each gamma it decodes the same inputs with the target alone and with
-speculative decoding (compile excluded, results fetched to the host, median
-of --repeats), and prints: alpha, c, the measured speedup, Theorem 3.8's
+speculative decoding (compile excluded, results fetched to the host, the
+fastest of --repeats), and prints: alpha, c, the measured speedup, Theorem 3.8's
 prediction and their ratio, and the prediction with the measured
 verification cost priced in (`theory.walltime_improvement_measured`).
 
@@ -23,21 +23,26 @@ over a few iterations, a second line fits time = fixed + per-iteration *
 iterations (and the same for plain steps) across the sentences.
 """
 
-import argparse
-import os
-import statistics
-import sys
-import time
+from absl import app
+from absl import flags
+import jax
+import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import specdec_jax as sd
+from specdec_jax import theory
+from specdec_jax.data import text
+from specdec_jax.experiments import costs
+from specdec_jax.experiments import timing
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-import specdec_jax as sd  # noqa: E402
-from specdec_jax import theory  # noqa: E402
-from specdec_jax.data import text  # noqa: E402
-from specdec_jax.experiments import costs  # noqa: E402
+flags.DEFINE_string("target", "demo:target", "Target model spec.")
+flags.DEFINE_string("draft", "demo:draft_small", "Draft model spec.")
+flags.DEFINE_list("gammas", ["1", "2", "3", "4", "5", "6", "7"],
+                  "Gammas to measure.")
+flags.DEFINE_integer("examples", 8, "Inputs, decoded one at a time.")
+flags.DEFINE_integer("max_decode_len", 64, "Most tokens per output.")
+flags.DEFINE_integer("repeats", 5, "Timed repeats (the fastest is kept).")
+flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")
+args = flags.FLAGS
 
 
 def _inputs(model, batch, length, seed=0):
@@ -48,14 +53,9 @@ def _inputs(model, batch, length, seed=0):
                    for _ in range(batch)], np.int32)
 
 
-def _median_time(fn, repeats):
+def _timed(fn, repeats):
   fn()  # compile
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - t0)
-  return out, statistics.median(times)
+  return timing.best_time(fn, repeats)
 
 
 def _prefill_timer(model, num_positions):
@@ -80,16 +80,8 @@ def _fit(per_row, time_col, count_col):
   return fixed, per_unit
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("--target", default="demo:target")
-  p.add_argument("--draft", default="demo:draft_small")
-  p.add_argument("--gammas", default="1,2,3,4,5,6,7")
-  p.add_argument("--examples", type=int, default=8)
-  p.add_argument("--max_decode_len", type=int, default=64)
-  p.add_argument("--repeats", type=int, default=5)
-  p.add_argument("--temperature", type=float, default=0.0)
-  args = p.parse_args()
+def main(argv):
+  del argv
   target, draft = sd.load_model(args.target), sd.load_model(args.draft)
   rows = _inputs(target, args.examples, 24)
   kw = dict(max_decode_len=args.max_decode_len, temperature=args.temperature)
@@ -97,7 +89,7 @@ def main():
         f"temperature={args.temperature}")
   print("gamma  alpha      c  speedup  Thm3.8  ratio  with_v  ratio | "
         "prefill_ms base/spec | step_ms | iter_ms = draft + verify + rest")
-  for gamma in [int(g) for g in args.gammas.split(",")]:
+  for gamma in [int(g) for g in args.gammas]:
     width = args.max_decode_len + gamma + 1
     prefill_t = _prefill_timer(target, width)
     prefill_d = _prefill_timer(draft, width)
@@ -106,11 +98,11 @@ def main():
     per_row = []  # (base s, spec s, tokens, target calls) of each sentence
     for i in range(len(rows)):
       ids = rows[i:i + 1]
-      _, b = _median_time(lambda: sd.generate(target, ids, **kw), args.repeats)
-      res, s = _median_time(lambda: sd.speculative_generate(
+      _, b = _timed(lambda: sd.generate(target, ids, **kw), args.repeats)
+      res, s = _timed(lambda: sd.speculative_generate(
           target, draft, ids, gamma=gamma, **kw), args.repeats)
-      _, pt = _median_time(lambda: prefill_t(ids), args.repeats)
-      _, pd = _median_time(lambda: prefill_d(ids), args.repeats)
+      _, pt = _timed(lambda: prefill_t(ids), args.repeats)
+      _, pd = _timed(lambda: prefill_d(ids), args.repeats)
       base_s, spec_s = base_s + b, spec_s + s
       pre_t, pre_d = pre_t + pt, pre_d + pd
       alpha_sums.append(float(res.stats.alpha_sum[0]))
@@ -148,4 +140,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -11,39 +11,38 @@ control), largest first. Use it to see whether a change to the models or the
 engine moved work into or out of the loop.
 """
 
-import argparse
 import collections
 import glob
 import gzip
 import json
 import os
 import re
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import specdec_jax as sd
+from specdec_jax import sampling
+from specdec_jax.data import text
+from specdec_jax.decoding import engine
 
-import specdec_jax as sd  # noqa: E402
-from specdec_jax import sampling  # noqa: E402
-from specdec_jax.data import text  # noqa: E402
-from specdec_jax.decoding import engine  # noqa: E402
+flags.DEFINE_string("target", "demo:target", "Target model spec.")
+flags.DEFINE_string("draft", "demo:draft_base", "Draft model spec.")
+flags.DEFINE_integer("gamma", 4, "Draft tokens per iteration.")
+flags.DEFINE_integer("sentence", 3, "Which demo sentence to decode.")
+flags.DEFINE_integer("calls", 20, "Profiled decodes.")
+flags.DEFINE_integer("max_decode_len", 64, "Most tokens per output.")
+flags.DEFINE_integer("top", 15, "Op kinds printed.")
+args = flags.FLAGS
 
 _HOST_EVENTS = ("Execute", "Pjit", "Await", "Parse", "Handle")
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("--target", default="demo:target")
-  p.add_argument("--draft", default="demo:draft_base")
-  p.add_argument("--gamma", type=int, default=4)
-  p.add_argument("--sentence", type=int, default=3)
-  p.add_argument("--calls", type=int, default=20)
-  p.add_argument("--max_decode_len", type=int, default=64)
-  p.add_argument("--top", type=int, default=15)
-  args = p.parse_args()
+def main(argv):
+  del argv
   target, draft = sd.load_model(args.target), sd.load_model(args.draft)
   line = text.demo_sentences()[args.sentence]
   ids = text.encode(target.vocab, [line])
@@ -78,4 +77,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)
