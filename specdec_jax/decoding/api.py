@@ -85,7 +85,8 @@ def _check_inputs(input_ids: Any, models: list[tuple[str, Model]]) -> np.ndarray
     ids = np.asarray(input_ids)
   except (ValueError, TypeError):  # numpy refuses ragged nested lists
     ids = None
-  if ids is None or ids.dtype == object:
+  if ids is None or (ids.dtype == object and ids.ndim == 1
+                     and isinstance(input_ids, (list, tuple))):
     raise ValueError(
         "input_ids must be a rectangular int array [batch, length]: the rows "
         "given have different lengths. Pad every row with 0 on the right to "
