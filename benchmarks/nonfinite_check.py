@@ -1,0 +1,95 @@
+r"""What the non-finite checks cost: decoding with and without, side by side.
+
+  python benchmarks/nonfinite_check.py [--target=demo:target]
+      [--draft=demo:draft_small] [--examples=8] [--repeats=21]
+
+Decodes the first --examples shipped demo sentences (one batch) with
+`generate` and `speculative_generate` (greedy and T=1), each with
+on_nonfinite='error' (the default: a per-row NaN/inf flag reduced from
+every logit on device) and on_nonfinite='ignore' (no check compiled in).
+Both variants are compiled first, then timed alternately (ABAB...) so that
+drift hits both alike; prints the medians and their ratio. Then it times
+`load_model` of the target with check_finite=True and False the same way.
+docs/reliability.md records the result.
+"""
+
+import os
+import statistics
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import specdec_jax as sd  # noqa: E402
+
+_TARGET = flags.DEFINE_string("target", "demo:target", "Target model spec.")
+_DRAFT = flags.DEFINE_string("draft", "demo:draft_small", "Draft model spec.")
+_EXAMPLES = flags.DEFINE_integer("examples", 8, "Sentences in the batch.")
+_GAMMA = flags.DEFINE_integer("gamma", 4, "Draft tokens per iteration.")
+_MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Tokens a row.")
+_REPEATS = flags.DEFINE_integer("repeats", 21, "Timed calls per variant.")
+
+
+def _inputs(model, batch):
+  here = os.path.dirname(os.path.abspath(__file__))
+  path = os.path.join(here, "..", "specdec_jax", "demo_data", "sentences.en")
+  with open(path) as f:
+    lines = [line.strip() for line in f if line.strip()][:batch]
+  rows = [model.vocab.encode("translate English to German: " + line) + [1]
+          for line in lines]
+  ids = np.zeros((len(rows), max(map(len, rows))), np.int32)
+  for i, row in enumerate(rows):
+    ids[i, :len(row)] = row
+  return ids
+
+
+def _side_by_side(fns, repeats):
+  """Median seconds of each fn, called alternately after one warm-up."""
+  for fn in fns:
+    fn()
+  times = [[] for _ in fns]
+  for _ in range(repeats):
+    for fn, out in zip(fns, times):
+      t0 = time.perf_counter()
+      fn()
+      out.append(time.perf_counter() - t0)
+  return [statistics.median(t) for t in times]
+
+
+def main(argv):
+  del argv
+  target, draft = sd.load_model(_TARGET.value), sd.load_model(_DRAFT.value)
+  ids = _inputs(target, _EXAMPLES.value)
+  print(f"target={_TARGET.value} draft={_DRAFT.value} batch={ids.shape} "
+        f"gamma={_GAMMA.value} max_decode_len={_MAX_DECODE_LEN.value} "
+        f"repeats={_REPEATS.value}")
+  print(f"{'decoder':<22} {'checked_ms':>10} {'unchecked_ms':>12} "
+        f"{'ratio':>6}")
+  kw = dict(max_decode_len=_MAX_DECODE_LEN.value)
+  cases = [("generate T=0", lambda c: sd.generate(
+      target, ids, on_nonfinite=c, **kw))]
+  for temperature in (0.0, 1.0):
+    cases.append((f"speculative T={temperature:g}", lambda c, t=temperature:
+                  sd.speculative_generate(target, draft, ids,
+                                          gamma=_GAMMA.value, temperature=t,
+                                          on_nonfinite=c, **kw)))
+  for name, fn in cases:
+    checked, unchecked = _side_by_side(
+        [lambda f=fn: f("error"), lambda f=fn: f("ignore")], _REPEATS.value)
+    print(f"{name:<22} {checked * 1e3:10.2f} {unchecked * 1e3:12.2f} "
+          f"{checked / unchecked:6.3f}", flush=True)
+  checked, unchecked = _side_by_side(
+      [lambda: sd.load_model(_TARGET.value, check_finite=True),
+       lambda: sd.load_model(_TARGET.value, check_finite=False)],
+      max(3, _REPEATS.value // 4))
+  print(f"{'load_model target':<22} {checked * 1e3:10.2f} "
+        f"{unchecked * 1e3:12.2f} {checked / unchecked:6.3f}")
+
+
+if __name__ == "__main__":
+  app.run(main)
