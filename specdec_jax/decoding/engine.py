@@ -84,9 +84,9 @@ class ModelCursor:
     if nonfinite is not None:
       # NaN or inf would otherwise turn into an arbitrary argmax or NaN
       # probabilities without a word. A sum is NaN or inf iff a term is (or
-      # the finite terms overflow float32, which no sane logits do), and an
-      # add-reduction vectorises where a boolean all() did not on CPU
-      # (cost, measured: docs/reliability.md).
+      # the finite terms overflow float32, which no sane logits do): one
+      # add-reduction over logits that exist anyway (cost, measured:
+      # docs/reliability.md).
       nonfinite = nonfinite | ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
     return logits, self.replace(cache=cache, nonfinite=nonfinite)
 
