@@ -7,25 +7,19 @@ Decodes the first --examples shipped demo sentences (one batch) with
 `generate` and `speculative_generate` (greedy and T=1), each with
 on_nonfinite='error' (the default: a per-row NaN/inf flag reduced from
 every logit on device) and on_nonfinite='ignore' (no check compiled in).
-Both variants are compiled first, then timed alternately (ABAB...) so that
-drift hits both alike; prints the medians and their ratio. Then it times
-`load_model` of the target with check_finite=True and False the same way.
+Both variants are compiled first, then called alternately (ABAB...) so that
+drift hits both alike; each time is the fastest of --repeats
+(`experiments/timing.py`'s rule). Prints both and their ratio, then the same
+for `load_model` of the target with check_finite=True and False.
 docs/reliability.md records the result.
 """
-
-import os
-import statistics
-import sys
-import time
 
 from absl import app
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import numpy as np  # noqa: E402
-
-import specdec_jax as sd  # noqa: E402
+import specdec_jax as sd
+from specdec_jax.data import text
+from specdec_jax.experiments import timing
 
 _TARGET = flags.DEFINE_string("target", "demo:target", "Target model spec.")
 _DRAFT = flags.DEFINE_string("draft", "demo:draft_small", "Draft model spec.")
@@ -35,36 +29,21 @@ _MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Tokens a row.")
 _REPEATS = flags.DEFINE_integer("repeats", 21, "Timed calls per variant.")
 
 
-def _inputs(model, batch):
-  here = os.path.dirname(os.path.abspath(__file__))
-  path = os.path.join(here, "..", "specdec_jax", "demo_data", "sentences.en")
-  with open(path) as f:
-    lines = [line.strip() for line in f if line.strip()][:batch]
-  rows = [model.vocab.encode("translate English to German: " + line) + [1]
-          for line in lines]
-  ids = np.zeros((len(rows), max(map(len, rows))), np.int32)
-  for i, row in enumerate(rows):
-    ids[i, :len(row)] = row
-  return ids
-
-
 def _side_by_side(fns, repeats):
-  """Median seconds of each fn, called alternately after one warm-up."""
+  """Fastest seconds of each fn, called alternately after one warm-up."""
   for fn in fns:
     fn()
-  times = [[] for _ in fns]
+  best = [float("inf")] * len(fns)
   for _ in range(repeats):
-    for fn, out in zip(fns, times):
-      t0 = time.perf_counter()
-      fn()
-      out.append(time.perf_counter() - t0)
-  return [statistics.median(t) for t in times]
+    for i, fn in enumerate(fns):
+      best[i] = min(best[i], timing.best_time(fn, 1)[1])
+  return best
 
 
 def main(argv):
   del argv
   target, draft = sd.load_model(_TARGET.value), sd.load_model(_DRAFT.value)
-  ids = _inputs(target, _EXAMPLES.value)
+  ids = text.encode(target.vocab, text.demo_sentences(_EXAMPLES.value))
   print(f"target={_TARGET.value} draft={_DRAFT.value} batch={ids.shape} "
         f"gamma={_GAMMA.value} max_decode_len={_MAX_DECODE_LEN.value} "
         f"repeats={_REPEATS.value}")

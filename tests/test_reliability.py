@@ -142,8 +142,8 @@ def test_nan_in_the_target_is_an_error_naming_the_target(t5):
   with pytest.warns(RuntimeWarning, match="target model"):
     result = sd.speculative_generate(bad, draft, ids, gamma=3,
                                      max_decode_len=4, on_nonfinite="warn")
-  assert result.stats["target_nonfinite"].tolist() == [True, True]
-  assert result.stats["draft_nonfinite"].tolist() == [False, False]
+  assert result.stats.target_nonfinite.tolist() == [True, True]
+  assert result.stats.draft_nonfinite.tolist() == [False, False]
 
 
 def test_nan_in_the_draft_is_named_and_finite_models_raise_nothing(t5):
@@ -159,18 +159,18 @@ def test_nan_in_the_draft_is_named_and_finite_models_raise_nothing(t5):
   with pytest.warns(RuntimeWarning, match="draft model"):
     result = sd.speculative_generate(target, bad, ids, gamma=3,
                                      max_decode_len=4, on_nonfinite="warn")
-  assert result.stats["draft_nonfinite"].all()
+  assert result.stats.draft_nonfinite.all()
   np.testing.assert_array_equal(
       result.tokens, sd.generate(target, ids, max_decode_len=4).tokens)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     clean = sd.speculative_generate(target, draft, ids, gamma=3,
                                     max_decode_len=4)
-  assert not clean.stats["target_nonfinite"].any()
-  assert not clean.stats["draft_nonfinite"].any()
+  assert not clean.stats.target_nonfinite.any()
+  assert not clean.stats.draft_nonfinite.any()
   ignored = sd.speculative_generate(target, bad, ids, gamma=3,
                                     max_decode_len=4, on_nonfinite="ignore")
-  assert "draft_nonfinite" not in ignored.stats
+  assert ignored.stats.draft_nonfinite is None
 
 
 # -- 5: vocabularies and families ----------------------------------------
