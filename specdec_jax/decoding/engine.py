@@ -250,9 +250,10 @@ def build_speculative(target: ModelDef, draft: ModelDef, gamma: int,
 
   Returns `run(target_params, draft_params, input_ids, seeds, rows) ->
   (tokens [B, T], stats)`; with `check_finite`, stats has
-  `target_nonfinite` and `draft_nonfinite` (bool [B]). `draft_sample(key, q) -> token` exists so tests can
-  plug in a deliberately wrong drafter (negative controls); everything else
-  must use `sampling.sample`, which draws from exactly q.
+  `target_nonfinite` and `draft_nonfinite` (bool [B]).
+  `draft_sample(key, q) -> token` exists so tests can plug in a deliberately
+  wrong drafter (negative controls); everything else must use
+  `sampling.sample`, which draws from exactly q.
   """
   width = max_decode_len + gamma + 1
   positions = jnp.arange(gamma + 1)
