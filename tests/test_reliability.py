@@ -118,57 +118,64 @@ def test_t5_rows_without_eos_are_refused(t5):
 # -- 4: non-finite numbers -----------------------------------------------
 
 
-def _with_nan_embedding_row(model, row):
+def _with_nan(model, token):
+  """The model with NaN logits for `token` everywhere (a table model), or
+  a NaN row for it in the embedding (T5: its logits are NaN too)."""
   params = jax.tree.map(np.array, model.params)
-  params["token_embedder"]["embedding"][row] = np.nan
+  if "table" in params:
+    params["table"][..., token] = np.nan
+  else:
+    params["token_embedder"]["embedding"][token] = np.nan
   return sd.Model(model.definition, params, model.vocab)
 
 
-def test_nan_in_the_target_is_an_error_naming_the_target(t5):
-  """Finding 4: one NaN row in the target's embedding made greedy
+def test_nan_in_the_target_is_an_error_naming_the_target(tables, t5):
+  """Finding 4: one NaN row in a T5 target's embedding made greedy
   speculative decoding return copies of the last id (and sampling return
   pads with alpha 1) without a word. Now both decoders raise, naming the
-  target; on_nonfinite='warn' returns the result with the per-row flag."""
-  target, draft = t5
-  bad = _with_nan_embedding_row(target, 7)
-  ids = np.array([[5, 1, 0], [4, 6, 1]])
+  target; on_nonfinite='warn' returns the result with the per-row flag.
+  (Table models, whose logits are an explicit table, for the loops; the T5
+  case once, as in the issue.)"""
+  target, draft = tables
+  bad = _with_nan(target, 7)
   for temperature in (0.0, 1.0):
     with pytest.raises(FloatingPointError, match="the target model produced "
-                       "non-finite logits"):
-      sd.speculative_generate(bad, draft, ids, gamma=3, max_decode_len=4,
+                       r"non-finite logits \(NaN or inf\) for rows \[0, 1\]"):
+      sd.speculative_generate(bad, draft, IDS, gamma=3, max_decode_len=4,
                               temperature=temperature)
   with pytest.raises(FloatingPointError, match="target model"):
-    sd.generate(bad, ids, max_decode_len=4)
+    sd.generate(bad, IDS, max_decode_len=4)
   with pytest.warns(RuntimeWarning, match="target model"):
-    result = sd.speculative_generate(bad, draft, ids, gamma=3,
+    result = sd.speculative_generate(bad, draft, IDS, gamma=3,
                                      max_decode_len=4, on_nonfinite="warn")
   assert result.stats.target_nonfinite.tolist() == [True, True]
   assert result.stats.draft_nonfinite.tolist() == [False, False]
+  with pytest.raises(FloatingPointError, match="target model"):
+    sd.generate(_with_nan(t5[0], 7), np.array([[5, 1]]), max_decode_len=2)
 
 
-def test_nan_in_the_draft_is_named_and_finite_models_raise_nothing(t5):
+def test_nan_in_the_draft_is_named_and_finite_models_raise_nothing(tables):
   """NaNs in the draft leave the output exact but made alpha NaN silently:
   now an error naming the draft (a warning at the user's choice, with the
   greedy output still the target's). Negative control: finite models set
   no flag and warn about nothing."""
-  target, draft = t5
-  bad = _with_nan_embedding_row(draft, 7)
-  ids = np.array([[5, 1, 0], [4, 6, 1]])
+  target, draft = tables
+  bad = _with_nan(draft, 7)
   with pytest.raises(FloatingPointError, match="the draft model"):
-    sd.speculative_generate(target, bad, ids, gamma=3, max_decode_len=4)
+    sd.speculative_generate(target, bad, IDS, gamma=3, max_decode_len=4)
   with pytest.warns(RuntimeWarning, match="draft model"):
-    result = sd.speculative_generate(target, bad, ids, gamma=3,
+    result = sd.speculative_generate(target, bad, IDS, gamma=3,
                                      max_decode_len=4, on_nonfinite="warn")
   assert result.stats.draft_nonfinite.all()
   np.testing.assert_array_equal(
-      result.tokens, sd.generate(target, ids, max_decode_len=4).tokens)
+      result.tokens, sd.generate(target, IDS, max_decode_len=4).tokens)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    clean = sd.speculative_generate(target, draft, ids, gamma=3,
+    clean = sd.speculative_generate(target, draft, IDS, gamma=3,
                                     max_decode_len=4)
   assert not clean.stats.target_nonfinite.any()
   assert not clean.stats.draft_nonfinite.any()
-  ignored = sd.speculative_generate(target, bad, ids, gamma=3,
+  ignored = sd.speculative_generate(target, bad, IDS, gamma=3,
                                     max_decode_len=4, on_nonfinite="ignore")
   assert ignored.stats.draft_nonfinite is None
 
@@ -211,8 +218,10 @@ def test_families_must_match(t5):
            sd.speculative_generate, target=target,
            draft=ngram.fit_ngram(seqs, target.vocab_size, decoder_only=True),
            input_ids=ids, gamma=2, max_decode_len=2)
-  sd.speculative_generate(target, ngram.fit_ngram(seqs, target.vocab_size),
-                          ids, gamma=2, max_decode_len=2)
+  # Negative control: the checks pass a T5 target with an encoder-decoder
+  # n-gram drafter or another T5.
+  api._check_compatible(target, ngram.fit_ngram(seqs, target.vocab_size))
+  api._check_compatible(target, t5[1])
 
 
 # -- 7: buffers that cannot fit ------------------------------------------
@@ -234,8 +243,10 @@ def test_impossible_sizes_are_refused_with_the_number_before_compiling(
                       lambda: (4 << 30, "free on a test device"))
   _refused(ValueError, r"max_decode_len=10000000 needs .* 4\.0 GiB is free",
            sd.generate, model=target, input_ids=ids, max_decode_len=10**7)
-  # Sizes that fit are not estimated at all (no tracing per call).
-  sd.generate(target, ids, max_decode_len=3)
+  # Ordinary sizes are not estimated at all (no tracing per call).
+  monkeypatch.setattr(api, "_model_bytes",
+                      lambda *a: pytest.fail("estimated an ordinary size"))
+  api._check_memory([target, draft], (8, 64), 7, 128, True, "ordinary")
 
 
 # -- The fuzz test -------------------------------------------------------
