@@ -7,6 +7,7 @@ Runs the scaled Table 2 EnDe rows with the shipped demo models and prints
 the table; see specdec_jax/experiments/demo.py and configs/demo.gin.
 """
 
+import dataclasses
 import os
 
 from absl import flags
@@ -16,6 +17,9 @@ from specdec_jax.experiments import demo
 from specdec_jax.experiments import gin_flags
 
 _WORKDIR = flags.DEFINE_string("workdir", "results/demo", "Output directory.")
+_OVERWRITE = flags.DEFINE_bool(
+    "overwrite", False, "Start rows over whose results were made with other "
+    "settings or another code version (otherwise such a rerun is refused).")
 
 
 def main(argv):
@@ -23,6 +27,8 @@ def main(argv):
   gin_flags.parse(flags.FLAGS.gin_file or ["demo.gin"],
                   flags.FLAGS.gin_bindings)
   config = gin.get_configurable(demo.DemoConfig)()
+  if _OVERWRITE.value:
+    config = dataclasses.replace(config, overwrite=True)
   gin_flags.write_config(_WORKDIR.value)
   demo.run(config, _WORKDIR.value)
   print(open(os.path.join(_WORKDIR.value, "table.md")).read())

@@ -9,6 +9,8 @@ Writes examples.jsonl (resumable), summary.json, table.md/.csv and plots to
 the workdir; see specdec_jax/experiments/experiment.py.
 """
 
+import dataclasses
+
 from absl import flags
 from absl import logging
 import gin
@@ -19,12 +21,17 @@ from specdec_jax.data import tasks  # noqa: F401  (registers tasks and TaskConfi
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.",
                                required=True)
+_OVERWRITE = flags.DEFINE_bool(
+    "overwrite", False, "Delete the workdir's results of other settings and "
+    "start over (otherwise such a rerun is refused).")
 
 
 def main(argv):
   del argv
   gin_flags.parse(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
   config = gin.get_configurable(experiment.ExperimentConfig)()
+  if _OVERWRITE.value:
+    config = dataclasses.replace(config, overwrite=True)
   gin_flags.write_config(_WORKDIR.value)
   summary = experiment.run(config, _WORKDIR.value)
   gin_flags.write_operative_config(_WORKDIR.value)

@@ -17,6 +17,8 @@ Dimension letters: B batch, G gamma (draft tokens per step), V vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -62,14 +64,30 @@ class SamplingConfig:
   top_p: float = 1.0
 
   def __post_init__(self):
-    if self.temperature < 0:
+    # Checked (and normalised to Python numbers, so equal settings hash
+    # alike for the compiled-loop cache) before anything is traced: NaN
+    # slips through `< 0` comparisons, and a float top_k or a string
+    # temperature would fail deep inside tracing.
+    temperature = _real("temperature", self.temperature,
+                        "a number >= 0 (0 = greedy)")
+    if not math.isfinite(temperature) or temperature < 0:
       raise ValueError(
-          f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
-    if self.top_k < 0 or int(self.top_k) != self.top_k:
+          f"temperature must be a finite number >= 0 (0 = greedy), got "
+          f"{self.temperature!r}.")
+    top_k = self.top_k
+    if (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)):
+      raise TypeError(
+          f"top_k must be an int >= 0 (0 = off), got {top_k!r} "
+          f"({type(top_k).__name__}): pass an int, e.g. top_k=40.")
+    if top_k < 0:
+      raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k}.")
+    top_p = _real("top_p", self.top_p, "a number in (0, 1] (1.0 = off)")
+    if not 0.0 < top_p <= 1.0:  # False for NaN too
       raise ValueError(
-          f"top_k must be a non-negative integer (0 = off), got {self.top_k}.")
-    if not 0.0 < self.top_p <= 1.0:
-      raise ValueError(f"top_p must be in (0, 1] (1.0 = off), got {self.top_p}.")
+          f"top_p must be in (0, 1] (1.0 = off), got {self.top_p!r}.")
+    object.__setattr__(self, "temperature", temperature)
+    object.__setattr__(self, "top_k", int(top_k))
+    object.__setattr__(self, "top_p", top_p)
 
   @property
   def greedy(self) -> bool:
@@ -98,6 +116,20 @@ class SamplingConfig:
       probs = jnp.where(probs >= threshold, probs, 0.0)
       probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
     return probs
+
+
+def _real(name: str, value, what: str) -> float:
+  """float(value) for a real number or a 0-d numeric array; else TypeError
+  naming `name` (bools and strings are refused: float('1') would pass)."""
+  numeric = (not isinstance(value, (bool, str, bytes))
+             and (isinstance(value, numbers.Real)
+                  or (getattr(value, "shape", None) == ()
+                      and jnp.issubdtype(getattr(value, "dtype", object),
+                                         jnp.number))))
+  if not numeric:
+    raise TypeError(f"{name} must be {what}, got {value!r} "
+                    f"({type(value).__name__}).")
+  return float(value)
 
 
 def logits_to_probs(logits: jax.Array, temperature: float = 0.0,
@@ -132,7 +164,8 @@ def _row_keys(rng: jax.Array, batch: int) -> jax.Array:
 
 
 def validate_lenience(lenience: float) -> float:
-  if not 0.0 < float(lenience) <= 1.0:
+  lenience = _real("lenience", lenience, "a number in (0, 1]")
+  if not 0.0 < lenience <= 1.0:  # False for NaN too
     raise ValueError(
         f"lenience must be in (0, 1] (1 = exact speculative sampling, smaller "
         f"is faster but lossy), got {lenience}.")

@@ -405,3 +405,82 @@ def test_import_needs_only_jax_flax_numpy(tmp_path):
       env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root))
   lines = result.stdout.split()
   assert lines == ["[]", "['tensorstore']"], result.stdout + result.stderr
+
+
+# --- Issue 18: damaged files and bad values are named with the fix. ---
+
+
+def _largest_file(directory):
+  files = [os.path.join(root, name) for root, _, names in os.walk(directory)
+           for name in names]
+  return max(files, key=os.path.getsize)
+
+
+def test_damaged_files_name_the_file_and_the_fix(tiny, tmp_path):
+  """Finding 8: a truncated model.safetensors gave safetensors' header
+  error without the path; our format with a damaged data file gave a bare
+  Exception 21 frames deep. Both are a CheckpointError naming the file or
+  directory and what to do, raised from our frame (no chained cause)."""
+  weights = os.path.join(hf.save_t5(tiny, str(tmp_path / "hf")),
+                         hf.SAFETENSORS_FILE)
+  data = open(weights, "rb").read()
+  for cut in (len(data) // 2, 5):
+    with open(weights, "wb") as f:
+      f.write(data[:cut])
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=f"{weights} is damaged or truncated.*"
+                       "re-download it, or re-export") as info:
+      checkpoints.load_model("hf:" + str(tmp_path / "hf"))
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+  ours = checkpoints.save(tiny, str(tmp_path / "ours"))
+  data_file = _largest_file(os.path.join(ours, native.PARAMS_DIR))
+  with open(data_file, "r+b") as f:
+    f.truncate(os.path.getsize(data_file) // 2)
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=f"checkpoint {ours}: the parameter files under "
+                     f"{ours}/params are damaged.*re-save") as info:
+    checkpoints.load_model(ours)
+  assert info.value.__suppress_context__
+
+
+def test_non_finite_parameters_are_refused_unless_asked(tiny, tmp_path):
+  """Finding 4: load_model checks parameters for NaN/inf by default, naming
+  the tensors; check_finite=False loads them anyway (for speed)."""
+  params = jax.tree.map(np.array, tiny.params)
+  params["token_embedder"]["embedding"][3, 0] = np.inf
+  path = checkpoints.save(Model(tiny.definition, params),
+                          str(tmp_path / "bad"))
+  with pytest.raises(checkpoints.NonFiniteParameterError,
+                     match="NaN or inf in 1 tensor.*token_embedder/embedding"
+                     ".*check_finite=False"):
+    checkpoints.load_model(path)
+  loaded = checkpoints.load_model(path, check_finite=False)
+  assert np.isinf(np.asarray(loaded.params["token_embedder"]["embedding"])
+                  ).sum() == 1
+  checkpoints.load_model(checkpoints.save(tiny, str(tmp_path / "good")))
+
+
+def test_demo_specs_take_shipped_names_only(tiny, tmp_path, monkeypatch):
+  """Finding 9: demo:../demo_models/target was accepted (a path outside the
+  shipped models). Only the names listed in the demo directory load."""
+  demo = tmp_path / "demo"
+  checkpoints.save(tiny, str(demo / "tiny"))
+  checkpoints.save(tiny, str(tmp_path / "outside"))
+  monkeypatch.setattr(native, "DEMO_DIR", str(demo))
+  for spec in ("demo:../outside", "demo:tiny/../../outside", "demo:."):
+    with pytest.raises(FileNotFoundError, match="is not shipped.*shipped: "
+                       "tiny"):
+      checkpoints.load_model(spec)
+  checkpoints.load_model("demo:tiny")
+
+
+def test_hf_export_is_readable_like_every_other_file(tiny, tmp_path):
+  """Finding 9: model.safetensors was written 0600 (owner only). It gets
+  0666 less the umask, like config.json."""
+  umask = os.umask(0o022)
+  try:
+    out = hf.save_t5(tiny, str(tmp_path / "hf"))
+  finally:
+    os.umask(umask)
+  for name in (hf.SAFETENSORS_FILE, "config.json"):
+    assert os.stat(os.path.join(out, name)).st_mode & 0o777 == 0o644, name

@@ -261,7 +261,8 @@ def test_no_recompilation_for_the_same_shapes():
   kwargs = dict(gamma=2, max_decode_len=7, temperature=1.0)
   speculative_generate(target, draft, ids, seed=0, **kwargs)
   fn = engine.build_speculative(target.definition, draft.definition, 2, 7,
-                                sampling.SamplingConfig(1.0), 1.0, False)
+                                sampling.SamplingConfig(1.0), 1.0, False,
+                                check_finite=True)
   before = fn._cache_size()
   speculative_generate(target, draft, ids[::-1].copy(), seed=1, **kwargs)
   assert fn._cache_size() == before == 1

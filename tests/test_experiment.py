@@ -253,6 +253,11 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
   assert "gamma = 2" in (workdir / "config.gin").read_text()
   assert len(_lines(str(workdir))) == 2
   assert "| wmt14_ende_local |" in (workdir / "table.md").read_text()
+  other = subprocess.run(cmd + ["--gin.experiment.ExperimentConfig.gamma=3"],
+                         capture_output=True, text=True, env=env, timeout=300)
+  assert other.returncode != 0
+  assert "gamma: 2 in the workdir, 3 now" in other.stderr
+  assert "--overwrite" in other.stderr
   bad = subprocess.run(cmd[:3] + [f"--workdir={tmp_path / 'bad'}",
                                   "--gin.experiment.ExperimentConfig.gamma=0"],
                        capture_output=True, text=True, env=env, timeout=300)
@@ -483,3 +488,93 @@ def test_lm1b_training_configs(name, model):
   assert config.max_lengths() == (64, 128)
   assert max(config.length_buckets) >= sum(config.max_lengths())
   assert config.bleu_examples == 0
+
+
+# ----------------------------------------------------------------------------
+# Issue 18: one run per workdir, one set of settings per workdir.
+
+
+def test_a_second_run_on_a_locked_workdir_stops_at_once_naming_the_pid(
+    setup, tmp_path, monkeypatch):
+  """Finding 1: two runs on one workdir both decoded every example (each id
+  twice in examples.jsonl). A run holding the workdir's lock (here another
+  process) makes a second run stop before loading anything, naming the pid
+  and the workdir; once the holder is gone the workdir is free again."""
+  from specdec_jax.experiments import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  _, models, task_config = setup
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  holder = subprocess.Popen(
+      [sys.executable, "-c",
+       "import fcntl, os, sys, time\n"
+       f"fd = os.open({str(workdir / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+       "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+       "os.write(fd, f'{os.getpid()}\\n'.encode())\n"
+       "print('locked', flush=True)\n"
+       "time.sleep(120)\n"], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    monkeypatch.setattr(checkpoints, "load_model",
+                        lambda *a, **k: pytest.fail("a model was loaded"))
+    with tasks.override_config(**task_config):
+      with pytest.raises(workdir_lib.WorkdirError,
+                         match=f"{workdir} is in use by another run "
+                         rf"\(pid {holder.pid}\)"):
+        experiment.run(_config(models, gamma=2), str(workdir))
+  finally:
+    holder.kill()
+    holder.wait()
+  with workdir_lib.lock(str(workdir)):  # released by the holder's death
+    pass
+
+
+def test_rerun_with_other_settings_is_refused_and_more_examples_extend(
+    setup, tmp_path, monkeypatch):
+  """Finding 2: a rerun with another temperature exited 0 with temperature-0
+  numbers under a temperature-1 label; another gamma died with
+  KeyError: '5'; max_examples=5 on a 40-example workdir still reported 40.
+  Now: other settings are refused before loading, listing each difference
+  and the fix; more examples extend the workdir; fewer report fewer;
+  overwrite=True starts over."""
+  from specdec_jax.experiments import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  _, models, task_config = setup
+  workdir = str(tmp_path / "run")
+  base = dict(gamma=2, trace_examples=0, max_examples=2)
+  with tasks.override_config(**task_config):
+    assert experiment.run(_config(models, **base), workdir)["examples"] == 2
+    with monkeypatch.context() as m:
+      m.setattr(checkpoints, "load_model",
+                lambda *a, **k: pytest.fail("a model was loaded"))
+      for change, listed in ((dict(temperature=1.0), r"temperature: 0\.0 in "
+                              r"the workdir, 1\.0 now"),
+                             (dict(gamma=5), "gamma: 2 in the workdir, 5 now"),
+                             (dict(seed=1), "seed: 0 in the workdir, 1 now")):
+        with pytest.raises(workdir_lib.WorkdirError,
+                           match=f"(?s){listed}.*--overwrite"):
+          experiment.run(_config(models, **dict(base, **change)), workdir)
+    more = experiment.run(_config(models, **dict(base, max_examples=4)),
+                          workdir)
+    assert more["examples"] == 4 and len(_lines(workdir)) == 4
+    fewer = experiment.run(_config(models, **dict(base, max_examples=1)),
+                           workdir)
+    assert fewer["examples"] == 1 and len(_lines(workdir)) == 4
+    fresh = experiment.run(_config(models, **dict(
+        base, temperature=1.0, max_examples=1, overwrite=True)), workdir)
+  assert fresh["examples"] == 1 and len(_lines(workdir)) == 1
+  with open(os.path.join(workdir, "fingerprint.json")) as f:
+    assert json.load(f)["temperature"] == 1.0
+
+
+def test_a_damaged_line_inside_examples_jsonl_names_file_and_line(tmp_path):
+  """Finding 8: a garbage line in the middle of examples.jsonl gave a bare
+  JSONDecodeError. It is refused naming the file and the line; a torn LAST
+  line (a kill mid-write) is still cut and the run resumes."""
+  path = str(tmp_path / "examples.jsonl")
+  with open(path, "w") as f:
+    f.write('{"id": "0"}\n{"id": "1", "bas\n{"id": "2"}\n')
+  with pytest.raises(experiment.ConfigError,
+                     match=f"{path} line 2 is not a JSON record.*overwrite"):
+    experiment.read_done(path)
+  with open(path, "w") as f:
+    f.write('{"id": "0"}\n{"id": "1"}\n{"id": "2", "bas')
+  assert [r["id"] for r in experiment.read_done(path)] == ["0", "1"]

@@ -15,6 +15,7 @@ from specdec_jax.checkpoints.configs import resolve_config
 from specdec_jax.checkpoints.errors import CheckpointError
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
 from specdec_jax.checkpoints.errors import MissingParameterError
+from specdec_jax.checkpoints.errors import NonFiniteParameterError
 from specdec_jax.checkpoints.errors import ParameterShapeError
 from specdec_jax.checkpoints.errors import SpecError
 from specdec_jax.checkpoints.errors import UnexpectedParameterError
@@ -25,6 +26,7 @@ from specdec_jax.checkpoints.native import FORMAT
 from specdec_jax.checkpoints.native import FORMAT_VERSION
 from specdec_jax.checkpoints.native import PARAMS_DIR
 from specdec_jax.checkpoints.native import SPEC_PREFIXES
+from specdec_jax.checkpoints.native import check_finite_params
 from specdec_jax.checkpoints.native import VOCAB_FILE
 from specdec_jax.checkpoints.native import convert
 from specdec_jax.checkpoints.native import load_model

@@ -30,5 +30,9 @@ class UnexpectedParameterError(CheckpointError):
   """The checkpoint has parameters the config does not."""
 
 
+class NonFiniteParameterError(CheckpointError):
+  """A parameter holds NaN or inf."""
+
+
 class SpecError(ValueError):
   """A `load_model` spec or config that cannot be understood."""

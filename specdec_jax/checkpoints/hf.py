@@ -61,6 +61,7 @@ host memory once while the file is written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, Iterator
@@ -170,9 +171,10 @@ class _Tensors:
     index = os.path.join(path, SAFETENSORS_INDEX)
     torch_file = os.path.join(path, TORCH_FILE)
     if os.path.isfile(single):
-      import safetensors  # pylint: disable=g-import-not-at-top
-      with safetensors.safe_open(single, framework="np") as f:
-        self._files = {name: single for name in f.keys()}
+      with _damaged_file_named(single):
+        import safetensors  # pylint: disable=g-import-not-at-top
+        with safetensors.safe_open(single, framework="np") as f:
+          self._files = {name: single for name in f.keys()}
     elif os.path.isfile(index):
       with open(index) as f:
         weight_map = json.load(f)["weight_map"]
@@ -216,12 +218,28 @@ class _Tensors:
     if self._torch_state is not None:
       return _torch_to_numpy(self._torch_state[name])
     file = self._files[name]
-    if file not in self._handles:
-      import safetensors  # pylint: disable=g-import-not-at-top
-      # Opened once per shard and kept: safe_open memory-maps the file, so a
-      # handle costs no memory for the tensors not read yet.
-      self._handles[file] = safetensors.safe_open(file, framework="np")
-    return self._handles[file].get_tensor(name)
+    with _damaged_file_named(file):
+      if file not in self._handles:
+        import safetensors  # pylint: disable=g-import-not-at-top
+        # Opened once per shard and kept: safe_open memory-maps the file, so
+        # a handle costs no memory for the tensors not read yet.
+        self._handles[file] = safetensors.safe_open(file, framework="np")
+      return self._handles[file].get_tensor(name)
+
+
+@contextlib.contextmanager
+def _damaged_file_named(file: str):
+  """Turns safetensors' errors (no path in them) into a CheckpointError
+  naming the file and the fix."""
+  try:
+    yield
+  except (OSError, CheckpointError):
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (SafetensorError)
+    raise CheckpointError(
+        f"{file} is damaged or truncated ({type(e).__name__}: {e}): "
+        "re-download it, or re-export it (hf.save_t5 / save_pretrained)."
+    ) from None
 
 
 def _torch_load(file: str):
@@ -468,8 +486,13 @@ def save_t5(model: Any, directory: str, *, overwrite: bool = False) -> str:
                             "overwrite=True")
   os.makedirs(directory, exist_ok=True)
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  save_file(tensors, os.path.join(directory, SAFETENSORS_FILE),
-            metadata={"format": "pt"})
+  weights = os.path.join(directory, SAFETENSORS_FILE)
+  save_file(tensors, weights, metadata={"format": "pt"})
+  # safetensors creates the file 0600; give it the mode of every other file
+  # we write (0666 less the umask), so a shared checkpoint is readable.
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(weights, 0o666 & ~umask)
   # Written last: a directory with config.json is a complete checkpoint.
   with open(os.path.join(directory, CONFIG_FILE), "w") as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)

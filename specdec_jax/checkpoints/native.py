@@ -55,6 +55,7 @@ from specdec_jax.checkpoints.configs import resolve_config
 from specdec_jax.checkpoints.errors import CheckpointError
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
 from specdec_jax.checkpoints.errors import MissingParameterError
+from specdec_jax.checkpoints.errors import NonFiniteParameterError
 from specdec_jax.checkpoints.errors import ParameterShapeError
 from specdec_jax.checkpoints.errors import SpecError
 from specdec_jax.checkpoints.errors import UnexpectedParameterError
@@ -316,7 +317,7 @@ def _to_devices(params: dict[str, Any], definition: Any,
 def load_model(spec: str, *, config: Any = None,
                mesh: jax.sharding.Mesh | None = None,
                dtype: str | None = None, param_dtype: str | None = None,
-               seed: int = 0) -> Model:
+               seed: int = 0, check_finite: bool = True) -> Model:
   """Loads (or randomly initialises) a model; see the module docstring.
 
   Args:
@@ -330,6 +331,9 @@ def load_model(spec: str, *, config: Any = None,
     param_dtype: parameter dtype override (parameters are cast to it as
       they load), e.g. "bfloat16" to hold T5 XXL in 22 GB.
     seed: PRNG seed of random initialisation.
+    check_finite: check every floating-point parameter for NaN/inf after
+      loading (one reduction per tensor on its device: docs/reliability.md);
+      False skips it.
 
   Returns:
     A `Model`.
@@ -339,7 +343,32 @@ def load_model(spec: str, *, config: Any = None,
     CheckpointNotFoundError: missing file or directory.
     MissingParameterError, UnexpectedParameterError, ParameterShapeError:
       the checkpoint does not fit the config.
+    NonFiniteParameterError: a parameter holds NaN or inf.
   """
+  model = _load_model(spec, config=config, mesh=mesh, dtype=dtype,
+                      param_dtype=param_dtype, seed=seed)
+  if check_finite:
+    check_finite_params(model, spec)
+  return model
+
+
+def check_finite_params(model: Model, where: str) -> None:
+  """Raises NonFiniteParameterError naming the tensors holding NaN or inf."""
+  bad = [name for name, leaf in flatten_tree(model.params).items()
+         if jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact)
+         and not bool(jax.numpy.isfinite(leaf).all())]
+  if bad:
+    raise NonFiniteParameterError(
+        f"{where}: parameters hold NaN or inf in {len(bad)} tensor(s): "
+        f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}. The checkpoint "
+        "is damaged or its training diverged: re-export it or load an "
+        "earlier checkpoint (load_model(..., check_finite=False) loads it "
+        "anyway).")
+
+
+def _load_model(spec: str, *, config: Any, mesh: jax.sharding.Mesh | None,
+                dtype: str | None, param_dtype: str | None,
+                seed: int) -> Model:
   kind, rest = _parse_spec(os.fspath(spec))
   if kind == "t5x" and config is None:
     raise SpecError(
@@ -368,6 +397,12 @@ def load_model(spec: str, *, config: Any = None,
     definition = registry.make_def(model_config)
     return Model(definition, _to_devices(params, definition, mesh))
   if kind == "demo":
+    shipped = sorted(list_dir(DEMO_DIR)) if os.path.isdir(DEMO_DIR) else []
+    if rest not in shipped:  # also keeps demo:../x inside the shipped models
+      raise CheckpointNotFoundError(
+          f"demo model {rest!r} is not shipped: demo:NAME takes a shipped "
+          f"name (for a directory of your own, pass its path without "
+          f"demo:); shipped: {', '.join(shipped) or 'none'}")
     directory = os.path.join(DEMO_DIR, rest)
     if not os.path.isfile(os.path.join(directory, CONFIG_FILE)):
       shipped = sorted(list_dir(DEMO_DIR)) if os.path.isdir(DEMO_DIR) else []

@@ -11,6 +11,7 @@ numpy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import posixpath
@@ -21,6 +22,7 @@ import numpy as np
 
 from specdec_jax import sharding as sharding_lib
 from specdec_jax.checkpoints.errors import CheckpointError
+from specdec_jax.checkpoints.errors import CheckpointNotFoundError
 
 
 # --- Locations: a local path or gs://bucket/path, read via tensorstore. ---
@@ -148,11 +150,32 @@ def _orbax_restore_args(dtype, sharding):
   return ocp.ArrayRestoreArgs(sharding=sharding, dtype=dtype)
 
 
+@contextlib.contextmanager
+def _damaged_orbax_named(directory: str, where: str):
+  """orbax/tensorstore errors (bare `Exception`s, deep tracebacks) as one
+  CheckpointError naming the directory and the fix."""
+  try:
+    yield
+  except CheckpointError:
+    raise
+  except FileNotFoundError as e:
+    raise CheckpointNotFoundError(
+        f"{where}: parameter files missing under {directory} ({e}): copy "
+        "the whole checkpoint directory again, or re-save it.") from None
+  except Exception as e:  # pylint: disable=broad-except  (orbax, tensorstore)
+    first = (str(e).strip().splitlines() or [""])[0].split(" See full")[0][:300]
+    raise CheckpointError(
+        f"{where}: the parameter files under {directory} are damaged or "
+        f"incomplete ({type(e).__name__}: {first}): copy the checkpoint "
+        "again, or re-save / re-convert it.") from None
+
+
 def open_orbax(directory: str, prefix: str, where: str) -> StoredParams:
   """Parameters under `prefix` ('' for all) of an orbax PyTree checkpoint."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   checkpointer = ocp.PyTreeCheckpointer()
-  metadata = checkpointer.metadata(directory)
+  with _damaged_orbax_named(directory, where):
+    metadata = checkpointer.metadata(directory)
   tree = getattr(getattr(metadata, "item_metadata", metadata), "tree",
                  metadata)
   if prefix:
@@ -171,8 +194,9 @@ def open_orbax(directory: str, prefix: str, where: str) -> StoredParams:
         for n, (d, _) in placements.items()}))
     args = wrap(unflatten_tree({n: _orbax_restore_args(*p)
                             for n, p in placements.items()}))
-    restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
-        item=item, restore_args=args, partial_restore=True))
+    with _damaged_orbax_named(directory, where):
+      restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
+          item=item, restore_args=args, partial_restore=True))
     return flatten_tree(restored[prefix] if prefix else restored)
 
   return StoredParams(where, shapes, load)

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import hashlib
 import numbers
+import os
+import re
 from typing import Any
+import warnings
+import weakref
 
 import flax.linen as nn
 import jax
@@ -19,8 +25,15 @@ import numpy as np
 from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax.decoding import engine
+from specdec_jax.decoding import ngram
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
+from specdec_jax.models import gpt
+from specdec_jax.models import t5
+from specdec_jax.tokens import EOS_ID
+
+NONFINITE_CHOICES = ("error", "warn", "ignore")
+_INT32 = np.iinfo(np.int32)
 
 
 @dataclasses.dataclass
@@ -32,6 +45,8 @@ class DecodeResult:
       each row's end.
     stats: the per-row `DecodeStats` (numpy): lengths, target and draft
       calls, accepted tokens, alpha and its parts, traces.
+      With the non-finite check (unless `on_nonfinite='ignore'`),
+      `target_nonfinite` (and `draft_nonfinite`) flag each row.
   """
 
   tokens: np.ndarray
@@ -53,8 +68,29 @@ def _check_positive_int(name: str, value: Any, hint: str) -> int:
   return int(value)
 
 
+def _family(model: Model) -> str | None:
+  """'encoder-decoder', 'decoder-only', or None (a model we cannot tell)."""
+  definition = model.definition
+  if isinstance(definition, t5.T5Def):
+    return "encoder-decoder"
+  if isinstance(definition, gpt.GPTDef):
+    return "decoder-only"
+  if isinstance(definition, ngram.NgramDef):
+    return "decoder-only" if definition.decoder_only else "encoder-decoder"
+  return None
+
+
 def _check_inputs(input_ids: Any, models: list[tuple[str, Model]]) -> np.ndarray:
-  ids = np.asarray(input_ids)
+  try:
+    ids = np.asarray(input_ids)
+  except (ValueError, TypeError):  # numpy refuses ragged nested lists
+    ids = None
+  if ids is None or (ids.dtype == object and ids.ndim == 1
+                     and isinstance(input_ids, (list, tuple))):
+    raise ValueError(
+        "input_ids must be a rectangular int array [batch, length]: the rows "
+        "given have different lengths. Pad every row with 0 on the right to "
+        "the longest row (each row ending in EOS=1).")
   if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
     raise ValueError(
         f"input_ids must be an int array [batch, length] (0-padded, each row "
@@ -79,6 +115,18 @@ def _check_inputs(input_ids: Any, models: list[tuple[str, Model]]) -> np.ndarray
           f"input row {row} has {int(lengths.max())} tokens but the {name} "
           f"model accepts at most {limit}. Truncate the input (the data "
           f"pipeline's feature length) or raise the model's max_input_len.")
+  if any(isinstance(m.definition, t5.T5Def) for _, m in models):
+    # T5 saw every training input end in EOS; without it the encoder output,
+    # and so the translation, changes silently.
+    last_index = ids.shape[1] - 1 - np.argmax(ids[:, ::-1] != 0, axis=1)
+    last = ids[np.arange(ids.shape[0]), last_index]
+    bad = np.flatnonzero(last != EOS_ID)
+    if bad.size:
+      raise ValueError(
+          f"input rows {bad[:10].tolist()} do not end in EOS (id {EOS_ID}): "
+          f"an encoder-decoder (T5) input is the tokens then EOS, then 0 "
+          f"padding. Append {EOS_ID} after each row's last token (seqio's "
+          f"append_eos, or the data pipeline, does this).")
   return ids.astype(np.int32)
 
 
@@ -89,15 +137,186 @@ def _seeds(seed: Any, batch: int) -> tuple[np.ndarray, np.ndarray]:
   gives row b the key fold_in(key(seed[b]), 0): the same as a batch-1 call
   with seed=seed[b], which is what makes batched runs reproducible row by row.
   """
-  if isinstance(seed, numbers.Integral):
-    return (np.full((batch,), seed, np.int32),
-            np.arange(batch, dtype=np.int32))
-  seeds = np.asarray(seed)
-  if seeds.shape != (batch,) or not np.issubdtype(seeds.dtype, np.integer):
+  if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+    seeds = np.full((batch,), int(seed), np.int64)
+    rows = np.arange(batch, dtype=np.int32)
+  else:
+    try:
+      seeds = np.asarray(seed)
+    except (ValueError, TypeError):
+      seeds = np.asarray(None)
+    if (seeds.shape != (batch,) or seeds.dtype == bool
+        or not np.issubdtype(seeds.dtype, np.integer)):
+      raise TypeError(
+          f"seed must be an int or an int array of one seed per row "
+          f"([{batch}]), got {seed!r:.80} ({type(seed).__name__}).")
+    rows = np.zeros((batch,), np.int32)
+  if seeds.min() < _INT32.min or seeds.max() > _INT32.max:
     raise ValueError(
-        f"seed must be an int or an int array of one seed per row "
-        f"([{batch}]), got {seeds.shape} {seeds.dtype}.")
-  return seeds.astype(np.int32), np.zeros((batch,), np.int32)
+        f"seed must fit in int32 ([{_INT32.min}, {_INT32.max}]), got "
+        f"{seed!r:.80}: reduce it, e.g. seed % 2**31.")
+  return seeds.astype(np.int32), rows
+
+
+def _check_compatible(target: Model, draft: Model) -> None:
+  """Same vocabulary size, family and (when both carry one) vocabulary."""
+  if target.vocab_size != draft.vocab_size:
+    raise ValueError(
+        f"draft and target vocabularies differ in size (target "
+        f"{target.vocab_size}, draft {draft.vocab_size}): speculative "
+        f"decoding compares their distributions token by token, so both "
+        f"models must share one vocabulary.")
+  families = _family(target), _family(draft)
+  if None not in families and families[0] != families[1]:
+    raise ValueError(
+        f"the target is {families[0]} but the draft is {families[1]}: a "
+        f"draft must predict the target's decoder sequence from the same "
+        f"start. Use a draft of the target's family ({families[0]}), or an "
+        f"n-gram drafter (ngram.fit_ngram(..., decoder_only="
+        f"{families[0] == 'decoder-only'})).")
+  mine, theirs = _vocab_fingerprint(target), _vocab_fingerprint(draft)
+  if mine is not None and theirs is not None and mine != theirs:
+    raise ValueError(
+        f"target and draft carry different vocabularies of the same size "
+        f"(SentencePiece model sha256 {mine[0]}, {mine[1]} extra ids vs "
+        f"{theirs[0]}, {theirs[1]}): the same id means different pieces, so "
+        f"drafts would almost never be accepted. Use a draft trained with "
+        f"the target's vocabulary.")
+
+
+# Fingerprints by Model (weakly: a dropped Model drops its entry).
+_VOCAB_FINGERPRINTS: "weakref.WeakKeyDictionary[Model, Any]" = (
+    weakref.WeakKeyDictionary())
+
+
+def _vocab_fingerprint(model: Model) -> tuple[str, int] | None:
+  """(sha256 of the SentencePiece model, extra ids), or None without one."""
+  if model not in _VOCAB_FINGERPRINTS:
+    proto = getattr(model.vocab, "sp_model", None)
+    _VOCAB_FINGERPRINTS[model] = None if not isinstance(
+        proto, bytes) else (hashlib.sha256(proto).hexdigest()[:16],
+                            int(getattr(model.vocab, "extra_ids", 0) or 0))
+  return _VOCAB_FINGERPRINTS[model]
+
+
+def _available_bytes() -> tuple[int | None, str]:
+  """Free memory of the default device, and what it is (None: unknown)."""
+  try:
+    stats = jax.devices()[0].memory_stats()
+  except Exception:  # pylint: disable=broad-except  (backends differ)
+    stats = None
+  if stats and "bytes_limit" in stats:
+    free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    return free, f"free on {jax.devices()[0].device_kind}"
+  try:
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(free), "available host RAM"
+  except (ValueError, OSError, AttributeError):
+    return None, "unknown"
+
+
+def _nbytes(tree: Any) -> int:
+  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(tree))
+
+
+_DTYPE_BYTES = {"i1": 1, "i8": 1, "ui8": 1, "i16": 2, "f16": 2, "bf16": 2,
+                "i32": 4, "ui32": 4, "f32": 4, "i64": 8, "ui64": 8, "f64": 8}
+_TENSOR = re.compile(r"tensor<((?:\d+x)+)([a-z]+\d+)>")
+# Below this many B x (G+1) x positions, every buffer of a sane model fits
+# (an attention score tensor of 64 heads is then 1 GiB): skip the estimate.
+_ESTIMATE_ABOVE = 1 << 22
+
+
+@functools.lru_cache(maxsize=32)
+def _model_bytes(definition: Any, param_shapes: Any, ids_shape: tuple,
+                 num_positions: int, num_tokens: int) -> tuple[int, int]:
+  """(cache bytes, largest intermediate of one `extend` of num_tokens).
+
+  From shapes alone: `prefill` by `jax.eval_shape` and `extend` lowered to
+  StableHLO (traced, never compiled or run), whose largest tensor type is
+  the largest buffer one model call needs (attention scores, usually).
+  """
+  params = jax.tree.unflatten(param_shapes[0], [
+      jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in param_shapes[1]])
+  ids = jax.ShapeDtypeStruct(ids_shape, np.int32)
+  prefill = jax.eval_shape(
+      lambda p, i: definition.prefill(p, i, num_positions), params, ids)
+  tokens = jax.ShapeDtypeStruct((ids_shape[0], num_tokens), np.int32)
+  text = jax.jit(definition.extend).lower(params, prefill.cache, tokens,
+                                          tokens).as_text()
+  largest = 0
+  for dims, dtype in _TENSOR.findall(text):
+    size = int(np.prod([int(d) for d in dims[:-1].split("x")]))
+    largest = max(largest, size * _DTYPE_BYTES.get(dtype, 4))
+  return _nbytes(prefill), largest
+
+
+def _check_memory(models: list[Model], ids_shape: tuple[int, int],
+                  gamma: int, max_decode_len: int, record_trace: bool,
+                  what: str) -> None:
+  """Refuses, before compiling, a loop whose buffers cannot fit.
+
+  Counts each model's cache, the largest buffer of one model call (the
+  target scores gamma + 1 tokens at once, a draft 2), the float32 logits and
+  probabilities of one iteration (target [B, G+1, V], draft [B, G, V]) and
+  the token buffers; all from shapes (`_model_bytes`). A rough bound: it
+  catches the impossible (gamma=10**6, max_decode_len=10**7), not the
+  tight. Skipped for sizes that always fit (`_ESTIMATE_ABOVE`).
+  """
+  batch = ids_shape[0]
+  width = max_decode_len + gamma + 1
+  if batch * width * (gamma + 1) <= _ESTIMATE_ABOVE:
+    return
+  caches = largest = 0
+  for i, model in enumerate(models):
+    leaves, treedef = jax.tree.flatten(model.params)
+    shapes = (treedef, tuple((tuple(x.shape), np.dtype(x.dtype))
+                             for x in leaves))
+    cache, peak = _model_bytes(model.definition, shapes, tuple(ids_shape),
+                               width, gamma + 1 if i == 0 else 2)
+    caches += cache
+    largest = max(largest, peak)
+  vocab = models[0].vocab_size
+  logits = 2 * 4 * batch * vocab * ((gamma + 1) + gamma * (len(models) - 1))
+  tokens = 4 * batch * width * (1 + (gamma if record_trace else 0))
+  # The loop's carry is held twice where XLA cannot update it in place, and
+  # a model call keeps a few buffers of the largest size alive at once.
+  total = 2 * caches + 3 * largest + logits + tokens
+  free, where = _available_bytes()
+  if free is not None and total > free:
+    raise ValueError(
+        f"{what} needs at least {total / 2**30:,.1f} GiB of buffers (caches "
+        f"{caches / 2**30:,.1f} GiB for {width} positions x batch {batch}, "
+        f"the largest buffer of one model call {largest / 2**30:,.1f} GiB, "
+        f"logits/probabilities {logits / 2**30:,.1f} GiB) but only "
+        f"{free / 2**30:,.1f} GiB is {where}: lower max_decode_len, gamma "
+        f"or the batch size.")
+
+
+def _check_nonfinite(stats: DecodeStats, on_nonfinite: str,
+                     names: list[tuple[str, str]]) -> None:
+  for key, name in names:
+    flags = getattr(stats, key)
+    rows = np.flatnonzero(flags) if flags is not None else np.zeros(0)
+    if not rows.size:
+      continue
+    message = (
+        f"the {name} model produced non-finite logits (NaN or inf) for rows "
+        f"{rows[:10].tolist()}: its outputs for them are meaningless. Check "
+        f"its parameters (load_model(..., check_finite=True)) and its dtype "
+        f"(float16 overflows; use bfloat16 or float32). Pass "
+        f"on_nonfinite='warn' to get the result anyway (stats.{key}).")
+    if on_nonfinite == "error":
+      raise FloatingPointError(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _check_on_nonfinite(value: Any) -> str:
+  if value not in NONFINITE_CHOICES:
+    raise ValueError(f"on_nonfinite must be one of {NONFINITE_CHOICES}, got "
+                     f"{value!r}.")
+  return value
 
 
 def _run(fn, params: list[Any], arrays: list[np.ndarray],
@@ -126,7 +345,8 @@ def _run(fn, params: list[Any], arrays: list[np.ndarray],
 def generate(model: Model, input_ids: Any, *, max_decode_len: int,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: Any = 0,
-             mesh: jax.sharding.Mesh | None = None) -> DecodeResult:
+             mesh: jax.sharding.Mesh | None = None,
+             on_nonfinite: str = "error") -> DecodeResult:
   """Plain autoregressive decoding: one target call per token.
 
   Args:
@@ -137,18 +357,27 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
     temperature, top_k, top_p: see `sampling.SamplingConfig`.
     seed: int, or one int per row (see `DecodeResult` and `_seeds`).
     mesh: run sharded on this mesh (see `specdec_jax.sharding`).
+    on_nonfinite: a NaN or inf logit raises FloatingPointError naming the
+      model ("error", default), warns ("warn"; see `target_nonfinite` in
+      the stats), or is not checked ("ignore").
 
   Returns:
     A `DecodeResult`.
   """
   model = _check_model("model", model)
+  on_nonfinite = _check_on_nonfinite(on_nonfinite)
   max_decode_len = _check_positive_int("max_decode_len", max_decode_len,
                                        "It bounds the generated tokens.")
   sampler = sampling.SamplingConfig(temperature, top_k, top_p)
   ids = _check_inputs(input_ids, [("target", model)])
   seeds, rows = _seeds(seed, ids.shape[0])
-  fn = engine.build_generate(model.definition, max_decode_len, sampler)
-  return _run(fn, [model.params], [ids, seeds, rows], mesh)
+  _check_memory([model], ids.shape, 0, max_decode_len, False,
+                f"max_decode_len={max_decode_len}")
+  check = on_nonfinite != "ignore"
+  fn = engine.build_generate(model.definition, max_decode_len, sampler, check)
+  result = _run(fn, [model.params], [ids, seeds, rows], mesh)
+  _check_nonfinite(result.stats, on_nonfinite, [("target_nonfinite", "target")])
+  return result
 
 
 def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
@@ -157,8 +386,8 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
                          top_p: float = 1.0, seed: Any = 0,
                          lenience: float = 1.0,
                          record_trace: bool = False,
-                         mesh: jax.sharding.Mesh | None = None
-                         ) -> DecodeResult:
+                         mesh: jax.sharding.Mesh | None = None,
+                         on_nonfinite: str = "error") -> DecodeResult:
   """Speculative decoding (Algorithm 1): exact samples from the target.
 
   Args:
@@ -175,27 +404,35 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
       target tokens (`DecodeStats.trace_*`, [B, max_decode_len, ...]) for
       plots.
     mesh: run sharded on this mesh (see `specdec_jax.sharding`).
+    on_nonfinite: a NaN or inf logit of either model raises
+      FloatingPointError naming the model ("error", default), warns
+      ("warn"; see `target_nonfinite`, `draft_nonfinite`), or is not
+      checked ("ignore").
 
   Returns:
     A `DecodeResult`.
   """
   target = _check_model("target", target)
   draft = _check_model("draft", draft)
+  on_nonfinite = _check_on_nonfinite(on_nonfinite)
   gamma = _check_positive_int("gamma", gamma,
                               "It is the number of draft tokens per step.")
   max_decode_len = _check_positive_int("max_decode_len", max_decode_len,
                                        "It bounds the generated tokens.")
   lenience = sampling.validate_lenience(lenience)
   sampler = sampling.SamplingConfig(temperature, top_k, top_p)
-  if target.vocab_size != draft.vocab_size:
-    raise ValueError(
-        f"draft and target vocabularies differ in size (target "
-        f"{target.vocab_size}, draft {draft.vocab_size}): speculative "
-        f"decoding compares their distributions token by token, so both "
-        f"models must share one vocabulary.")
+  _check_compatible(target, draft)
   ids = _check_inputs(input_ids, [("target", target), ("draft", draft)])
   seeds, rows = _seeds(seed, ids.shape[0])
+  _check_memory([target, draft], ids.shape, gamma, max_decode_len,
+                bool(record_trace),
+                f"gamma={gamma}, max_decode_len={max_decode_len}")
+  check = on_nonfinite != "ignore"
   fn = engine.build_speculative(target.definition, draft.definition, gamma,
                                 max_decode_len, sampler, lenience,
-                                bool(record_trace))
-  return _run(fn, [target.params, draft.params], [ids, seeds, rows], mesh)
+                                bool(record_trace), check_finite=check)
+  result = _run(fn, [target.params, draft.params], [ids, seeds, rows], mesh)
+  _check_nonfinite(result.stats, on_nonfinite,
+                   [("target_nonfinite", "target"),
+                    ("draft_nonfinite", "draft")])
+  return result

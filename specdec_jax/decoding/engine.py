@@ -54,11 +54,14 @@ class ModelCursor:
     cache: the model's cache pytree (see `ModelDef.extend`).
     start_token: int32 [B] token at relative index 0.
     start_pos: int32 [B] model position of relative index 0.
+    nonfinite: bool [B], True once any logit this model produced for the
+      row was NaN or inf; None when the loop was built without the check.
   """
 
   cache: Any
   start_token: jax.Array
   start_pos: jax.Array
+  nonfinite: jax.Array | None = None
 
   def token_at(self, stream: Stream, index: jax.Array) -> jax.Array:
     """Tokens at relative indices `index` [B, K] of each row ([B, K])."""
@@ -76,7 +79,16 @@ class ModelCursor:
                     index: jax.Array) -> tuple[jax.Array, "ModelCursor"]:
     positions = self.start_pos[:, None] + index
     logits, cache = model.extend(params, self.cache, tokens, positions)
-    return logits.astype(jnp.float32), self.replace(cache=cache)
+    logits = logits.astype(jnp.float32)
+    nonfinite = self.nonfinite
+    if nonfinite is not None:
+      # NaN or inf would otherwise turn into an arbitrary argmax or NaN
+      # probabilities without a word. A sum is NaN or inf iff a term is (or
+      # the finite terms overflow float32, which no sane logits do): one
+      # add-reduction over logits that exist anyway (cost, measured:
+      # docs/reliability.md).
+      nonfinite = nonfinite | ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
+    return logits, self.replace(cache=cache, nonfinite=nonfinite)
 
 
 @flax.struct.dataclass
@@ -117,11 +129,16 @@ def row_keys(seeds: jax.Array, rows: jax.Array) -> jax.Array:
       seeds, rows)
 
 
-def _cursor(model: ModelDef, params, input_ids, num_positions) -> ModelCursor:
+def _cursor(model: ModelDef, params, input_ids, num_positions,
+            check_finite: bool = True) -> ModelCursor:
   prefill = model.prefill(params, input_ids, num_positions)
+  nonfinite = None
+  if check_finite:
+    nonfinite = jnp.zeros((input_ids.shape[0],), jnp.bool_)
   return ModelCursor(cache=prefill.cache,
                      start_token=prefill.start_token.astype(jnp.int32),
-                     start_pos=prefill.start_pos.astype(jnp.int32))
+                     start_pos=prefill.start_pos.astype(jnp.int32),
+                     nonfinite=nonfinite)
 
 
 def _write(buffer: jax.Array, start: jax.Array, values: jax.Array):
@@ -176,8 +193,12 @@ def _new_stream(batch: int, width: int) -> Stream:
 
 @functools.lru_cache(maxsize=64)
 def build_generate(model: ModelDef, max_decode_len: int,
-                   sampler: sampling.SamplingConfig) -> Callable:
-  """The jitted baseline: (params, input_ids, seeds, rows) -> (tokens, stats)."""
+                   sampler: sampling.SamplingConfig,
+                   check_finite: bool = True) -> Callable:
+  """The jitted baseline: (params, input_ids, seeds, rows) -> (tokens, stats).
+
+  With `check_finite`, stats has `target_nonfinite` (bool [B]).
+  """
 
   def run(params, input_ids, seeds, rows):
     batch = input_ids.shape[0]
@@ -185,7 +206,8 @@ def build_generate(model: ModelDef, max_decode_len: int,
     state = AutoregressiveState(
         step=jnp.int32(0),
         stream=_new_stream(batch, max_decode_len + 1),
-        model=_cursor(model, params, input_ids, max_decode_len + 1),
+        model=_cursor(model, params, input_ids, max_decode_len + 1,
+                      check_finite),
         stats={"target_calls": jnp.zeros((batch,), jnp.int32)})
 
     def cond(s: AutoregressiveState):
@@ -207,7 +229,8 @@ def build_generate(model: ModelDef, max_decode_len: int,
                                  stats=stats)
 
     state = jax.lax.while_loop(cond, body, state)
-    stats = DecodeStats(length=state.stream.length, **state.stats)
+    stats = DecodeStats(length=state.stream.length,
+                        target_nonfinite=state.model.nonfinite, **state.stats)
     return _finish(state.stream, max_decode_len), stats
 
   return jax.jit(run)
@@ -221,13 +244,16 @@ def build_generate(model: ModelDef, max_decode_len: int,
 def build_speculative(target: ModelDef, draft: ModelDef, gamma: int,
                       max_decode_len: int, sampler: sampling.SamplingConfig,
                       lenience: float = 1.0, record_trace: bool = False,
-                      draft_sample: Callable = sampling.sample) -> Callable:
+                      draft_sample: Callable = sampling.sample,
+                      check_finite: bool = True) -> Callable:
   """The jitted speculative loop.
 
   Returns `run(target_params, draft_params, input_ids, seeds, rows) ->
-  (tokens [B, T], stats)`. `draft_sample(key, q) -> token` exists so tests can
-  plug in a deliberately wrong drafter (negative controls); everything else
-  must use `sampling.sample`, which draws from exactly q.
+  (tokens [B, T], stats)`; with `check_finite`, stats has
+  `target_nonfinite` and `draft_nonfinite` (bool [B]).
+  `draft_sample(key, q) -> token` exists so tests can plug in a deliberately
+  wrong drafter (negative controls); everything else must use
+  `sampling.sample`, which draws from exactly q.
   """
   width = max_decode_len + gamma + 1
   positions = jnp.arange(gamma + 1)
@@ -299,8 +325,9 @@ def build_speculative(target: ModelDef, draft: ModelDef, gamma: int,
       stats["trace_next"] = jnp.zeros((batch, max_decode_len), jnp.int32)
     state = SpeculativeState(
         step=jnp.int32(0), stream=_new_stream(batch, width),
-        target=_cursor(target, target_params, input_ids, width),
-        draft=_cursor(draft, draft_params, input_ids, width), stats=stats)
+        target=_cursor(target, target_params, input_ids, width, check_finite),
+        draft=_cursor(draft, draft_params, input_ids, width, check_finite),
+        stats=stats)
 
     def cond(s: SpeculativeState):
       return (s.step < max_decode_len) & ~jnp.all(s.stream.done)
@@ -354,6 +381,8 @@ def build_speculative(target: ModelDef, draft: ModelDef, gamma: int,
         alpha=st["alpha_sum"] / jnp.maximum(st["alpha_count"], 1),
         tokens_per_target_call=state.stream.length / jnp.maximum(
             st["target_calls"], 1),
+        target_nonfinite=state.target.nonfinite,
+        draft_nonfinite=state.draft.nonfinite,
         **st)
     return _finish(state.stream, max_decode_len), stats
 

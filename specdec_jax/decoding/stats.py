@@ -45,6 +45,9 @@ class DecodeStats:
     trace_accepted: int32 [B, T] accepted draft tokens of iteration t (-1
       past the row's last iteration).
     trace_next: int32 [B, T] the target's token appended in iteration t.
+    target_nonfinite, draft_nonfinite: bool [B] any logit the target (the
+      draft) produced for the row was NaN or inf; None when decoding ran
+      with on_nonfinite='ignore' (draft_nonfinite also after `generate`).
   """
 
   length: Any
@@ -60,6 +63,8 @@ class DecodeStats:
   trace_draft: Any = None
   trace_accepted: Any = None
   trace_next: Any = None
+  target_nonfinite: Any = None
+  draft_nonfinite: Any = None
 
   def pooled_alpha(self) -> float:
     """alpha over every verified position of every row."""

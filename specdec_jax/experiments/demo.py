@@ -72,6 +72,10 @@ class DemoConfig:
   data_dir: str = DEMO_DATA
   sentences: str = "sentences"  # <data_dir>/<sentences>.{en,de}
   vocab_path: str | None = None  # default: the target's shipped vocabulary
+  # Start each row's workdir over when it holds results of other settings
+  # (another code version included) instead of refusing; see
+  # experiments/workdir.py.
+  overwrite: bool = False
 
 
 def _vocab_path(config: DemoConfig) -> str:
@@ -105,7 +109,8 @@ def _row_config(config: DemoConfig, draft: str, gamma, temperature: float,
       max_decode_len=config.max_decode_len, buckets=tuple(config.buckets),
       max_examples=config.max_examples,
       repeats=config.repeats, cost_repeats=config.cost_repeats,
-      trace_examples=config.trace_examples, seed=0, name=name)
+      trace_examples=config.trace_examples, seed=0, name=name,
+      overwrite=config.overwrite)
 
 
 def run(config: DemoConfig, workdir: str) -> list[dict]:

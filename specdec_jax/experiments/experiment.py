@@ -28,11 +28,13 @@ from typing import Any, Sequence
 from absl import logging
 import numpy as np
 
+from specdec_jax import sampling
 from specdec_jax import theory
 from specdec_jax.data import vocabularies
 from specdec_jax.experiments import timing
 from specdec_jax.decoding.api import generate, speculative_generate
 from specdec_jax.decoding.protocol import Model
+from specdec_jax.experiments import workdir as workdir_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +72,9 @@ class ExperimentConfig:
   mesh_shape: Sequence[int] | None = None  # (data, model)
   distributed: bool = False  # jax.distributed.initialize() (multi-host pods)
   name: str = ""
+  # Delete the workdir's earlier results (they were made with other
+  # settings) instead of refusing to resume; see `workdir.py`.
+  overwrite: bool = False
 
   def gammas(self) -> tuple[int, ...] | str:
     if isinstance(self.gamma, str):
@@ -104,8 +109,10 @@ def validate(config: ExperimentConfig) -> None:
     problems.append(f"gamma={config.gamma!r}: every gamma must be >= 1")
   if config.max_decode_len < 1:
     problems.append(f"max_decode_len={config.max_decode_len} must be >= 1")
-  if config.temperature < 0:
-    problems.append(f"temperature={config.temperature} must be >= 0")
+  try:
+    sampling.SamplingConfig(config.temperature, config.top_k, config.top_p)
+  except (TypeError, ValueError) as e:
+    problems.append(str(e))
   if config.repeats < 1:
     problems.append(f"repeats={config.repeats} must be >= 1")
   for field in ("target", "draft"):
@@ -237,7 +244,9 @@ def read_done(path: str, truncate: bool = True) -> list[dict]:
   """Complete lines of `path`; a torn last line (killed mid-write) is cut.
 
   Every process reads (all must run the same decode calls); only the
-  primary one, which writes, truncates.
+  primary one, which writes, truncates. A damaged line before the last one
+  cannot come from a kill (each line is fsynced before the next starts): it
+  is refused, naming the file and line, rather than skipped.
   """
   if not os.path.exists(path):
     return []
@@ -247,7 +256,20 @@ def read_done(path: str, truncate: bool = True) -> list[dict]:
   if truncate and len(keep) != len(raw):
     with open(path, "wb") as f:
       f.write(keep)
-  return [json.loads(line) for line in keep.decode().splitlines() if line]
+  records = []
+  for number, line in enumerate(keep.decode(errors="replace").splitlines(),
+                                start=1):
+    if not line:
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      raise ConfigError(
+          f"{path} line {number} is not a JSON record ({e.msg}): the file was "
+          "edited or damaged. Delete that line to keep the other results "
+          "(its example is decoded again), or rerun with --overwrite "
+          "(ExperimentConfig.overwrite=True) to start over.") from None
+  return records
 
 
 def append_line(path: str, record: dict) -> None:
@@ -312,13 +334,26 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
 
 
 def run(config: ExperimentConfig, workdir: str) -> dict:
-  """Runs (or resumes) one experiment; returns the summary dict."""
+  """Runs (or resumes) one experiment; returns the summary dict.
+
+  The workdir is locked for the whole run and must hold results of the same
+  settings (or none): see `specdec_jax.experiments.workdir`.
+  """
   validate(config)
   os.makedirs(workdir, exist_ok=True)
   from specdec_jax import sharding  # pylint: disable=g-import-not-at-top
+  sharding.maybe_initialize_distributed(config.distributed)
+  if not sharding.is_primary():
+    return _run_locked(config, workdir)
+  with workdir_lib.lock(workdir):
+    workdir_lib.check_fingerprint(workdir, config, config.overwrite)
+    return _run_locked(config, workdir)
+
+
+def _run_locked(config: ExperimentConfig, workdir: str) -> dict:
+  from specdec_jax import sharding  # pylint: disable=g-import-not-at-top
   from specdec_jax.data import batching  # pylint: disable=g-import-not-at-top
   from specdec_jax.experiments import report  # pylint: disable=g-import-not-at-top
-  sharding.maybe_initialize_distributed(config.distributed)
   mesh = sharding.make_mesh(*config.mesh_shape) if config.mesh_shape else None
   target, draft = load_models(config, mesh)
   max_len = config.max_input_len or target.max_input_len or 512
@@ -379,6 +414,10 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
     new += 1
     _log_progress(done, new, len(todo), started, gammas)
 
+  # The examples of this run only: a rerun with fewer max_examples reports
+  # fewer, and lines of ids outside this run stay in the file unreported.
+  by_id = {r["id"]: r for r in done}
+  done = [by_id[b.ids[0]] for b in batches if b.ids[0] in by_id]
   cost_path = os.path.join(workdir, "costs.json")
   costs_by_gamma = _load_or_measure_costs(config, target, draft, batches,
                                           gammas, cost_path, primary)

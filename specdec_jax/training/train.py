@@ -33,7 +33,7 @@ import json
 import os
 import signal
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from absl import logging
 import flax
@@ -454,6 +454,63 @@ def _save(manager, state: TrainState, per_epoch: int) -> None:
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
 
 
+def restore_latest_intact(make_manager: Callable[[], Any],
+                          init: Callable[[], TrainState], workdir: str):
+  """The newest checkpoint that restores, skipping (and moving aside) any
+  newer damaged one.
+
+  A checkpoint can be damaged after it was committed (a disk filled up, a
+  copy cut short): instead of failing on it (orbax buries the cause under
+  hundreds of lines), resume from the newest intact one and say which
+  steps were skipped. Damaged steps move to `<workdir>/damaged_checkpoints/`
+  so that saving those step numbers again works.
+
+  Args:
+    make_manager: returns the run's orbax CheckpointManager.
+    init: returns a fresh TrainState (its shapes are the restore target).
+    workdir: the training workdir.
+
+  Returns:
+    (restored Composite or None when no checkpoint exists, the manager to
+    keep using).
+
+  Raises:
+    RuntimeError: checkpoints exist but none restores.
+  """
+  manager = make_manager()
+  directory = str(manager.directory)
+  steps = sorted(manager.all_steps(), reverse=True)
+  skipped = []
+  for step in steps:
+    try:
+      restored = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(jax.eval_shape(init)),
+          meta=ocp.args.JsonRestore()))
+    except Exception as e:  # pylint: disable=broad-except  (orbax, tensorstore)
+      first = (str(e).strip().splitlines() or [""])[0][:200]
+      skipped.append(f"step {step} ({type(e).__name__}: {first})")
+      continue
+    if skipped:
+      aside = os.path.join(workdir, "damaged_checkpoints")
+      os.makedirs(aside, exist_ok=True)
+      for bad in steps[:len(skipped)]:
+        os.replace(os.path.join(directory, str(bad)),
+                   os.path.join(aside, f"{bad}.{int(time.time())}"))
+      manager.close()
+      manager = make_manager()  # forgets the steps moved aside
+      logging.warning(
+          "skipped damaged checkpoint(s) %s; resumed from step %d, the "
+          "newest intact one (the damaged ones are in %s).",
+          "; ".join(skipped), step, aside)
+    return restored, manager
+  if skipped:
+    raise RuntimeError(
+        f"no checkpoint under {directory} restores: "
+        f"{'; '.join(skipped)}. Move that directory away to train from "
+        "scratch, or restore it from a copy.")
+  return None, manager
+
+
 def train(config: TrainConfig) -> dict[str, Any]:
   """Trains, resuming from the workdir's latest checkpoint if there is one.
 
@@ -487,17 +544,18 @@ def train(config: TrainConfig) -> dict[str, Any]:
     params = definition.init_params(jax.random.key(config.seed))
     return TrainState(jnp.int32(0), params, tx.init(params))
 
-  manager = ocp.CheckpointManager(
-      os.path.abspath(os.path.join(config.workdir, "checkpoints")),
-      options=ocp.CheckpointManagerOptions(
-          max_to_keep=config.keep_checkpoints, create=True),
-      item_names=("state", "meta"))
-  if manager.latest_step() is None:
+  def make_manager():
+    return ocp.CheckpointManager(
+        os.path.abspath(os.path.join(config.workdir, "checkpoints")),
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=config.keep_checkpoints, create=True),
+        item_names=("state", "meta"))
+
+  restored, manager = restore_latest_intact(make_manager, init,
+                                            config.workdir)
+  if restored is None:
     state = init()
   else:
-    restored = manager.restore(manager.latest_step(), args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(jax.eval_shape(init)),
-        meta=ocp.args.JsonRestore()))
     state = restored.state
     if restored.meta.get("batches_per_epoch") != per_epoch:
       logging.warning("the data changed since the checkpoint: %s batches an "

@@ -1,0 +1,172 @@
+"""One run per workdir, and only runs with the same settings in it.
+
+An experiment's workdir accumulates results across resumed runs
+(`examples.jsonl`), so two things must hold or results get mixed silently:
+
+1. One process at a time: `lock` takes an OS lock (`fcntl.flock`) on
+   `<workdir>/.lock` for the whole run; a second run stops at once, naming the
+   pid that holds it. The OS drops the lock when its holder dies (`kill -9`
+   included), so a crashed run never leaves a stale lock behind.
+2. Same settings: `fingerprint.json` records everything that determines the
+   results (models and their files, task and its data, decoding settings, γ,
+   lengths, seed, code version). `check_fingerprint` refuses a rerun whose
+   fingerprint differs, listing the differences and the fix. Settings that
+   only extend or display a run (`EXTENDING_FIELDS`) are left out: a rerun
+   with more examples extends the workdir, one with fewer reports fewer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import subprocess
+from typing import Any, Iterator
+
+from absl import logging
+
+FINGERPRINT = "fingerprint.json"
+# Files a run writes from results; `--overwrite` removes them.
+RESULT_FILES = ("examples.jsonl", "costs.json", "optimal_gamma.json",
+                "summary.json", FINGERPRINT)
+# ExperimentConfig fields that do not change any recorded number.
+EXTENDING_FIELDS = ("max_examples", "trace_examples", "name", "distributed",
+                    "overwrite")
+# Files up to this size are hashed; larger ones (weights) by size and mtime.
+_HASH_LIMIT = 1 << 20
+
+
+class WorkdirError(ValueError):
+  """The workdir is busy, or holds results of other settings."""
+
+
+@contextlib.contextmanager
+def lock(workdir: str) -> Iterator[None]:
+  """Holds an exclusive OS lock on `<workdir>/.lock` while the block runs."""
+  path = os.path.join(workdir, ".lock")
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+        raise
+      holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+      raise WorkdirError(
+          f"workdir {workdir} is in use by another run (pid {holder}): two "
+          "runs in one workdir would decode every example twice. Wait for "
+          "it to finish, or give this run another --workdir.") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    yield
+  finally:
+    os.close(fd)  # releases the lock
+
+
+def _code_version() -> dict:
+  import specdec_jax  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(specdec_jax.__file__)))
+  try:
+    commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"],
+                            capture_output=True, text=True, timeout=10,
+                            check=True).stdout.strip() or None
+  except (OSError, subprocess.SubprocessError):
+    commit = None
+  return {"version": specdec_jax.__version__, "git_commit": commit}
+
+
+def _file_digest(path: str) -> str:
+  st = os.stat(path)
+  if st.st_size > _HASH_LIMIT:
+    return f"size={st.st_size} mtime={int(st.st_mtime)}"
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def path_fingerprint(spec: Any) -> Any:
+  """What a model spec or data path points at: the file digests under it.
+
+  A spec that is not a local path (a config name, 'bigram', gs://) is its
+  own fingerprint.
+  """
+  if not isinstance(spec, str):
+    return spec
+  path = spec.split(":", 1)[1] if spec.startswith(("hf:", "t5x:")) else spec
+  if spec.startswith("demo:"):
+    from specdec_jax.checkpoints import native  # pylint: disable=g-import-not-at-top
+    path = os.path.join(native.DEMO_DIR, spec[len("demo:"):])
+  if os.path.isfile(path):
+    return _file_digest(path)
+  if not os.path.isdir(path):
+    return spec
+  digests = []
+  for root, _, files in sorted(os.walk(path)):
+    for name in sorted(files):
+      full = os.path.join(root, name)
+      digests.append(f"{os.path.relpath(full, path)}:{_file_digest(full)}")
+  return hashlib.sha256("\n".join(digests).encode()).hexdigest()[:16]
+
+
+def _jsonable(value: Any) -> Any:
+  return json.loads(json.dumps(value, default=repr, sort_keys=True))
+
+
+def fingerprint(config: Any) -> dict:
+  """Everything that determines an ExperimentConfig's results, as JSON."""
+  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
+  fields = {f.name: getattr(config, f.name)
+            for f in dataclasses.fields(config)
+            if f.name not in EXTENDING_FIELDS}
+  task_config = dataclasses.asdict(tasks.current_config())
+  out = dict(fields)
+  out["target_files"] = path_fingerprint(config.target)
+  out["draft_files"] = path_fingerprint(config.draft)
+  out["task_config"] = task_config
+  out["vocab_file"] = path_fingerprint(task_config.get("vocab_path"))
+  out["code"] = _code_version()
+  return _jsonable(out)
+
+
+def check_fingerprint(workdir: str, config: Any, overwrite: bool) -> None:
+  """Records the fingerprint, or refuses results made with other settings.
+
+  Args:
+    workdir: the run's directory (locked by the caller).
+    config: the ExperimentConfig about to run.
+    overwrite: remove earlier results (`RESULT_FILES`) and start over.
+
+  Raises:
+    WorkdirError: the workdir holds results of a different fingerprint.
+  """
+  path = os.path.join(workdir, FINGERPRINT)
+  now = fingerprint(config)
+  if overwrite:
+    for name in RESULT_FILES:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(workdir, name))
+  if os.path.exists(path):
+    with open(path) as f:
+      stored = json.load(f)
+    differ = [f"{k}: {stored.get(k)!r} in the workdir, {now.get(k)!r} now"
+              for k in sorted(set(stored) | set(now))
+              if stored.get(k) != now.get(k)]
+    if differ:
+      raise WorkdirError(
+          f"workdir {workdir} holds results of other settings; resuming "
+          "would mix them into one table:\n  - " + "\n  - ".join(differ)
+          + "\nUse a new --workdir, or rerun with --overwrite "
+          "(ExperimentConfig.overwrite=True) to delete these results and "
+          "start over.")
+    return
+  if os.path.exists(os.path.join(workdir, "examples.jsonl")):
+    logging.warning("workdir %s has results but no %s (made before "
+                    "fingerprints): adopting the current settings.", workdir,
+                    FINGERPRINT)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(now, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
