@@ -18,8 +18,9 @@ from specdec_jax.experiments import gin_flags
 
 _WORKDIR = flags.DEFINE_string("workdir", "results/demo", "Output directory.")
 _OVERWRITE = flags.DEFINE_bool(
-    "overwrite", False, "Start rows over whose results were made with other "
-    "settings or another code version (otherwise such a rerun is refused).")
+    "overwrite", True, "Start rows over whose results were made with other "
+    "settings or another code version (rows with the same settings resume); "
+    "--nooverwrite refuses such a rerun instead.")
 
 
 def main(argv):
@@ -27,8 +28,7 @@ def main(argv):
   gin_flags.parse(flags.FLAGS.gin_file or ["demo.gin"],
                   flags.FLAGS.gin_bindings)
   config = gin.get_configurable(demo.DemoConfig)()
-  if _OVERWRITE.value:
-    config = dataclasses.replace(config, overwrite=True)
+  config = dataclasses.replace(config, overwrite=_OVERWRITE.value)
   gin_flags.write_config(_WORKDIR.value)
   demo.run(config, _WORKDIR.value)
   print(open(os.path.join(_WORKDIR.value, "table.md")).read())

@@ -73,9 +73,10 @@ class DemoConfig:
   sentences: str = "sentences"  # <data_dir>/<sentences>.{en,de}
   vocab_path: str | None = None  # default: the target's shipped vocabulary
   # Start each row's workdir over when it holds results of other settings
-  # (another code version included) instead of refusing; see
-  # experiments/workdir.py.
-  overwrite: bool = False
+  # (another code version included) instead of refusing; rows with the same
+  # settings resume. On by default: `make demo` must run from any state of
+  # its disposable workdir. See experiments/workdir.py.
+  overwrite: bool = True
 
 
 def _vocab_path(config: DemoConfig) -> str:

@@ -267,8 +267,8 @@ def read_done(path: str, truncate: bool = True) -> list[dict]:
       raise ConfigError(
           f"{path} line {number} is not a JSON record ({e.msg}): the file was "
           "edited or damaged. Delete that line to keep the other results "
-          "(its example is decoded again), or rerun with --overwrite "
-          "(ExperimentConfig.overwrite=True) to start over.") from None
+          "(its example is decoded again), or delete the workdir to start "
+          "over.") from None
   return records
 
 

@@ -137,31 +137,37 @@ def check_fingerprint(workdir: str, config: Any, overwrite: bool) -> None:
   Args:
     workdir: the run's directory (locked by the caller).
     config: the ExperimentConfig about to run.
-    overwrite: remove earlier results (`RESULT_FILES`) and start over.
+    overwrite: when the workdir holds results of OTHER settings, remove them
+      (`RESULT_FILES`) and start over instead of refusing. Results of the
+      same settings are kept and the run resumes, so a killed run that is
+      restarted with overwrite loses nothing.
 
   Raises:
     WorkdirError: the workdir holds results of a different fingerprint.
   """
   path = os.path.join(workdir, FINGERPRINT)
   now = fingerprint(config)
-  if overwrite:
-    for name in RESULT_FILES:
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(workdir, name))
   if os.path.exists(path):
     with open(path) as f:
       stored = json.load(f)
     differ = [f"{k}: {stored.get(k)!r} in the workdir, {now.get(k)!r} now"
               for k in sorted(set(stored) | set(now))
               if stored.get(k) != now.get(k)]
-    if differ:
+    if differ and overwrite:
+      logging.warning("workdir %s: deleting results of other settings:\n  - "
+                      "%s", workdir, "\n  - ".join(differ))
+      for name in RESULT_FILES:
+        with contextlib.suppress(FileNotFoundError):
+          os.remove(os.path.join(workdir, name))
+    elif differ:
       raise WorkdirError(
           f"workdir {workdir} holds results of other settings; resuming "
           "would mix them into one table:\n  - " + "\n  - ".join(differ)
           + "\nUse a new --workdir, or rerun with --overwrite "
           "(ExperimentConfig.overwrite=True) to delete these results and "
           "start over.")
-    return
+    else:
+      return
   if os.path.exists(os.path.join(workdir, "examples.jsonl")):
     logging.warning("workdir %s has results but no %s (made before "
                     "fingerprints): adopting the current settings.", workdir,
