@@ -573,7 +573,7 @@ def test_a_damaged_line_inside_examples_jsonl_names_file_and_line(tmp_path):
   with open(path, "w") as f:
     f.write('{"id": "0"}\n{"id": "1", "bas\n{"id": "2"}\n')
   with pytest.raises(experiment.ConfigError,
-                     match=f"{path} line 2 is not a JSON record.*overwrite"):
+                     match=f"{path} line 2 is not a JSON record.*Delete that line"):
     experiment.read_done(path)
   with open(path, "w") as f:
     f.write('{"id": "0"}\n{"id": "1"}\n{"id": "2", "bas')
