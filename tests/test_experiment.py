@@ -535,7 +535,8 @@ def test_rerun_with_other_settings_is_refused_and_more_examples_extend(
   KeyError: '5'; max_examples=5 on a 40-example workdir still reported 40.
   Now: other settings are refused before loading, listing each difference
   and the fix; more examples extend the workdir; fewer report fewer;
-  overwrite=True starts over."""
+  overwrite=True starts over when the settings differ and resumes when they
+  do not."""
   from specdec_jax.experiments import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   _, models, task_config = setup
   workdir = str(tmp_path / "run")
@@ -558,6 +559,10 @@ def test_rerun_with_other_settings_is_refused_and_more_examples_extend(
     fewer = experiment.run(_config(models, **dict(base, max_examples=1)),
                            workdir)
     assert fewer["examples"] == 1 and len(_lines(workdir)) == 4
+    # overwrite keeps results of the same settings: the run resumes.
+    same = experiment.run(_config(models, **dict(base, overwrite=True)),
+                          workdir)
+    assert same["examples"] == 2 and len(_lines(workdir)) == 4
     fresh = experiment.run(_config(models, **dict(
         base, temperature=1.0, max_examples=1, overwrite=True)), workdir)
   assert fresh["examples"] == 1 and len(_lines(workdir)) == 1
