@@ -7,20 +7,19 @@ For each draft: every fixed gamma in --fixed_gammas, ConfidenceStop at each
 measured here), both with gamma = --max_gamma; every --cascades chain
 (MODEL<MODEL@GAMMA<...; 'bigram' is fit on Multi30k train) at each
 --cascade_gammas; all side by side on the same Multi30k validation sentences
-(batch 1, one input width, compile excluded, interleaved timing). Logic:
+(batch 1, one input width, compile excluded, interleaved timing, each
+variant's fastest repeat as in `experiments/timing.best_time`). Needs
+../shared/data. Logic:
 `specdec_jax.experiments.compare_drafting`. Writes table.md and rows.json to --workdir.
 """
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-
-from specdec_jax.experiments import compare_drafting  # noqa: E402
+from specdec_jax.experiments import compare_drafting
 
 _TARGET = flags.DEFINE_string("target", "demo:target", "Target model spec.")
 _DRAFTS = flags.DEFINE_list(

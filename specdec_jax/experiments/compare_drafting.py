@@ -4,7 +4,9 @@ side in one run (`benchmarks/adaptive_cascade.py` is the entry point).
 Every variant (a draft, or a cascade, with a gamma and a stop rule) decodes
 the same sentences at batch size 1, and so does the target alone. Timing is
 interleaved: for each sentence, every variant runs once per repeat in turn,
-and each keeps its fastest repeat, so load from other processes on a shared
+and each keeps its fastest repeat (the rule of `timing.best_time`, applied
+across variants in turn rather than one variant at a time), so load from
+other processes on a shared
 machine spreads over all variants instead of landing on whichever ran at
 that moment. Compilation is excluded (one warm-up call per variant; all
 inputs are padded to one width so nothing recompiles).
