@@ -352,7 +352,8 @@ class CascadeDrafter:
       out_probs = jnp.zeros((batch, width, self.middle.vocab_size),
                             jnp.float32)
     local = stream.replace(done=jnp.zeros((batch,), jnp.bool_))
-    carry = (jnp.int32(0), local, zeros, jnp.zeros((batch,), jnp.bool_),
+    # Rows whose output is complete propose nothing the engine will use.
+    carry = (jnp.int32(0), local, zeros, stream.done,
              jnp.zeros((batch,), jnp.bool_), state, out_tokens, out_conf,
              out_probs, stats)
     (_, _, produced, _, _, state, out_tokens, out_conf, out_probs,
