@@ -17,6 +17,7 @@ softmax q. Their deviations give statistics in the hundreds or more, so their
 power at this level is essentially 1.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -273,3 +274,27 @@ def test_bad_rules_and_cascades_fail_before_compiling():
   with pytest.raises(TypeError, match="only be the draft"):
     sd.speculative_generate(casc, draft, ids, gamma=2, max_decode_len=4)
   assert engine.build_speculative.cache_info().misses == before
+
+
+def test_nan_anywhere_in_a_cascade_is_named_as_the_draft():
+  """The non-finite check covers every model of a cascade: NaN logits in
+  the innermost drafter raise the draft error (a warning on request, with
+  the flag set and the greedy output still the target's); the finite
+  cascade sets no flag."""
+  target, draft, small, _ = _greedy_models(False)
+  params = jax.tree.map(np.array, small.params)
+  params["table"][..., 7] = np.nan
+  bad_small = sd.Model(small.definition, params)
+  ids = _inputs()
+  bad = sd.cascade(draft, bad_small, gamma=2)
+  with pytest.raises(FloatingPointError, match="the draft model"):
+    sd.speculative_generate(target, bad, ids, gamma=3, max_decode_len=6)
+  with pytest.warns(RuntimeWarning, match="draft model"):
+    res = sd.speculative_generate(target, bad, ids, gamma=3,
+                                  max_decode_len=6, on_nonfinite="warn")
+  assert res.stats.draft_nonfinite.all()
+  np.testing.assert_array_equal(
+      res.tokens, sd.generate(target, ids, max_decode_len=6).tokens)
+  clean = sd.speculative_generate(target, sd.cascade(draft, small, gamma=2),
+                                  ids, gamma=3, max_decode_len=6)
+  assert not clean.stats.draft_nonfinite.any()
