@@ -11,6 +11,10 @@ from specdec_jax.checkpoints import load_model
 from specdec_jax.decoding.api import DecodeResult
 from specdec_jax.decoding.api import generate
 from specdec_jax.decoding.api import speculative_generate
+from specdec_jax.decoding.cascades import cascade
+from specdec_jax.decoding.cascades import horizontal
+from specdec_jax.decoding.stopping import ConfidenceStop
+from specdec_jax.decoding.stopping import ExpectedGainStop
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.sharding import make_mesh
 

@@ -178,6 +178,7 @@ def speculative_accept(
     draft_probs: jax.Array,
     target_probs: jax.Array,
     lenience: float = 1.0,
+    num_proposed: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Algorithm 1's accept/reject step, vectorised over batch and gamma.
 
@@ -193,6 +194,11 @@ def speculative_accept(
     draft_probs: float [B, G, V], the q each draft token was sampled from.
     target_probs: float [B, G+1, V], p at each of the G+1 verified positions.
     lenience: l in (0, 1]; 1 is exact, smaller accepts more (lossy).
+    num_proposed: optional int [B] in [1, G]: row b proposed only its first
+      k_b tokens (an adaptive draft length); positions >= k_b are padding.
+      They are never accepted, and when all k_b proposals are accepted the
+      next token is drawn from p_{k_b + 1} itself (nothing was proposed
+      there, so there is no residual). None means every row proposed G.
 
   Returns:
     (num_accepted int32 [B] in [0, G], next_token int32 [B]).
@@ -206,13 +212,16 @@ def speculative_accept(
     raise ValueError(f"target_probs must be [batch, gamma+1, vocab] = "
                      f"[{batch}, {gamma + 1}, V], got {target_probs.shape}.")
   keys = _row_keys(rng, batch)
-  return jax.vmap(_accept_row, in_axes=(0, 0, 0, 0, None))(
-      keys, draft_tokens.astype(jnp.int32),
-      jnp.asarray(draft_probs, jnp.float32),
-      jnp.asarray(target_probs, jnp.float32), lenience)
+  args = (keys, draft_tokens.astype(jnp.int32),
+          jnp.asarray(draft_probs, jnp.float32),
+          jnp.asarray(target_probs, jnp.float32))
+  if num_proposed is None:
+    return jax.vmap(_accept_row, in_axes=(0, 0, 0, 0, None))(*args, lenience)
+  return jax.vmap(_accept_row, in_axes=(0, 0, 0, 0, None, 0))(
+      *args, lenience, jnp.asarray(num_proposed, jnp.int32))
 
 
-def _accept_row(key, tokens, q, p, lenience):
+def _accept_row(key, tokens, q, p, lenience, num_proposed=None):
   """One row of `speculative_accept`: tokens [G], q [G, V], p [G+1, V]."""
   gamma = tokens.shape[0]
   accept_key, sample_key = jax.random.split(key)
@@ -221,10 +230,15 @@ def _accept_row(key, tokens, q, p, lenience):
   # r in (0, 1]: a target probability of exactly 0 can never be accepted.
   r = 1.0 - jax.random.uniform(accept_key, (gamma,), jnp.float32)
   accepted = r * (lenience * q_x) <= p_x
+  proposed = gamma
+  if num_proposed is not None:
+    accepted &= jnp.arange(gamma) < num_proposed
+    proposed = num_proposed
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32)))
   p_next = p[num_accepted]
-  # Past the last draft position the "draft" is empty: the bonus comes from p.
-  q_next = jnp.where(num_accepted < gamma,
+  # Past the last proposed position the "draft" is empty: the next token
+  # comes from p itself.
+  q_next = jnp.where(num_accepted < proposed,
                      q[jnp.minimum(num_accepted, gamma - 1)], 0.0)
   residual = jnp.maximum(p_next - lenience * q_next, 0.0)
   mass = jnp.sum(residual)

@@ -185,3 +185,102 @@ def optimal_gamma(alpha, c, max_gamma: int = 64, verify_costs=None):
                        f"{max_gamma}, got shape {verify_costs.shape}.")
     speed = walltime_improvement_measured(alpha, gammas, c, verify_costs)
   return xp.argmax(speed, axis=-1) + 1
+
+
+# ----------------------------------------------------------------------------
+# Beyond a fixed gamma: adaptive draft lengths and cascades.
+
+
+def expected_tokens_adaptive(accept, length_probs):
+  """Theorem 3.1 for a proposal length K that varies per iteration.
+
+  An iteration that proposes k tokens emits 1 + sum_{i<=k} prod_{j<=i} a_j
+  tokens on average (each accepted prefix plus the target's own token), so
+
+    E[tokens per target run] = sum_k P(K = k) (1 + sum_{i<=k} prod_{j<=i} a_j).
+
+  With a_j = alpha and K = gamma it is Theorem 3.1. It assumes that whether a
+  token is accepted does not depend on how many were proposed (true when the
+  rule reads the draft only and the acceptance of a draft token does not
+  depend on its confidence; otherwise pass the acceptance conditional on
+  being proposed, position by position).
+
+  Args:
+    accept: acceptance probability per draft position, a scalar alpha or
+      [G] (a_1 .. a_G).
+    length_probs: [G + 1] P(K = k) for k = 0..G (e.g. a normalised
+      `proposal_histogram`); k = 0 (no proposal) is a plain target step.
+
+  Returns:
+    float.
+  """
+  length_probs = np.asarray(length_probs, np.float64)
+  gamma = length_probs.shape[-1] - 1
+  accept = np.broadcast_to(np.asarray(accept, np.float64), (gamma,))
+  per_k = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(accept))])
+  return float(np.dot(length_probs / length_probs.sum(), per_k))
+
+
+def walltime_improvement_adaptive(accept, length_probs, c,
+                                  verify_costs=None) -> float:
+  """Theorem 3.8 for a varying proposal length (renewal-reward: expected
+  tokens per iteration over expected time per iteration):
+
+    E[tokens] / (c E[K] + E[v(K)]),
+
+  with v(k) the cost of the target run that verifies k proposals (1, the
+  paper's model, unless `verify_costs` [G + 1] gives v(0..G)). Costs are in
+  target steps.
+  """
+  length_probs = np.asarray(length_probs, np.float64)
+  length_probs = length_probs / length_probs.sum()
+  ks = np.arange(length_probs.shape[-1])
+  verify = (np.ones_like(length_probs) if verify_costs is None
+            else np.asarray(verify_costs, np.float64))
+  time = c * np.dot(length_probs, ks) + np.dot(length_probs, verify)
+  return expected_tokens_adaptive(accept, length_probs) / time
+
+
+def cascade_calls(alphas, gammas) -> np.ndarray:
+  """Expected calls of each level per target call in a cascade.
+
+  Level 0 is the target, level i + 1 drafts for level i. Level 1 must hand
+  the target gammas[0] tokens per target run; a middle level i >= 1 makes
+  them by speculative decoding with level i + 1 as drafter (gammas[i] draft
+  tokens per run), until it has at least what was asked: by Theorem 3.1's
+  i.i.d. model that takes `expected_iterations(alphas[i], gammas[i], n)`
+  runs for n tokens. The bottom level runs once per token it proposes.
+
+  Args:
+    alphas: [D] alphas[i]: acceptance of level i + 1's tokens by level i.
+    gammas: [D] gammas[i]: tokens level i + 1 proposes per level-i run.
+
+  Returns:
+    float [D + 1]: calls of levels 0..D per target call (the first is 1).
+  """
+  alphas, gammas = list(alphas), [int(g) for g in gammas]
+  if len(alphas) != len(gammas) or not alphas:
+    raise ValueError(f"need one alpha per gamma, got {alphas}, {gammas}")
+  calls, runs = [1.0], 1.0
+  for i in range(1, len(gammas)):
+    runs *= expected_iterations(alphas[i], gammas[i], gammas[i - 1])
+    calls.append(runs)
+  calls.append(runs * gammas[-1])
+  return np.asarray(calls)
+
+
+def cascade_walltime_improvement(alphas, gammas, costs) -> float:
+  """Theorem 3.8 for a cascade: the target's expected tokens per run
+  (Theorem 3.1 with alphas[0], gammas[0]) over the time of one outer
+  iteration, 1 + sum_i costs[i] calls_i (see `cascade_calls`), where
+  costs[i] is one run of level i + 1 in target runs (its c). With one level
+  it is Theorem 3.8. Verification costs are taken as one run at every level,
+  as in the paper.
+  """
+  calls = cascade_calls(alphas, gammas)
+  costs = np.asarray(costs, np.float64)
+  if costs.shape != (len(calls) - 1,):
+    raise ValueError(f"need one cost per draft level ({len(calls) - 1}), got "
+                     f"{costs.shape}")
+  time = 1.0 + float(np.dot(calls[1:], costs))
+  return float(expected_tokens(alphas[0], gammas[0])) / time

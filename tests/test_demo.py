@@ -114,3 +114,16 @@ def test_demo_runs_on_two_sentences(tmp_path):
   for name in ["table.md", "table.csv", "speedup.png",
                "draft_small_t0/trace.html"]:
     assert os.path.getsize(tmp_path / name) > 0
+
+
+@pytest.mark.parametrize("gin_file", ["demo_adaptive.gin",
+                                      "demo_cascade.gin"])
+def test_demo_gin_options_parse(gin_file):
+  """The demo's adaptive-length and cascade options bind a rule or cascade
+  rows on top of configs/demo.gin."""
+  gin.clear_config()
+  gin_flags.parse([gin_file], [])
+  config = gin.get_configurable(demo.DemoConfig)()
+  gin.clear_config()
+  assert config.draft_stop is not None or config.cascades
+

@@ -225,6 +225,29 @@ def test_reproduce_assembles_tables_with_paper_columns(setup, tmp_path):
   assert "paper_speedup" in md and "3.4" in md
 
 
+def test_adaptive_draft_length_and_cascade_rows(setup, tmp_path):
+  """ExperimentConfig.draft_stop and .cascade reach the decoder: a cascaded
+  draft under ConfidenceStop keeps greedy outputs identical, records its
+  proposal lengths (one per target call, at most gamma) and a call count and
+  alpha per level, and its costs are measured on the cascade's top model."""
+  from specdec_jax.decoding import stopping  # pylint: disable=g-import-not-at-top
+  _, models, task_config = setup
+  workdir = str(tmp_path / "run")
+  config = _config(models, gamma=3, draft_stop=stopping.ConfidenceStop(0.3),
+                   cascade=((models["draft"], 2),), trace_examples=1)
+  with tasks.override_config(**task_config):
+    summary = experiment.run(config, workdir)
+  row = summary["rows"][0]
+  assert row["identical"] is True
+  for record in _lines(workdir):
+    spec = record["speculative"]["3"]
+    assert sum(spec["proposal_histogram"]) == spec["target_calls"]
+    assert len(spec["proposal_histogram"]) == 4
+    assert spec["level_calls"][0] == spec["target_calls"]
+    assert len(spec["level_alpha"]) == 2
+  assert row["c"] > 0
+
+
 def test_run_experiment_script_with_gin(setup, tmp_path):
   """The absl script parses --gin_file and --gin.X=... overrides, writes the
   config into the workdir and the table; a bad gin value fails clearly."""
@@ -445,7 +468,7 @@ def test_every_experiment_config_parses_and_validates_but_placeholders():
       f"lm1b_{d}_t{t}.gin" for d in ("unigram", "bigram", "gpt_6m")
       for t in (0, 1))
   assert not any(reproduce.is_shared_config(f) for f in files)
-  assert len(files) == 12 + 16
+  assert len(files) == 12 + 16 + 4  # table2, table3, beyond
   try:
     for path in files:
       _parse(path)

@@ -111,25 +111,30 @@ def start_token(model, row):
   return 0
 
 
-def _softmax(x, temperature):
+def _softmax(x, temperature, top_k=0):
   z = x / temperature
+  if 0 < top_k < z.size:
+    kth = np.sort(z)[-top_k]
+    z = np.where(z >= kth, z, -np.inf)  # ties at the k-th value are kept
   z = np.exp(z - z.max())
   return z / z.sum()
 
 
-def exact_distribution(model, row, length, temperature=1.0, eos=1):
-  """{tuple of `length` tokens (0 after EOS): probability} under sampling."""
+def exact_distribution(model, row, length, temperature=1.0, eos=1, top_k=0):
+  """{tuple of `length` tokens (0 after EOS): probability} under sampling
+  (temperature, then top-k as in `sampling.SamplingConfig`)."""
   vocab = model.definition.vocab
   out = {}
   for seq in itertools.product(range(vocab), repeat=length):
     prob, prefix, emitted = 1.0, [start_token(model, row)], []
     for tok in seq:
-      prob *= _softmax(next_logits(model, row, prefix), temperature)[tok]
+      prob *= _softmax(next_logits(model, row, prefix), temperature,
+                       top_k)[tok]
       prefix.append(tok)
       emitted.append(tok)
       if tok == eos:
         break
     key = tuple(emitted + [0] * (length - len(emitted)))
-    if len(emitted) == length or emitted[-1] == eos:
+    if (len(emitted) == length or emitted[-1] == eos) and prob > 0:
       out[key] = prob  # each truncated sequence is reached exactly once
   return out

@@ -24,8 +24,10 @@ import numpy as np
 
 from specdec_jax import sampling
 from specdec_jax import sharding
+from specdec_jax.decoding import cascades
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import ngram
+from specdec_jax.decoding import stopping
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.models import gpt
@@ -44,7 +46,8 @@ class DecodeResult:
     tokens: int32 [B, max_decode_len] generated tokens (EOS included), 0 after
       each row's end.
     stats: the per-row `DecodeStats` (numpy): lengths, target and draft
-      calls, accepted tokens, alpha and its parts, traces.
+      calls, accepted tokens, alpha and its parts, proposal lengths, calls
+      and alpha per level, traces.
       With the non-finite check (unless `on_nonfinite='ignore'`),
       `target_nonfinite` (and `draft_nonfinite`) flag each row.
   """
@@ -53,11 +56,16 @@ class DecodeResult:
   stats: DecodeStats
 
 
-def _check_model(name: str, model: Any) -> Model:
+def _check_model(name: str, model: Any, cascade_ok: bool = False) -> Model:
   if not isinstance(model, Model):
     raise TypeError(
         f"{name} must be a specdec_jax.Model (from specdec_jax.load_model), "
         f"got {type(model).__name__}.")
+  if not cascade_ok and isinstance(model.definition, cascades.DRAFT_ONLY):
+    raise TypeError(
+        f"{name} is a cascade or horizontal drafter (sd.cascade, "
+        f"sd.horizontal), which can only be the draft of "
+        f"speculative_generate; pass its top model here instead.")
   return model
 
 
@@ -166,7 +174,8 @@ def _check_compatible(target: Model, draft: Model) -> None:
         f"{target.vocab_size}, draft {draft.vocab_size}): speculative "
         f"decoding compares their distributions token by token, so both "
         f"models must share one vocabulary.")
-  families = _family(target), _family(draft)
+  # A cascade or horizontal drafter: its top model starts the sequence.
+  families = _family(target), _family(cascades.top_model(draft))
   if None not in families and families[0] != families[1]:
     raise ValueError(
         f"the target is {families[0]} but the draft is {families[1]}: a "
@@ -385,6 +394,7 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
                          temperature: float = 0.0, top_k: int = 0,
                          top_p: float = 1.0, seed: Any = 0,
                          lenience: float = 1.0,
+                         draft_stop: Any = None,
                          record_trace: bool = False,
                          mesh: jax.sharding.Mesh | None = None,
                          on_nonfinite: str = "error") -> DecodeResult:
@@ -392,14 +402,20 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
 
   Args:
     target: the model whose output distribution is kept.
-    draft: the cheaper approximation model; same vocabulary size.
+    draft: the cheaper approximation model; same vocabulary size. A cascade
+      (`sd.cascade(draft, draft_of_draft, gamma=k)`) works here too.
     input_ids: int [batch, length], 0-padded, each row ending in EOS (1).
-    gamma: draft tokens per iteration (static; >= 1).
+    gamma: draft tokens per iteration (static; >= 1); with a `draft_stop`
+      rule, the most draft tokens per iteration.
     max_decode_len: the most tokens generated per row.
     temperature, top_k, top_p: applied identically to target and draft.
     seed: int, or one int per row.
     lenience: in (0, 1]; 1 (default) is exact, smaller is the paper's lossy
       variant.
+    draft_stop: None (exactly gamma draft tokens per iteration, the paper's
+      loop), `sd.ConfidenceStop(threshold)` or `sd.ExpectedGainStop(...)`:
+      each row stops proposing when the rule says so (see
+      `decoding/stopping.py`); the output stays exact.
     record_trace: also return per-iteration draft tokens, accepted counts and
       target tokens (`DecodeStats.trace_*`, [B, max_decode_len, ...]) for
       plots.
@@ -413,7 +429,8 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
     A `DecodeResult`.
   """
   target = _check_model("target", target)
-  draft = _check_model("draft", draft)
+  draft = _check_model("draft", draft, cascade_ok=True)
+  stopping.check_rule(draft_stop)
   on_nonfinite = _check_on_nonfinite(on_nonfinite)
   gamma = _check_positive_int("gamma", gamma,
                               "It is the number of draft tokens per step.")
@@ -424,13 +441,14 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
   _check_compatible(target, draft)
   ids = _check_inputs(input_ids, [("target", target), ("draft", draft)])
   seeds, rows = _seeds(seed, ids.shape[0])
-  _check_memory([target, draft], ids.shape, gamma, max_decode_len,
-                bool(record_trace),
+  _check_memory([target, *cascades.models_of(draft)], ids.shape, gamma,
+                max_decode_len, bool(record_trace),
                 f"gamma={gamma}, max_decode_len={max_decode_len}")
   check = on_nonfinite != "ignore"
   fn = engine.build_speculative(target.definition, draft.definition, gamma,
                                 max_decode_len, sampler, lenience,
-                                bool(record_trace), check_finite=check)
+                                bool(record_trace), check_finite=check,
+                                draft_stop=draft_stop)
   result = _run(fn, [target.params, draft.params], [ids, seeds, rows], mesh)
   _check_nonfinite(result.stats, on_nonfinite,
                    [("target_nonfinite", "target"),

@@ -25,70 +25,15 @@ import jax.numpy as jnp
 
 from specdec_jax import sampling
 from specdec_jax import theory
+from specdec_jax.decoding import cascades
+from specdec_jax.decoding import drafters
+from specdec_jax.decoding.cursor import ModelCursor
+from specdec_jax.decoding.cursor import Stream
+from specdec_jax.decoding.cursor import new_cursor as _cursor
+from specdec_jax.decoding.cursor import write_rows as _write
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.tokens import EOS_ID
-
-
-@flax.struct.dataclass
-class Stream:
-  """The per-row decoding position shared by all models of one loop.
-
-  Attributes:
-    tokens: int32 [B, T + G + 1] generated tokens; entries at or past
-      `length` are scratch (overwritten later, zeroed in the result).
-    length: int32 [B] number of tokens generated so far.
-    done: bool [B] the row emitted EOS or reached T tokens.
-  """
-
-  tokens: jax.Array
-  length: jax.Array
-  done: jax.Array
-
-
-@flax.struct.dataclass
-class ModelCursor:
-  """One model's cache and where its decoder sequence starts.
-
-  Attributes:
-    cache: the model's cache pytree (see `ModelDef.extend`).
-    start_token: int32 [B] token at relative index 0.
-    start_pos: int32 [B] model position of relative index 0.
-    nonfinite: bool [B], True once any logit this model produced for the
-      row was NaN or inf; None when the loop was built without the check.
-  """
-
-  cache: Any
-  start_token: jax.Array
-  start_pos: jax.Array
-  nonfinite: jax.Array | None = None
-
-  def token_at(self, stream: Stream, index: jax.Array) -> jax.Array:
-    """Tokens at relative indices `index` [B, K] of each row ([B, K])."""
-    gathered = jnp.take_along_axis(stream.tokens, jnp.maximum(index - 1, 0),
-                                   axis=1)
-    return jnp.where(index == 0, self.start_token[:, None], gathered)
-
-  def extend(self, model: ModelDef, params, stream: Stream,
-             index: jax.Array) -> tuple[jax.Array, "ModelCursor"]:
-    """Feeds the tokens at relative indices `index` [B, K]; logits [B, K, V]."""
-    tokens = self.token_at(stream, index)
-    return self.extend_tokens(model, params, tokens, index)
-
-  def extend_tokens(self, model: ModelDef, params, tokens: jax.Array,
-                    index: jax.Array) -> tuple[jax.Array, "ModelCursor"]:
-    positions = self.start_pos[:, None] + index
-    logits, cache = model.extend(params, self.cache, tokens, positions)
-    logits = logits.astype(jnp.float32)
-    nonfinite = self.nonfinite
-    if nonfinite is not None:
-      # NaN or inf would otherwise turn into an arbitrary argmax or NaN
-      # probabilities without a word. A sum is NaN or inf iff a term is (or
-      # the finite terms overflow float32, which no sane logits do): one
-      # add-reduction over logits that exist anyway (cost, measured:
-      # docs/reliability.md).
-      nonfinite = nonfinite | ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
-    return logits, self.replace(cache=cache, nonfinite=nonfinite)
 
 
 @flax.struct.dataclass
@@ -99,18 +44,21 @@ class SpeculativeState:
     step: int32 scalar, iterations so far (one target call each).
     stream: generated tokens, lengths, done flags.
     target: the target model's cursor.
-    draft: the draft model's cursor. Its cache is valid up to relative index
-      length - 1 (or length - 2 after a fully accepted step); each step starts
-      by feeding indices (length - 1, length) so both cases are covered.
+    draft: the drafter's state (`drafters.py`, `cascades.py`): for a draft
+      model its cursor, whose cache is valid up to relative index length - 1
+      (or length - 2 after a fully accepted step); each step starts by
+      feeding indices (length - 1, length) so both cases are covered.
     stats: dict of per-row counters, the fields of `DecodeStats` that the
       loop accumulates.
+    stop_state: the draft-length rule's per-row statistics ({} without one).
   """
 
   step: jax.Array
   stream: Stream
   target: ModelCursor
-  draft: ModelCursor
+  draft: Any
   stats: dict
+  stop_state: Any
 
 
 @flax.struct.dataclass
@@ -127,24 +75,6 @@ def row_keys(seeds: jax.Array, rows: jax.Array) -> jax.Array:
   """One PRNG key per row: fold_in(key(seed_b), row_b) ([B] typed keys)."""
   return jax.vmap(lambda s, r: jax.random.fold_in(jax.random.key(s), r))(
       seeds, rows)
-
-
-def _cursor(model: ModelDef, params, input_ids, num_positions,
-            check_finite: bool = True) -> ModelCursor:
-  prefill = model.prefill(params, input_ids, num_positions)
-  nonfinite = None
-  if check_finite:
-    nonfinite = jnp.zeros((input_ids.shape[0],), jnp.bool_)
-  return ModelCursor(cache=prefill.cache,
-                     start_token=prefill.start_token.astype(jnp.int32),
-                     start_pos=prefill.start_pos.astype(jnp.int32),
-                     nonfinite=nonfinite)
-
-
-def _write(buffer: jax.Array, start: jax.Array, values: jax.Array):
-  """buffer[b, start_b : start_b + K] = values[b] for each row."""
-  return jax.vmap(lambda buf, s, v: jax.lax.dynamic_update_slice(buf, v, (s,)))(
-      buffer, start, values)
 
 
 def _advance(stream: Stream, new_tokens: jax.Array, num_new: jax.Array,
@@ -240,82 +170,121 @@ def build_generate(model: ModelDef, max_decode_len: int,
 # Speculative decoding.
 
 
-@functools.lru_cache(maxsize=64)
-def build_speculative(target: ModelDef, draft: ModelDef, gamma: int,
+def verify_widths(gamma: int) -> tuple[int, ...]:
+  """Proposal lengths the adaptive loop compiles a target call for: every
+  length up to 8, beyond that 1, 2, 4, ... below gamma, and gamma. Each
+  iteration verifies at the smallest one covering its longest proposal (k
+  tokens are verified in one target call of width k + 1)."""
+  if gamma <= 8:
+    return tuple(range(1, gamma + 1))
+  widths, w = [], 1
+  while w < gamma:
+    widths.append(w)
+    w *= 2
+  return tuple(widths) + (gamma,)
+
+
+def build_speculative(target: ModelDef, draft: Any, gamma: int,
                       max_decode_len: int, sampler: sampling.SamplingConfig,
                       lenience: float = 1.0, record_trace: bool = False,
                       draft_sample: Callable = sampling.sample,
-                      check_finite: bool = True) -> Callable:
-  """The jitted speculative loop.
+                      check_finite: bool = True,
+                      draft_stop: Any = None) -> Callable:
+  """The jitted speculative loop, cached by its (normalised) settings.
 
   Returns `run(target_params, draft_params, input_ids, seeds, rows) ->
   (tokens [B, T], stats)`; with `check_finite`, stats has
-  `target_nonfinite` and `draft_nonfinite` (bool [B]).
+  `target_nonfinite` and `draft_nonfinite` (bool [B]). `draft` is a
+  ModelDef, a `cascades.CascadeDef` or `cascades.HorizontalDef`.
+  `draft_stop` is None (every iteration proposes exactly gamma tokens: the
+  paper's loop, unchanged) or a rule of `stopping.py` (gamma is then the most
+  tokens per iteration; the target verifies at the smallest of
+  `verify_widths(gamma)` covering the longest proposal, chosen on device).
   `draft_sample(key, q) -> token` exists so tests can plug in a deliberately
   wrong drafter (negative controls); everything else must use
   `sampling.sample`, which draws from exactly q.
   """
-  width = max_decode_len + gamma + 1
+  return _build_speculative(target, draft, gamma, max_decode_len, sampler,
+                            float(lenience), bool(record_trace), draft_sample,
+                            bool(check_finite), draft_stop)
+
+
+@functools.lru_cache(maxsize=64)
+def _build_speculative(target, draft, gamma, max_decode_len, sampler,
+                       lenience, record_trace, draft_sample, check_finite,
+                       draft_stop):
   positions = jnp.arange(gamma + 1)
+  rule = draft_stop
 
   # Greedy decoding needs no probabilities: with one-hot p and q, Algorithm 1
   # accepts a draft token iff it is the target's argmax and otherwise emits
   # that argmax, so argmax and a comparison give the same tokens without any
   # [V]-sized sampling work (the general path below is tested against this).
   fast_greedy = sampler.greedy and draft_sample is sampling.sample
+  drafter = cascades.make_drafter(draft, gamma, sampler, 1, draft_sample,
+                                  fast_greedy)
+  width = max_decode_len + gamma + 1 + drafter.extra_width
+  widths = (gamma,) if rule is None else verify_widths(gamma)
 
-  def propose(logits, key):
-    """One draft token [B] from draft logits [B, V], and its q (or None)."""
-    if fast_greedy:
-      return _greedy_token(logits), None
-    q = sampler.probs(logits)
-    return jax.vmap(draft_sample)(key, q), q
-
-  def draft_tokens(s: SpeculativeState, draft_params, step_keys):
-    """Runs gamma draft steps: tokens [B, G], q [B, G, V] (or None), cursor."""
-    n = s.stream.length
-    first = jnp.stack([jnp.maximum(n - 1, 0), n], axis=1)
-    logits, cursor = s.draft.extend(draft, draft_params, s.stream, first)
-    x, q = propose(logits[:, -1], step_keys[:, 0])
-
-    def one(carry, j):
-      cursor, x_prev = carry
-      logits, cursor = cursor.extend_tokens(draft, draft_params,
-                                            x_prev[:, None], (n + j)[:, None])
-      x, q = propose(logits[:, 0], step_keys[:, j])
-      return (cursor, x), (x, q)
-
-    (cursor, _), (xs, qs) = jax.lax.scan(one, (cursor, x),
-                                         jnp.arange(1, gamma))
-    xs = jnp.concatenate([x[:, None], jnp.moveaxis(xs, 0, 1)], axis=1)
-    if not fast_greedy:
-      q = jnp.concatenate([q[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
-    return xs, q, cursor
-
-  def verify(logits, xs, q, key):
-    """Algorithm 1 on target logits [B, G+1, V]: (accepted [B], next [B],
-    beta [B, G] = sum_x min(p, q) at each draft position)."""
+  def verify(logits, prop: drafters.Proposal, key):
+    """Algorithm 1 on target logits [B, G+1, V]: accepted [B], next [B],
+    beta [B, G] = sum_x min(p, q) and accept_prob [B, G] = min(1, p(x)/q(x))
+    at each draft position (accept_prob only with a stop rule)."""
+    xs, q, k = prop.tokens, prop.probs, prop.length
     if fast_greedy:
       best = _greedy_token(logits)                     # [B, G+1]
       match = best[:, :gamma] == xs
+      if rule is not None:
+        match &= positions[None, :gamma] < k[:, None]
       # Leading matches: the first mismatch's index (gamma if none).
       accepted = jnp.min(jnp.where(match, gamma, positions[None, :gamma]), 1)
       nxt = jnp.take_along_axis(best, accepted[:, None], axis=1)[:, 0]
-      return accepted, nxt, match.astype(jnp.float32)
+      return accepted, nxt, match.astype(jnp.float32), match.astype(
+          jnp.float32)
     p = sampler.probs(logits)
-    accepted, nxt = sampling.speculative_accept(key, xs, q, p, lenience)
-    return accepted, nxt, theory.acceptance_rate(p[:, :gamma], q)
+    accepted, nxt = sampling.speculative_accept(
+        key, xs, q, p, lenience, num_proposed=None if rule is None else k)
+    beta = theory.acceptance_rate(p[:, :gamma], q)
+    accept_prob = None
+    if rule is not None:
+      p_x = jnp.take_along_axis(p[:, :gamma], xs[..., None], -1)[..., 0]
+      q_x = jnp.take_along_axis(q, xs[..., None], -1)[..., 0]
+      accept_prob = jnp.minimum(1.0, p_x / jnp.maximum(q_x, 1e-30))
+    return accepted, nxt, beta, accept_prob
+
+  def target_call(cursor: ModelCursor, target_params, tokens, index,
+                  longest):
+    """Target logits [B, G+1, V] of the verified tokens [B, G+1], at the
+    smallest compiled width covering `longest` proposed tokens."""
+    if len(widths) == 1:
+      return cursor.extend_tokens(target, target_params, tokens, index)
+
+    def branch(w):
+      def call(cursor):
+        logits, cursor = cursor.extend_tokens(target, target_params,
+                                              tokens[:, :w + 1],
+                                              index[:, :w + 1])
+        return jnp.pad(logits, ((0, 0), (0, gamma - w), (0, 0))), cursor
+      return call
+
+    choice = jnp.sum(jnp.asarray(widths) < longest)
+    return jax.lax.switch(choice, [branch(w) for w in widths], cursor)
 
   def run(target_params, draft_params, input_ids, seeds, rows):
     batch = input_ids.shape[0]
     keys = row_keys(seeds, rows)
     zeros = jnp.zeros((batch,), jnp.int32)
+    depth = drafter.depth
     stats = {
         "target_calls": zeros, "draft_calls": zeros,
         "accepted_tokens": zeros, "target_tokens": zeros,
         "accepted_histogram": jnp.zeros((batch, gamma + 1), jnp.int32),
+        "proposal_histogram": jnp.zeros((batch, gamma + 1), jnp.int32),
         "alpha_sum": jnp.zeros((batch,), jnp.float32),
         "alpha_count": zeros,
+        "level_calls": jnp.zeros((batch, depth + 1), jnp.int32),
+        "level_alpha_sum": jnp.zeros((batch, depth), jnp.float32),
+        "level_alpha_count": jnp.zeros((batch, depth), jnp.int32),
     }
     if record_trace:
       stats["trace_draft"] = jnp.zeros((batch, max_decode_len, gamma),
@@ -323,11 +292,12 @@ def build_speculative(target: ModelDef, draft: ModelDef, gamma: int,
       stats["trace_accepted"] = jnp.full((batch, max_decode_len), -1,
                                          jnp.int32)
       stats["trace_next"] = jnp.zeros((batch, max_decode_len), jnp.int32)
+      stats["trace_proposed"] = jnp.zeros((batch, max_decode_len), jnp.int32)
     state = SpeculativeState(
         step=jnp.int32(0), stream=_new_stream(batch, width),
         target=_cursor(target, target_params, input_ids, width, check_finite),
-        draft=_cursor(draft, draft_params, input_ids, width, check_finite),
-        stats=stats)
+        draft=drafter.init(draft_params, input_ids, width, check_finite),
+        stats=stats, stop_state={} if rule is None else rule.init(batch))
 
     def cond(s: SpeculativeState):
       return (s.step < max_decode_len) & ~jnp.all(s.stream.done)
@@ -336,14 +306,26 @@ def build_speculative(target: ModelDef, draft: ModelDef, gamma: int,
       step_keys = jax.vmap(
           lambda k: jax.random.split(jax.random.fold_in(k, s.step), gamma + 1)
       )(keys)
-      xs, q, draft_cursor = draft_tokens(s, draft_params, step_keys)
       n = s.stream.length
-      # One target run scores the pending token and all gamma draft tokens.
+      if rule is None:
+        keep, limit = None, jnp.full((batch,), gamma, jnp.int32)
+      else:
+        keep = lambda t, c: rule.keep_going(t, c, s.stop_state)
+        # A proposal past the row's last token is wasted; done rows stop at 1.
+        limit = jnp.clip(max_decode_len - n - 1, 1, gamma)
+        limit = jnp.where(s.stream.done, 1, limit)
+      prop, draft_state, level = drafter.propose(
+          draft_params, s.draft, s.stream, step_keys[:, :gamma], keep, limit)
+      xs, k = prop.tokens, prop.length
+      # One target run scores the pending token and the proposed tokens.
       verify_tokens = jnp.concatenate(
           [s.target.token_at(s.stream, n[:, None]), xs], axis=1)
-      logits, target_cursor = s.target.extend_tokens(
-          target, target_params, verify_tokens, n[:, None] + positions)
-      accepted, nxt, beta = verify(logits, xs, q, step_keys[:, gamma])
+      longest = jnp.max(jnp.where(s.stream.done, 1, k))
+      logits, target_cursor = target_call(s.target, target_params,
+                                          verify_tokens,
+                                          n[:, None] + positions, longest)
+      accepted, nxt, beta, accept_prob = verify(logits, prop,
+                                                step_keys[:, gamma])
       new = jnp.concatenate([xs, jnp.zeros((batch, 1), jnp.int32)], axis=1)
       new = jnp.where(positions[None] == accepted[:, None], nxt[:, None], new)
       stream, emitted = _advance(s.stream, new, accepted + 1, max_decode_len)
@@ -351,39 +333,57 @@ def build_speculative(target: ModelDef, draft: ModelDef, gamma: int,
       active = (~s.stream.done).astype(jnp.int32)
       # alpha: beta at every verified position whose prefix was accepted.
       counted = positions[None, :gamma] < jnp.minimum(accepted + 1,
-                                                      gamma)[:, None]
+                                                      k)[:, None]
       st = dict(s.stats)
       st["target_calls"] += active
-      st["draft_calls"] += gamma * active
+      st["draft_calls"] += active * level["calls"][:, 0]
       st["accepted_tokens"] += jnp.minimum(accepted, emitted)
       st["target_tokens"] += (emitted > accepted).astype(jnp.int32)
       st["accepted_histogram"] += active[:, None] * jax.nn.one_hot(
           accepted, gamma + 1, dtype=jnp.int32)
-      st["alpha_sum"] += active * jnp.sum(jnp.where(counted, beta, 0.0), 1)
+      st["proposal_histogram"] += active[:, None] * jax.nn.one_hot(
+          k, gamma + 1, dtype=jnp.int32)
+      beta_sum = jnp.sum(jnp.where(counted, beta, 0.0), 1)
+      st["alpha_sum"] += active * beta_sum
       st["alpha_count"] += active * jnp.sum(counted, axis=1)
+      st["level_calls"] += active[:, None] * jnp.concatenate(
+          [jnp.ones((batch, 1), jnp.int32), level["calls"]], axis=1)
+      st["level_alpha_sum"] += active[:, None] * jnp.concatenate(
+          [beta_sum[:, None], level["alpha_sum"]], axis=1)
+      st["level_alpha_count"] += active[:, None] * jnp.concatenate(
+          [jnp.sum(counted, axis=1)[:, None], level["alpha_count"]], axis=1)
+      stop_state = s.stop_state
+      if rule is not None:
+        stop_state = rule.update(stop_state, prop.conf, accept_prob,
+                                 counted & (active[:, None] > 0))
       if record_trace:
         at = jnp.where(active > 0, s.step, max_decode_len)  # OOB: dropped.
         rows_ = jnp.arange(batch)
-        st["trace_draft"] = st["trace_draft"].at[rows_, at].set(
-            xs, mode="drop")
-        st["trace_accepted"] = st["trace_accepted"].at[rows_, at].set(
-            accepted, mode="drop")
-        st["trace_next"] = st["trace_next"].at[rows_, at].set(
-            nxt, mode="drop")
+        for name, value in (("trace_draft", xs), ("trace_accepted", accepted),
+                            ("trace_next", nxt), ("trace_proposed", k)):
+          st[name] = st[name].at[rows_, at].set(value, mode="drop")
       return SpeculativeState(step=s.step + 1, stream=stream,
-                              target=target_cursor, draft=draft_cursor,
-                              stats=st)
+                              target=target_cursor, draft=draft_state,
+                              stats=st, stop_state=stop_state)
 
     state = jax.lax.while_loop(cond, body, state)
     st = state.stats
     stats = DecodeStats(
         length=state.stream.length,
         alpha=st["alpha_sum"] / jnp.maximum(st["alpha_count"], 1),
+        level_alpha=jnp.where(
+            st["level_alpha_count"] > 0,
+            st["level_alpha_sum"] / jnp.maximum(st["level_alpha_count"], 1),
+            jnp.nan),
         tokens_per_target_call=state.stream.length / jnp.maximum(
             st["target_calls"], 1),
         target_nonfinite=state.target.nonfinite,
-        draft_nonfinite=state.draft.nonfinite,
+        draft_nonfinite=drafter.nonfinite(state.draft),
+        stop_state=state.stop_state or None,
         **st)
     return _finish(state.stream, max_decode_len), stats
 
   return jax.jit(run)
+
+
+build_speculative.cache_info = _build_speculative.cache_info

@@ -45,6 +45,23 @@ class DecodeStats:
     trace_accepted: int32 [B, T] accepted draft tokens of iteration t (-1
       past the row's last iteration).
     trace_next: int32 [B, T] the target's token appended in iteration t.
+    proposal_histogram: int32 [B, G + 1] iterations that proposed k draft
+      tokens (k >= 1; all at G without a `draft_stop` rule). With a rule,
+      `draft_calls` counts the draft runs each row needed (rows that
+      stopped proposing do not pay for the others).
+    level_calls: int32 [B, D + 1] model runs per level: 0 the target, 1 the
+      draft, 2 a cascade's drafter, ... (`target_calls`, `draft_calls`
+      are levels 0 and 1). A horizontal drafter lists its early part's
+      levels, then its late part's.
+    level_alpha_sum, level_alpha_count: [B, D] as alpha_sum / alpha_count,
+      for the acceptance of level i + 1's tokens by level i.
+    level_alpha: float32 [B, D] their ratio (NaN where a level verified
+      nothing, e.g. between a horizontal drafter's two parts);
+      level_alpha[:, 0] is `alpha`.
+    trace_proposed: int32 [B, T] draft tokens proposed in iteration t.
+    stop_state: the `draft_stop` rule's final per-row statistics, a dict
+      (ExpectedGainStop: `accept_sum`, `count` [B, bins]; see
+      `stopping.calibration`), or None.
     target_nonfinite, draft_nonfinite: bool [B] any logit the target (the
       draft) produced for the row was NaN or inf; None when decoding ran
       with on_nonfinite='ignore' (draft_nonfinite also after `generate`).
@@ -63,6 +80,13 @@ class DecodeStats:
   trace_draft: Any = None
   trace_accepted: Any = None
   trace_next: Any = None
+  proposal_histogram: Any = None
+  level_calls: Any = None
+  level_alpha_sum: Any = None
+  level_alpha_count: Any = None
+  level_alpha: Any = None
+  trace_proposed: Any = None
+  stop_state: Any = None
   target_nonfinite: Any = None
   draft_nonfinite: Any = None
 

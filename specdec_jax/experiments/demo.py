@@ -77,6 +77,13 @@ class DemoConfig:
   # settings resume. On by default: `make demo` must run from any state of
   # its disposable workdir. See experiments/workdir.py.
   overwrite: bool = True
+  # Adaptive draft length for every row (None: exactly gamma per iteration),
+  # e.g. `draft_stop = @stopping.ConfidenceStop()` in a .gin file.
+  draft_stop: Any = None
+  # Extra rows with cascaded drafts: (draft, ((drafter, gamma), ...), gammas)
+  # as in ExperimentConfig.cascade, gammas as in `drafts`; e.g.
+  # (('demo:draft_base', (('demo:draft_small', 3),), 7),).
+  cascades: Sequence[tuple[str, Sequence[tuple[str, int]], Any]] = ()
 
 
 def _vocab_path(config: DemoConfig) -> str:
@@ -103,8 +110,10 @@ def _gamma_for(gammas: Any, temperature: float, draft: str) -> int:
 
 
 def _row_config(config: DemoConfig, draft: str, gamma, temperature: float,
-                name: str) -> experiment.ExperimentConfig:
+                name: str, cascade=()) -> experiment.ExperimentConfig:
   return experiment.ExperimentConfig(
+      draft_stop=config.draft_stop,
+      cascade=tuple((str(s), int(g)) for s, g, *_ in cascade),
       task="wmt14_ende_local", split="test", target=config.target,
       draft=draft, temperature=temperature, gamma=gamma,
       max_decode_len=config.max_decode_len, buckets=tuple(config.buckets),
@@ -125,6 +134,14 @@ def run(config: DemoConfig, workdir: str) -> list[dict]:
       name = f"{short}_t{int(temperature)}"
       rows_to_run.append((name, _row_config(config, draft, gamma, temperature,
                                             name)))
+  for draft, chain, gammas in config.cascades:
+    for temperature in config.temperatures:
+      gamma = _gamma_for(gammas, temperature, draft)
+      short = "<-".join(s.split(":")[-1] for s in [draft] + [
+          entry[0] for entry in chain])
+      name = f"{short.replace('<-', '_from_')}_t{int(temperature)}"
+      row = _row_config(config, draft, gamma, temperature, name, chain)
+      rows_to_run.append((name, row))
   if config.sweep_draft:
     rows_to_run.append(("gamma_sweep", _row_config(
         config, config.sweep_draft, tuple(config.sweep_gammas), 0.0,
@@ -140,8 +157,9 @@ def run(config: DemoConfig, workdir: str) -> list[dict]:
       logging.info("demo row %d/%d: %s", i + 1, len(rows_to_run), name)
       summary = experiment.run(row, os.path.join(workdir, name))
       if name != "gamma_sweep":
-        table.append(dict(summary["rows"][0],
-                          draft=row.draft.split(":")[-1]))
+        short = "<-".join(s.split(":")[-1] for s in [row.draft] + [
+            entry[0] for entry in row.cascade])
+        table.append(dict(summary["rows"][0], draft=short))
   report.write_table(os.path.join(workdir, "table"), table, TABLE_COLUMNS)
   plot_rows(os.path.join(workdir, "speedup.png"), table)
   return table

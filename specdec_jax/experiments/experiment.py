@@ -69,6 +69,17 @@ class ExperimentConfig:
   ngram_split: str = "train"
   ngram_max_examples: int | None = 20000
   trace_examples: int = 3
+  # Adaptive draft length: None (exactly gamma draft tokens per iteration)
+  # or a rule, e.g. `draft_stop = @stopping.ConfidenceStop()` with
+  # `from specdec_jax.decoding import stopping` in the .gin file; gamma is
+  # then the most draft tokens per iteration.
+  draft_stop: Any = None
+  # A cascade below `draft`: ((spec, gamma), ...) from the draft downwards,
+  # each spec a model spec, 'unigram' or 'bigram'; gamma is that drafter's
+  # tokens per call of the model above it; a third entry names the model
+  # config where the checkpoint needs one (t5x:). (('demo:draft_small', 3),)
+  # drafts with sd.cascade(draft, draft_small, gamma=3).
+  cascade: Sequence[tuple[Any, ...]] = ()
   mesh_shape: Sequence[int] | None = None  # (data, model)
   distributed: bool = False  # jax.distributed.initialize() (multi-host pods)
   name: str = ""
@@ -121,6 +132,21 @@ def validate(config: ExperimentConfig) -> None:
       problems.append(
           f"{field}={spec!r} is a placeholder: point the checkpoint macro at "
           f"your checkpoint (see README, 'Reproduce the paper on Cloud TPU')")
+  from specdec_jax.decoding import stopping  # pylint: disable=g-import-not-at-top
+  try:
+    stopping.check_rule(config.draft_stop)
+  except TypeError as e:
+    problems.append(str(e))
+  for entry in config.cascade:
+    if (not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3)
+        or not isinstance(entry[1], int) or entry[1] < 1 or not entry[0]):
+      problems.append(f"cascade entry {entry!r}: use (model spec, gamma >= 1"
+                      f"[, model config])")
+    elif "YOUR_" in str(entry[0]):
+      problems.append(
+          f"cascade spec {entry[0]!r} is a placeholder: point the checkpoint "
+          f"macro at your checkpoint (see README, 'Reproduce the paper on "
+          f"Cloud TPU')")
   if config.mesh_shape is not None and len(config.mesh_shape) != 2:
     problems.append(f"mesh_shape={config.mesh_shape!r}: use (data, model)")
   from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
@@ -145,12 +171,27 @@ def validate(config: ExperimentConfig) -> None:
 def load_models(config: ExperimentConfig, mesh=None) -> tuple[Model, Model]:
   target = _load_model("target", config.target, config.target_config, mesh,
                        config.dtype)
-  if config.draft in ("unigram", "bigram"):
-    draft = fit_ngram_draft(config, target)
-  else:
-    draft = _load_model("draft", config.draft, config.draft_config, mesh,
-                        config.dtype)
+  def load(spec, model_config):
+    if spec in ("unigram", "bigram"):
+      return fit_ngram_draft(config, target, spec)
+    return _load_model("draft", spec, model_config, mesh, config.dtype)
+
+  from specdec_jax.decoding import cascades  # pylint: disable=g-import-not-at-top
+  chain = [load(config.draft, config.draft_config)]
+  chain += [load(entry[0], entry[2] if len(entry) > 2 else None)
+            for entry in config.cascade]
+  draft = chain[-1]
+  for model, entry in zip(chain[-2::-1], config.cascade[::-1]):
+    draft = cascades.cascade(model, draft, gamma=int(entry[1]))
   return target, draft
+
+
+def cost_model(draft: Model) -> Model:
+  """The model whose per-step cost is the run's c: the draft itself, or for
+  a cascade its top model (the cascade's own cost per token depends on its
+  acceptance; docs/benchmarks.md reports cascades by measured walltime)."""
+  from specdec_jax.decoding import cascades  # pylint: disable=g-import-not-at-top
+  return cascades.top_model(draft)
 
 
 def _load_model(role: str, spec: str, model_config: Any, mesh,
@@ -186,7 +227,8 @@ def _load_model(role: str, spec: str, model_config: Any, mesh,
   return model
 
 
-def fit_ngram_draft(config: ExperimentConfig, target: Model) -> Model:
+def fit_ngram_draft(config: ExperimentConfig, target: Model,
+                    kind: str | None = None) -> Model:
   """A unigram/bigram drafter from the task's `ngram_split` examples.
 
   For an encoder-decoder target (T5) the drafter sees the reference targets
@@ -198,6 +240,7 @@ def fit_ngram_draft(config: ExperimentConfig, target: Model) -> Model:
   Args:
     config: the experiment (task, ngram_split, ngram_max_examples, draft).
     target: the model drafted for; its vocabulary size and architecture.
+    kind: 'unigram' or 'bigram' (default: config.draft).
 
   Returns:
     An n-gram `Model` over the target's vocabulary.
@@ -211,7 +254,7 @@ def fit_ngram_draft(config: ExperimentConfig, target: Model) -> Model:
   sequences = ([np.concatenate([e.inputs, e.targets]) for e in examples]
                if decoder_only else [e.targets for e in examples])
   return ngram.fit_ngram(sequences, target.vocab_size,
-                         order=1 if config.draft == "unigram" else 2,
+                         order=1 if (kind or config.draft) == "unigram" else 2,
                          decoder_only=decoder_only)
 
 
@@ -305,6 +348,7 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
       return int(json.load(f)["gamma"])
   probes = [speculative_generate(target, draft, batch.input_ids,
                                  gamma=config.probe_gamma, seed=config.seed,
+                                 draft_stop=config.draft_stop,
                                  **_spec_kwargs(config)).stats
             for batch in batches[:config.probe_examples]]
   alpha = theory.pooled_alpha([s.alpha_sum.sum() for s in probes],
@@ -312,7 +356,8 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
   from specdec_jax.experiments import costs  # pylint: disable=g-import-not-at-top
   positions = config.max_decode_len + config.max_gamma + 1
   ids = batches[0].input_ids
-  measured = costs.measure_costs(target, draft, ids, gamma=config.probe_gamma,
+  measured = costs.measure_costs(target, cost_model(draft), ids,
+                                 gamma=config.probe_gamma,
                                  cache_positions=positions,
                                  repeats=config.cost_repeats)
   c = measured["c"]
@@ -381,7 +426,8 @@ def _run_locked(config: ExperimentConfig, workdir: str) -> dict:
       generate(target, ids, seed=config.seed, mesh=mesh, **kwargs)
       for g in gammas:
         speculative_generate(target, draft, ids, gamma=g, seed=config.seed,
-                             mesh=mesh, **kwargs)
+                             draft_stop=config.draft_stop, mesh=mesh,
+                             **kwargs)
       warmed.add(ids.shape)
     base, base_s = timing.best_time(lambda: generate(  # pylint: disable=cell-var-from-loop
         target, ids, seed=config.seed, mesh=mesh, **kwargs), config.repeats)
@@ -395,7 +441,8 @@ def _run_locked(config: ExperimentConfig, workdir: str) -> dict:
     }
     for g in gammas:
       spec, spec_s = timing.best_time(lambda: speculative_generate(  # pylint: disable=cell-var-from-loop
-          target, draft, ids, gamma=g, seed=config.seed, mesh=mesh, **kwargs),
+          target, draft, ids, gamma=g, seed=config.seed,
+          draft_stop=config.draft_stop, mesh=mesh, **kwargs),
                             config.repeats)
       st = spec.stats
       record["speculative"][str(g)] = {
@@ -407,6 +454,9 @@ def _run_locked(config: ExperimentConfig, workdir: str) -> dict:
           "alpha": float(st.alpha[0]),
           "alpha_sum": float(st.alpha_sum[0]),
           "alpha_count": int(st.alpha_count[0]),
+          "proposal_histogram": st.proposal_histogram[0].tolist(),
+          "level_calls": st.level_calls[0].tolist(),
+          "level_alpha": st.level_alpha[0].tolist(),
       }
     if primary:
       append_line(path, record)
@@ -448,7 +498,8 @@ def _load_or_measure_costs(config, target, draft, batches, gammas, path,
   lengths = [b.input_ids.shape[1] for b in batches]
   shape_batch = batches[int(np.argsort(lengths)[len(lengths) // 2])]
   measured = {
-      g: costs.measure_costs(target, draft, shape_batch.input_ids, gamma=g,
+      g: costs.measure_costs(target, cost_model(draft),
+                             shape_batch.input_ids, gamma=g,
                              cache_positions=config.max_decode_len + g + 1,
                              repeats=config.cost_repeats)
       for g in gammas}

@@ -217,8 +217,11 @@ def trace_steps(stats, row: int, gamma: int) -> list[dict]:
   for it in range(int(stats.target_calls[row])):
     n = int(stats.trace_accepted[row, it])
     draft = stats.trace_draft[row, it].tolist()
+    # With an adaptive draft length a row may propose fewer than gamma.
+    proposed = (int(stats.trace_proposed[row, it])
+                if stats.trace_proposed is not None else gamma)
     steps.append({"accepted": draft[:n],
-                  "rejected": draft[n:n + 1] if n < gamma else [],
+                  "rejected": draft[n:n + 1] if n < proposed else [],
                   "target": int(stats.trace_next[row, it])})
   return steps
 
@@ -233,7 +236,8 @@ def write_traces(workdir, config, target, draft, batches, vocab, gamma,
         target, draft, batch.input_ids, gamma=gamma,
         max_decode_len=config.max_decode_len, temperature=config.temperature,
         top_k=config.top_k, top_p=config.top_p, seed=config.seed,
-        record_trace=True, mesh=mesh)
+        draft_stop=getattr(config, "draft_stop", None), record_trace=True,
+        mesh=mesh)
     traces.append((batch.inputs_text[0], trace_steps(res.stats, 0, gamma)))
   _write_trace_html(os.path.join(workdir, "trace.html"), traces, vocab, gamma)
   _write_trace_png(os.path.join(workdir, "trace.png"), traces, vocab)

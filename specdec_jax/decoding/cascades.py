@@ -1,0 +1,521 @@
+"""Composite drafters: cascades and horizontal drafters.
+
+- `cascade(draft, draft_of_draft, gamma=k)` builds a `Model` whose
+  definition is a `CascadeDef`: a draft model M whose own proposals come
+  from exact speculative decoding with a smaller drafter S (itself any
+  drafter, so cascades nest and can end in the n-gram drafters). Every token
+  it proposes is a sample from M's distribution q_M given the prefix
+  (speculative decoding is exact), and it hands the engine q_M at each
+  proposed position, which M computed while verifying S: the outer
+  acceptance then keeps the target's distribution exactly.
+- `horizontal(early, late, split=j)`: the first j tokens of each proposal
+  from one drafter, the rest from another.
+
+`speculative_generate` takes either wherever it takes a draft; they cannot
+be decoded on their own.
+
+Refeed (see `drafters.py`). A cascade's inner drafter can fall one token
+further behind than its caller's refeed (an outer iteration may accept
+everything the middle model emitted, including the middle model's own last
+sample), so it gets refeed + 1; the middle model refeeds `refeed` tokens
+before verifying. A horizontal drafter's parts: see `HorizontalDrafter`.
+
+Dimension letters: B batch, G most tokens per proposal, g the cascade's inner
+gamma, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import sampling
+from specdec_jax import theory
+from specdec_jax.decoding import stopping
+from specdec_jax.decoding.cursor import ModelCursor
+from specdec_jax.decoding.cursor import Stream
+from specdec_jax.decoding.cursor import new_cursor
+from specdec_jax.decoding.cursor import refeed_indices
+from specdec_jax.decoding.cursor import write_rows
+from specdec_jax.decoding.drafters import KeepFn
+from specdec_jax.decoding.drafters import ModelDrafter
+from specdec_jax.decoding.drafters import Proposal
+from specdec_jax.decoding.drafters import level_stats
+from specdec_jax.decoding.drafters import slice_rows
+from specdec_jax.decoding.protocol import Model
+from specdec_jax.tokens import EOS_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class CascadeDef:
+  """A draft model whose proposals are sped up by a smaller drafter.
+
+  Hashable and parameter-free like every `ModelDef`; the parameters travel as
+  {"draft": ..., "drafter": ...}. It cannot be decoded on its own (it has no
+  `extend`): use it only as the `draft` of `speculative_generate`.
+
+  Attributes:
+    draft: the middle model M (its distribution is what the cascade proposes).
+    drafter: M's drafter S: a plain ModelDef or another CascadeDef.
+    gamma: S's draft tokens per M verification.
+  """
+
+  draft: Any
+  drafter: Any
+  gamma: int
+
+  @property
+  def vocab_size(self) -> int:
+    return self.draft.vocab_size
+
+  @property
+  def max_input_len(self) -> int | None:
+    limits = [m.max_input_len for m in (self.draft, self.drafter)
+              if m.max_input_len is not None]
+    return min(limits) if limits else None
+
+  @property
+  def depth(self) -> int:
+    """Models in the chain below the target (2 for draft <- drafter)."""
+    return 1 + getattr(self.drafter, "depth", 1)
+
+  def prefill(self, params, input_ids, num_decode_positions):
+    raise TypeError("a cascade is a drafter, not a model: pass it as the "
+                    "draft of speculative_generate.")
+
+  def extend(self, params, cache, tokens, positions):
+    raise TypeError("a cascade is a drafter, not a model: pass it as the "
+                    "draft of speculative_generate.")
+
+
+def cascade(draft: Model, draft_of_draft: Model, *, gamma: int) -> Model:
+  """A draft whose proposals come from exact speculative decoding.
+
+  Args:
+    draft: the draft model M whose distribution the proposals follow.
+    draft_of_draft: M's own (smaller) drafter: a model, an n-gram drafter or
+      another cascade.
+    gamma: draft_of_draft's tokens per M call (>= 1).
+
+  Returns:
+    A `Model` usable as the `draft` of `speculative_generate` (and of the
+    experiments and the demo); its params are {"draft", "drafter"}.
+  """
+  for name, m in (("draft", draft), ("draft_of_draft", draft_of_draft)):
+    if not isinstance(m, Model):
+      raise TypeError(f"cascade: {name} must be a specdec_jax.Model (from "
+                      f"sd.load_model, ngram.fit_ngram or sd.cascade), got "
+                      f"{type(m).__name__}.")
+  if isinstance(draft.definition, CascadeDef):
+    raise TypeError("cascade: the middle model must be a plain model (it "
+                    "verifies its drafter); nest cascades through "
+                    "draft_of_draft instead, e.g. cascade(base, "
+                    "cascade(small, bigram, gamma=4), gamma=3).")
+  if (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1):
+    raise ValueError(f"cascade: gamma must be an integer >= 1, got {gamma!r}.")
+  if draft.vocab_size != draft_of_draft.vocab_size:
+    raise ValueError(
+        f"cascade: vocabularies differ in size (draft {draft.vocab_size}, "
+        f"draft_of_draft {draft_of_draft.vocab_size}); every level must share "
+        f"the target's vocabulary.")
+  return Model(definition=CascadeDef(draft.definition,
+                                     draft_of_draft.definition, int(gamma)),
+               params={"draft": draft.params, "drafter": draft_of_draft.params},
+               vocab=draft.vocab)
+
+
+@dataclasses.dataclass(frozen=True)
+class HorizontalDef:
+  """Different drafters for the early and the late positions of a proposal.
+
+  The first `split` draft tokens of every iteration come from `early`, the
+  rest (up to gamma) from `late`, which continues from the early tokens.
+  Like `CascadeDef` it is only usable as a draft; its parameters travel as
+  {"early": ..., "late": ...}.
+
+  Attributes:
+    early, late: ModelDefs or CascadeDefs (or further HorizontalDefs).
+    split: how many positions the early drafter proposes (>= 1).
+  """
+
+  early: Any
+  late: Any
+  split: int
+
+  @property
+  def vocab_size(self) -> int:
+    return self.early.vocab_size
+
+  @property
+  def max_input_len(self) -> int | None:
+    limits = [m.max_input_len for m in (self.early, self.late)
+              if m.max_input_len is not None]
+    return min(limits) if limits else None
+
+  def prefill(self, params, input_ids, num_decode_positions):
+    raise TypeError("a horizontal drafter is not a model: pass it as the "
+                    "draft of speculative_generate.")
+
+  def extend(self, params, cache, tokens, positions):
+    raise TypeError("a horizontal drafter is not a model: pass it as the "
+                    "draft of speculative_generate.")
+
+
+def horizontal(early: Model, late: Model, *, split: int) -> Model:
+  """A draft whose first `split` tokens per iteration come from `early` and
+  the rest from `late` (e.g. a strong draft where acceptance matters most,
+  then a cheap one). Every token is still a sample from the q of the model
+  that proposed it, and that q enters the acceptance, so output is exact.
+
+  Args:
+    early: the drafter of positions 1..split (a model or a cascade).
+    late: the drafter of the later positions.
+    split: >= 1; speculative_generate's gamma must exceed it for `late` to
+      be used.
+
+  Returns:
+    A `Model` usable as the draft of `speculative_generate`.
+  """
+  for name, m in (("early", early), ("late", late)):
+    if not isinstance(m, Model):
+      raise TypeError(f"horizontal: {name} must be a specdec_jax.Model, got "
+                      f"{type(m).__name__}.")
+  if isinstance(split, bool) or not isinstance(split, int) or split < 1:
+    raise ValueError(f"horizontal: split must be an integer >= 1, got "
+                     f"{split!r}.")
+  if early.vocab_size != late.vocab_size:
+    raise ValueError(f"horizontal: vocabularies differ in size (early "
+                     f"{early.vocab_size}, late {late.vocab_size}).")
+  return Model(definition=HorizontalDef(early.definition, late.definition,
+                                        int(split)),
+               params={"early": early.params, "late": late.params},
+               vocab=early.vocab)
+
+
+@flax.struct.dataclass
+class CascadeState:
+  """A cascade's carried state: the middle model's cursor, its drafter's."""
+
+  middle: ModelCursor
+  inner: Any
+
+
+class CascadeDrafter:
+  """Proposes up to G tokens of the middle model M, produced by speculative
+  decoding of M with the inner drafter S (see the module docstring)."""
+
+  def __init__(self, definition: CascadeDef, gamma: int,
+               sampler: sampling.SamplingConfig, refeed: int,
+               draft_sample: Callable, fast_greedy: bool):
+    self.middle = definition.draft
+    self.inner_gamma = definition.gamma
+    self.gamma = gamma
+    self.sampler = sampler
+    self.refeed = refeed
+    self.fast_greedy = fast_greedy
+    self.inner = make_drafter(definition.drafter, definition.gamma, sampler,
+                              refeed + 1, draft_sample, fast_greedy)
+    self.depth = 1 + self.inner.depth
+    # A proposal can overshoot G by one inner iteration (g + 1 tokens).
+    self.extra_width = definition.gamma + 1 + self.inner.extra_width
+
+  def init(self, params, input_ids, num_positions,
+           check_finite: bool = True) -> CascadeState:
+    return CascadeState(
+        middle=new_cursor(self.middle, params["draft"], input_ids,
+                          num_positions, check_finite),
+        inner=self.inner.init(params["drafter"], input_ids, num_positions,
+                              check_finite))
+
+  def nonfinite(self, state: CascadeState):
+    return _either(state.middle.nonfinite, self.inner.nonfinite(state.inner))
+
+  def _verify(self, logits, prop: Proposal, key):
+    """M's Algorithm 1 on its logits [B, g+1, V] over S's proposal: accepted
+    [B], next token [B], beta [B, g] (sum_x min(q_M, q_S))."""
+    g = self.inner_gamma
+    if self.fast_greedy:
+      best = sampling.argmax(logits)
+      match = (best[:, :g] == prop.tokens) & (
+          jnp.arange(g)[None] < prop.length[:, None])
+      accepted = jnp.min(jnp.where(match, g, jnp.arange(g)[None]), axis=1)
+      nxt = jnp.take_along_axis(best, accepted[:, None], axis=1)[:, 0]
+      return accepted, nxt, match.astype(jnp.float32)
+    p = self.sampler.probs(logits)
+    accepted, nxt = sampling.speculative_accept(key, prop.tokens, prop.probs,
+                                                p, num_proposed=prop.length)
+    return accepted, nxt, theory.acceptance_rate(p[:, :g], prop.probs)
+
+  def propose(self, params, state: CascadeState, stream: Stream, keys,
+              keep: KeepFn | None, limit: jax.Array):
+    """Same contract as `ModelDrafter.propose`; runs inner speculative
+    iterations until every row has G tokens (or its stop rule or EOS fired).
+    """
+    gamma, g = self.gamma, self.inner_gamma
+    batch = stream.length.shape[0]
+    width = gamma + g + 1
+    pos = jnp.arange(g + 1)[None, :]
+    need_probs = not self.fast_greedy
+    out_tokens = jnp.zeros((batch, width), jnp.int32)
+    out_conf = jnp.zeros((batch, width), jnp.float32)
+    out_probs = None
+    zeros = jnp.zeros((batch,), jnp.int32)
+    stats = level_stats(jnp.zeros((batch, self.depth), jnp.int32),
+                         jnp.zeros((batch, self.depth - 1), jnp.float32),
+                         jnp.zeros((batch, self.depth - 1), jnp.int32))
+    base_key = keys[:, 0]
+
+    def stopped_rows(produced, eos, out_tokens, out_conf):
+      done = (produced >= limit) | eos
+      if keep is not None:
+        said_stop = ~keep(out_tokens[:, :gamma], out_conf[:, :gamma])
+        done |= jnp.any(said_stop & (jnp.arange(gamma)[None] < produced[:, None]),
+                        axis=1)
+      return done
+
+    def cond(c):
+      it, _, _, stopped, *_ = c
+      return (it < gamma) & ~jnp.all(stopped)
+
+    def body(c):
+      (it, local, produced, stopped, eos, state, out_tokens, out_conf,
+       out_probs, stats) = c
+      it_keys = jax.vmap(lambda k: jax.random.split(
+          jax.random.fold_in(k, it), g + 1))(base_key)
+      prop, inner_state, inner_stats = self.inner.propose(
+          params["drafter"], state.inner, local, it_keys[:, :g], None,
+          jnp.full((batch,), g, jnp.int32))
+      n = local.length
+      first = refeed_indices(n, self.refeed)
+      tokens = jnp.concatenate([state.middle.token_at(local, first),
+                                prop.tokens], axis=1)
+      index = jnp.concatenate([first, n[:, None] + 1 + jnp.arange(g)[None]],
+                              axis=1)
+      logits, middle = state.middle.extend_tokens(self.middle,
+                                                  params["draft"], tokens,
+                                                  index)
+      logits = logits[:, self.refeed:]                  # positions n .. n+g
+      accepted, nxt, beta = self._verify(logits, prop, it_keys[:, g])
+      new = jnp.concatenate([prop.tokens, jnp.zeros((batch, 1), jnp.int32)], 1)
+      new = jnp.where(pos == accepted[:, None], nxt[:, None], new)
+      active = ~stopped
+      count = jnp.where(active, accepted + 1, 0)
+      if self.fast_greedy:
+        # Confidence only feeds a stop rule: skip the softmax without one.
+        conf = (jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+                if keep is not None else jnp.zeros(new.shape, jnp.float32))
+        q_new = None
+      else:
+        q_new = self.sampler.probs(logits)               # q_M, [B, g+1, V]
+        conf = jnp.take_along_axis(q_new, new[..., None], axis=-1)[..., 0]
+        if self.sampler.greedy:
+          conf = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+      valid = pos < count[:, None]
+      # Active rows have produced < G, so g + 1 values fit at `produced`;
+      # rows that stopped write their old values back (no change).
+      def put(buf, vals):
+        old = slice_rows(buf, produced, g + 1)
+        mask = active.reshape((batch,) + (1,) * (vals.ndim - 1))
+        return write_rows(buf, produced, jnp.where(mask, vals, old))
+
+      out_tokens = put(out_tokens, new)
+      out_conf = put(out_conf, conf)
+      if need_probs:
+        out_probs = put(out_probs, q_new)
+      eos = eos | jnp.any(valid & (new == EOS_ID), axis=1)
+      local = local.replace(tokens=write_rows(local.tokens, n, new),
+                            length=n + count)
+      produced = produced + count
+      new_stopped = stopped | stopped_rows(produced, eos, out_tokens, out_conf)
+      counted = pos[:, :g] < jnp.minimum(accepted + 1, prop.length)[:, None]
+      act = active.astype(jnp.int32)
+      calls = jnp.concatenate(
+          [act[:, None], act[:, None] * inner_stats["calls"]], axis=1)
+      a_sum = jnp.concatenate(
+          [(act * jnp.sum(jnp.where(counted, beta, 0.0), 1))[:, None],
+           act[:, None] * inner_stats["alpha_sum"]], axis=1)
+      a_cnt = jnp.concatenate(
+          [(act * jnp.sum(counted, 1))[:, None],
+           act[:, None] * inner_stats["alpha_count"]], axis=1)
+      stats = {"calls": stats["calls"] + calls,
+               "alpha_sum": stats["alpha_sum"] + a_sum,
+               "alpha_count": stats["alpha_count"] + a_cnt}
+      state = CascadeState(middle=middle, inner=inner_state)
+      return (it + 1, local, produced, new_stopped, eos, state, out_tokens,
+              out_conf, out_probs, stats)
+
+    if need_probs:
+      out_probs = jnp.zeros((batch, width, self.middle.vocab_size),
+                            jnp.float32)
+    local = stream.replace(done=jnp.zeros((batch,), jnp.bool_))
+    # Rows whose output is complete propose nothing the engine will use.
+    carry = (jnp.int32(0), local, zeros, stream.done,
+             jnp.zeros((batch,), jnp.bool_), state, out_tokens, out_conf,
+             out_probs, stats)
+    (_, _, produced, _, _, state, out_tokens, out_conf, out_probs,
+     stats) = jax.lax.while_loop(cond, body, carry)
+    tokens = out_tokens[:, :gamma]
+    conf = out_conf[:, :gamma]
+    probs = None if out_probs is None else out_probs[:, :gamma]
+    if keep is None:
+      length = jnp.full((batch,), gamma, jnp.int32)
+    else:
+      length = jnp.minimum(stopping.proposal_length(keep(tokens, conf), limit),
+                           jnp.maximum(produced, 1))
+    return (Proposal(tokens=tokens, probs=probs, conf=conf, length=length),
+            state, stats)
+
+
+@flax.struct.dataclass
+class HorizontalState:
+  """A horizontal drafter's carried state: each part's drafter state."""
+
+  early: Any
+  late: Any
+
+
+class HorizontalDrafter:
+  """Positions 1..split from the early drafter, the rest from the late one.
+
+  Refeed: the late drafter is fed every iteration from length - refeed up to
+  the early proposal's end (refeed + split tokens back), so it stays in sync
+  even on iterations where its own tokens were not used. The early drafter
+  can fall gamma - split tokens further behind than a plain drafter (an
+  iteration may accept late tokens it never saw), so its refeed grows by
+  that much.
+  """
+
+  def __init__(self, definition: HorizontalDef, gamma: int,
+               sampler: sampling.SamplingConfig, refeed: int,
+               draft_sample: Callable, fast_greedy: bool):
+    self.split = min(definition.split, gamma)
+    self.gamma = gamma
+    late_gamma = max(gamma - self.split, 1)
+    self.early = make_drafter(definition.early, self.split, sampler,
+                              refeed + gamma - self.split, draft_sample,
+                              fast_greedy)
+    self.late = make_drafter(definition.late, late_gamma, sampler,
+                             refeed + self.split, draft_sample, fast_greedy)
+    self.depth = self.early.depth + self.late.depth
+    self.extra_width = max(self.early.extra_width, self.late.extra_width)
+
+  def init(self, params, input_ids, num_positions,
+           check_finite: bool = True) -> HorizontalState:
+    return HorizontalState(
+        early=self.early.init(params["early"], input_ids, num_positions,
+                              check_finite),
+        late=self.late.init(params["late"], input_ids, num_positions,
+                            check_finite))
+
+  def nonfinite(self, state: HorizontalState):
+    return _either(self.early.nonfinite(state.early),
+                   self.late.nonfinite(state.late))
+
+  def propose(self, params, state: HorizontalState, stream: Stream, keys,
+              keep: KeepFn | None, limit: jax.Array):
+    """Same contract as `ModelDrafter.propose`."""
+    split, gamma = self.split, self.gamma
+    batch = stream.length.shape[0]
+    early_keep = None
+    if keep is not None:
+      early_keep = lambda t, c: keep(
+          jnp.pad(t, ((0, 0), (0, gamma - split))),
+          jnp.pad(c, ((0, 0), (0, gamma - split)), constant_values=1.0)
+      )[:, :split]
+    e_limit = jnp.minimum(limit, split) if keep is not None else jnp.full(
+        (batch,), split, jnp.int32)
+    early, e_state, e_stats = self.early.propose(
+        params["early"], state.early, stream, keys[:, :split], early_keep,
+        e_limit)
+    # The late drafter continues after the early tokens.
+    local = stream.replace(
+        tokens=write_rows(stream.tokens, stream.length, early.tokens),
+        length=stream.length + split)
+    late_keep = None
+    if keep is not None:
+      late_keep = lambda t, c: keep(
+          jnp.concatenate([early.tokens, t], 1)[:, :gamma],
+          jnp.concatenate([early.conf, c], 1)[:, :gamma])[:, split:]
+    l_limit = jnp.clip(limit - split, 1, self.late.gamma)
+    late_keys = keys[:, split:] if gamma > split else keys[:, :1]
+    late, l_state, l_stats = self.late.propose(
+        params["late"], state.late, local, late_keys, late_keep, l_limit)
+    n_late = gamma - split
+    tokens = jnp.concatenate([early.tokens, late.tokens[:, :n_late]], 1)
+    conf = jnp.concatenate([early.conf, late.conf[:, :n_late]], 1)
+    probs = None
+    if early.probs is not None:
+      probs = jnp.concatenate([early.probs, late.probs[:, :n_late]], 1)
+    went_on = (early.length >= split) & (n_late > 0)
+    if keep is not None:
+      went_on &= keep(tokens, conf)[:, split - 1] & (limit > split)
+    length = jnp.where(went_on, split + late.length, early.length)
+    length = jnp.minimum(length, gamma)
+    used = went_on.astype(jnp.int32)[:, None]
+    zero = jnp.zeros((batch, 1), jnp.float32)
+    stats = {
+        "calls": jnp.concatenate([e_stats["calls"],
+                                  used * l_stats["calls"]], 1),
+        # No alpha between the two parts (they do not verify each other).
+        "alpha_sum": jnp.concatenate([e_stats["alpha_sum"], zero,
+                                      used * l_stats["alpha_sum"]], 1),
+        "alpha_count": jnp.concatenate(
+            [e_stats["alpha_count"], zero.astype(jnp.int32),
+             used * l_stats["alpha_count"]], 1),
+    }
+    return (Proposal(tokens=tokens, probs=probs, conf=conf, length=length),
+            HorizontalState(early=e_state, late=l_state), stats)
+
+
+def _either(a, b):
+  """Elementwise or of two optional flags."""
+  return None if a is None else a | b
+
+
+# Definitions that only work as drafts (they have no prefill/extend).
+DRAFT_ONLY = (CascadeDef, HorizontalDef)
+
+
+def top_model(draft: Model) -> Model:
+  """The model a draft mostly runs: itself, a cascade's top model, a
+  horizontal drafter's early part (recursively)."""
+  definition, params = draft.definition, draft.params
+  while isinstance(definition, DRAFT_ONLY):
+    if isinstance(definition, CascadeDef):
+      definition, params = definition.draft, params["draft"]
+    else:
+      definition, params = definition.early, params["early"]
+  return Model(definition, params, draft.vocab)
+
+
+def models_of(draft: Model) -> list[Model]:
+  """Every plain model a draft runs (itself, or each level of a cascade or
+  part of a horizontal drafter), top first."""
+  definition, params = draft.definition, draft.params
+  if isinstance(definition, CascadeDef):
+    parts = [(definition.draft, params["draft"]),
+             (definition.drafter, params["drafter"])]
+  elif isinstance(definition, HorizontalDef):
+    parts = [(definition.early, params["early"]),
+             (definition.late, params["late"])]
+  else:
+    return [draft]
+  return [m for d, p in parts for m in models_of(Model(d, p, draft.vocab))]
+
+
+def make_drafter(definition, gamma: int, sampler: sampling.SamplingConfig,
+                 refeed: int, draft_sample: Callable, fast_greedy: bool):
+  """The drafter for a draft definition: a ModelDef, CascadeDef or
+  HorizontalDef."""
+  if isinstance(definition, HorizontalDef):
+    return HorizontalDrafter(definition, gamma, sampler, refeed, draft_sample,
+                             fast_greedy)
+  if isinstance(definition, CascadeDef):
+    return CascadeDrafter(definition, gamma, sampler, refeed, draft_sample,
+                          fast_greedy)
+  return ModelDrafter(definition, gamma, sampler, refeed, draft_sample,
+                      fast_greedy)

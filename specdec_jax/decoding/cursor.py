@@ -1,0 +1,104 @@
+"""Per-row decoding positions shared by the engine and the drafters.
+
+A row's decoder sequence is its model's `start_token` (relative index 0)
+followed by the generated tokens (relative indices 1, 2, ...); the model-level
+position of relative index i is `start_pos + i` (see `protocol.py`).
+
+Dimension letters: B batch, K new tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.decoding.protocol import ModelDef
+
+
+@flax.struct.dataclass
+class Stream:
+  """The per-row decoding position shared by all models of one loop.
+
+  Attributes:
+    tokens: int32 [B, W] generated tokens; entries at or past `length` are
+      scratch (overwritten later, zeroed in the result).
+    length: int32 [B] number of tokens generated so far.
+    done: bool [B] the row emitted EOS or reached its most tokens.
+  """
+
+  tokens: jax.Array
+  length: jax.Array
+  done: jax.Array
+
+
+@flax.struct.dataclass
+class ModelCursor:
+  """One model's cache and where its decoder sequence starts.
+
+  Attributes:
+    cache: the model's cache pytree (see `ModelDef.extend`).
+    start_token: int32 [B] token at relative index 0.
+    start_pos: int32 [B] model position of relative index 0.
+    nonfinite: bool [B], True once any logit this model produced for the
+      row was NaN or inf; None when the loop was built without the check.
+  """
+
+  cache: Any
+  start_token: jax.Array
+  start_pos: jax.Array
+  nonfinite: jax.Array | None = None
+
+  def token_at(self, stream: Stream, index: jax.Array) -> jax.Array:
+    """Tokens at relative indices `index` [B, K] of each row ([B, K])."""
+    gathered = jnp.take_along_axis(stream.tokens, jnp.maximum(index - 1, 0),
+                                   axis=1)
+    return jnp.where(index == 0, self.start_token[:, None], gathered)
+
+  def extend(self, model: ModelDef, params, stream: Stream,
+             index: jax.Array) -> tuple[jax.Array, "ModelCursor"]:
+    """Feeds the tokens at relative indices `index` [B, K]; logits [B, K, V]."""
+    tokens = self.token_at(stream, index)
+    return self.extend_tokens(model, params, tokens, index)
+
+  def extend_tokens(self, model: ModelDef, params, tokens: jax.Array,
+                    index: jax.Array) -> tuple[jax.Array, "ModelCursor"]:
+    positions = self.start_pos[:, None] + index
+    logits, cache = model.extend(params, self.cache, tokens, positions)
+    logits = logits.astype(jnp.float32)
+    nonfinite = self.nonfinite
+    if nonfinite is not None:
+      # NaN or inf would otherwise turn into an arbitrary argmax or NaN
+      # probabilities without a word. A sum is NaN or inf iff a term is (or
+      # the finite terms overflow float32, which no sane logits do): one
+      # add-reduction over logits that exist anyway (cost, measured:
+      # docs/reliability.md).
+      nonfinite = nonfinite | ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
+    return logits, self.replace(cache=cache, nonfinite=nonfinite)
+
+
+def new_cursor(model: ModelDef, params, input_ids, num_positions,
+               check_finite: bool = True) -> ModelCursor:
+  prefill = model.prefill(params, input_ids, num_positions)
+  nonfinite = None
+  if check_finite:
+    nonfinite = jnp.zeros((input_ids.shape[0],), jnp.bool_)
+  return ModelCursor(cache=prefill.cache,
+                     start_token=prefill.start_token.astype(jnp.int32),
+                     start_pos=prefill.start_pos.astype(jnp.int32),
+                     nonfinite=nonfinite)
+
+
+def write_rows(buffer: jax.Array, start: jax.Array, values: jax.Array):
+  """buffer[b, start_b : start_b + K] = values[b] for each row."""
+  return jax.vmap(lambda buf, s, v: jax.lax.dynamic_update_slice(
+      buf, v, (s,) + (0,) * (buf.ndim - 1)))(buffer, start, values)
+
+
+def refeed_indices(length: jax.Array, refeed: int) -> jax.Array:
+  """int32 [B, refeed + 1]: relative indices length - refeed .. length,
+  clamped at 0 (a repeated index 0 rewrites the start token's slot)."""
+  offsets = jnp.arange(-refeed, 1, dtype=jnp.int32)
+  return jnp.maximum(length[:, None] + offsets[None, :], 0)

@@ -1,0 +1,203 @@
+"""Drafters: what proposes the draft tokens of one speculative iteration.
+
+The engine (`engine.build_speculative`) asks a drafter for up to G tokens per
+row, with the probabilities q they were sampled from (a `Proposal`), and
+verifies them with the target. A drafter is a plain Python object built
+once per compiled loop (`cascades.make_drafter`) with three parts:
+
+  depth, extra_width   models in its chain; scratch positions it needs
+  init(params, input_ids, num_positions, check_finite) -> state (a pytree)
+  nonfinite(state) -> bool [B] or None  any of its models' logits NaN/inf
+  propose(params, state, stream, keys, keep, limit)
+      -> (Proposal, state, level stats)
+
+This module has the plain one, `ModelDrafter` (one draft model run
+autoregressively, the paper's setup); `cascades.py` composes drafters
+(cascades, horizontal drafters).
+
+Cache validity ("refeed"). A drafter keeps its models' caches between
+iterations. Its caller guarantees that the entries of relative indices below
+length - refeed are still valid, so each propose starts by feeding the
+refeed + 1 tokens at length - refeed .. length. The top-level drafter has
+refeed 1 (after a fully accepted iteration the last draft token was never
+fed); composite drafters hand their parts larger refeeds (see
+`cascades.py`).
+
+Dimension letters: B batch, G most tokens per proposal, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import sampling
+from specdec_jax.decoding import stopping
+from specdec_jax.decoding.cursor import ModelCursor
+from specdec_jax.decoding.cursor import Stream
+from specdec_jax.decoding.cursor import new_cursor
+from specdec_jax.decoding.cursor import refeed_indices
+from specdec_jax.decoding.protocol import ModelDef
+
+KeepFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+@flax.struct.dataclass
+class Proposal:
+  """What a drafter proposes for one iteration.
+
+  Attributes:
+    tokens: int32 [B, G]; entries at or past `length` are padding.
+    probs: float32 [B, G, V], the q each token was sampled from (None on the
+      greedy fast path, which needs no probabilities).
+    conf: float32 [B, G], the draft's probability of each token (q(x); the
+      largest softmax probability of the draft's logits when greedy).
+    length: int32 [B] in [1, G], tokens proposed.
+  """
+
+  tokens: jax.Array
+  probs: Any
+  conf: jax.Array
+  length: jax.Array
+
+
+def level_stats(calls, alpha_sum=None, alpha_count=None) -> dict:
+  """Per-row counters of a drafter's levels: calls [B, D] (model runs of
+  each level), alpha_sum / alpha_count [B, D - 1] (acceptance of level i + 1
+  by level i, as in the engine's `alpha`)."""
+  batch = calls.shape[0]
+  empty = jnp.zeros((batch, 0), jnp.float32)
+  return {"calls": calls.astype(jnp.int32),
+          "alpha_sum": empty if alpha_sum is None else alpha_sum,
+          "alpha_count": (empty.astype(jnp.int32) if alpha_count is None
+                          else alpha_count.astype(jnp.int32))}
+
+
+class ModelDrafter:
+  """One draft model run autoregressively for up to G tokens per row."""
+
+  depth = 1
+  extra_width = 0
+
+  def __init__(self, definition: ModelDef, gamma: int,
+               sampler: sampling.SamplingConfig, refeed: int,
+               draft_sample: Callable, fast_greedy: bool):
+    self.definition = definition
+    self.gamma = gamma
+    self.sampler = sampler
+    self.refeed = refeed
+    self.draft_sample = draft_sample
+    self.fast_greedy = fast_greedy
+
+  def init(self, params, input_ids, num_positions,
+           check_finite: bool = True) -> ModelCursor:
+    return new_cursor(self.definition, params, input_ids, num_positions,
+                      check_finite)
+
+  def nonfinite(self, cursor: ModelCursor):
+    """bool [B]: a logit of the draft was NaN or inf (None: not checked)."""
+    return cursor.nonfinite
+
+  def _sample(self, logits, key, need_conf):
+    """One token [B] from logits [B, V], its q [B, V] (or None), conf [B]."""
+    if self.fast_greedy:
+      x = sampling.argmax(logits)
+      conf = (jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1) if need_conf
+              else jnp.zeros(x.shape, jnp.float32))
+      return x, None, conf
+    q = self.sampler.probs(logits)
+    x = jax.vmap(self.draft_sample)(key, q)
+    if self.sampler.greedy:
+      conf = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+    else:
+      conf = jnp.take_along_axis(q, x[:, None], axis=1)[:, 0]
+    return x, q, conf
+
+  def propose(self, params, cursor: ModelCursor, stream: Stream, keys,
+              keep: KeepFn | None, limit: jax.Array):
+    """Drafts for every row.
+
+    Args:
+      params: the draft's parameters.
+      cursor: its cursor (cache valid below length - refeed).
+      stream: the committed tokens and lengths.
+      keys: [B, G] PRNG keys, one per draft position.
+      keep: None drafts exactly G tokens (the paper's fixed gamma, the loop
+        unchanged); else the stop rule's causal keep_going(tokens, conf).
+      limit: int32 [B] in [1, G], the most tokens a row may propose.
+
+    Returns:
+      (Proposal, the new cursor, level stats).
+    """
+    d, gamma = self.definition, self.gamma
+    n = stream.length
+    logits, cursor = cursor.extend(d, params, stream,
+                                   refeed_indices(n, self.refeed))
+    need_conf = keep is not None
+    x, q, conf = self._sample(logits[:, -1], keys[:, 0], need_conf)
+    if keep is None:
+      def one(carry, j):
+        cursor, x_prev = carry
+        logits, cursor = cursor.extend_tokens(d, params, x_prev[:, None],
+                                              (n + j)[:, None])
+        x, q, conf = self._sample(logits[:, 0], keys[:, j], need_conf)
+        return (cursor, x), (x, q, conf)
+
+      (cursor, _), (xs, qs, confs) = jax.lax.scan(one, (cursor, x),
+                                                  jnp.arange(1, gamma))
+      tokens = jnp.concatenate([x[:, None], jnp.moveaxis(xs, 0, 1)], axis=1)
+      confs = jnp.concatenate([conf[:, None], jnp.moveaxis(confs, 0, 1)], 1)
+      if q is not None:
+        q = jnp.concatenate([q[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+      length = jnp.full(n.shape, gamma, jnp.int32)
+    else:
+      tokens, q, confs, cursor = self._adaptive(params, cursor, n, keys, keep,
+                                                limit, x, q, conf)
+      length = stopping.proposal_length(keep(tokens, confs), limit)
+    return (Proposal(tokens=tokens, probs=q, conf=confs, length=length),
+            cursor, level_stats(length[:, None]))
+
+  def _adaptive(self, params, cursor, n, keys, keep, limit, x, q, conf):
+    """Draft steps until every row stopped (a while_loop, not a scan)."""
+    d, gamma = self.definition, self.gamma
+    batch = n.shape[0]
+    idx = jnp.arange(gamma)[None, :]
+    tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x)
+    confs = jnp.zeros((batch, gamma), jnp.float32).at[:, 0].set(conf)
+    if q is not None:
+      q = jnp.zeros((batch, gamma) + q.shape[-1:], jnp.float32).at[:, 0].set(q)
+
+    def running(j, tokens, confs):
+      """Rows whose first j tokens all said keep going, below their limit."""
+      go = keep(tokens, confs) | (idx >= j)
+      return jnp.all(go, axis=1) & (j < limit)
+
+    def cond(c):
+      j, tokens, confs, _, _ = c
+      return (j < gamma) & jnp.any(running(j, tokens, confs))
+
+    def body(c):
+      j, tokens, confs, q, cursor = c
+      x_prev = jax.lax.dynamic_index_in_dim(tokens, j - 1, 1, keepdims=True)
+      logits, cursor = cursor.extend_tokens(d, params, x_prev,
+                                            (n + j)[:, None])
+      key = jax.lax.dynamic_index_in_dim(keys, j, 1, keepdims=False)
+      x, q_j, conf = self._sample(logits[:, 0], key, True)
+      tokens = jax.lax.dynamic_update_index_in_dim(tokens, x, j, 1)
+      confs = jax.lax.dynamic_update_index_in_dim(confs, conf, j, 1)
+      if q is not None:
+        q = jax.lax.dynamic_update_index_in_dim(q, q_j, j, 1)
+      return j + 1, tokens, confs, q, cursor
+
+    _, tokens, confs, q, cursor = jax.lax.while_loop(
+        cond, body, (jnp.int32(1), tokens, confs, q, cursor))
+    return tokens, q, confs, cursor
+
+
+def slice_rows(buffer, start, size):
+  """buffer[b, start_b : start_b + size] for each row."""
+  return jax.vmap(lambda buf, s: jax.lax.dynamic_slice_in_dim(
+      buf, s, size, 0))(buffer, start)

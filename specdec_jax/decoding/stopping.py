@@ -1,0 +1,220 @@
+"""Adaptive draft length: rules that decide, per row and per iteration, when
+the draft stops proposing.
+
+`speculative_generate(..., gamma=G, draft_stop=rule)` drafts at most G tokens
+per iteration; after each draft token the rule says whether the row drafts
+one more. A rule is a frozen (hashable) dataclass, a static argument of the
+jitted loop, with three methods the engine calls:
+
+  init(batch) -> state               per-row online statistics (a pytree)
+  keep_going(tokens, conf, state)    bool [B, G]: after draft token j (with
+                                     tokens/conf 0..j known), draft j + 1.
+                                     Must be causal: entry j may only read
+                                     entries 0..j (the engine evaluates it on
+                                     partly filled buffers).
+  update(state, conf, accept_prob, verified) -> state   after verification.
+
+`conf` [B, G] is the draft's probability of each token it proposed: q(x) when
+sampling, the largest softmax probability of the draft's logits when greedy
+(where q itself is one-hot). `accept_prob` [B, G] is the probability with
+which each verified draft token was accepted: min(1, p(x)/q(x)) when
+sampling, 1 or 0 when greedy.
+
+Why any such rule keeps the output exact: the decision to propose position
+j + 1 depends only on the draft tokens up to j, their q, and statistics of
+earlier iterations, never on the target's verdict about this iteration's
+tokens. So at each position the draft token is still a sample from q given
+the prefix, and Algorithm 1's acceptance emits a sample from p there; where
+nothing was proposed the target samples from p directly
+(`sampling.speculative_accept(num_proposed=...)`).
+
+Dimension letters: B batch, G most draft tokens per iteration (gamma), N
+confidence bins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.tokens import EOS_ID
+
+
+def proposal_length(keep: jax.Array, limit: jax.Array) -> jax.Array:
+  """int32 [B] tokens each row proposes: up to and including the first
+  position whose `keep` [B, G] is False, at most `limit` [B]."""
+  gamma = keep.shape[1]
+  idx = jnp.arange(gamma)[None, :]
+  first_stop = jnp.min(jnp.where(keep, gamma, idx), axis=1)
+  return jnp.clip(jnp.minimum(first_stop + 1, limit), 1, gamma).astype(
+      jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfidenceStop:
+  """Stop after a draft token whose draft probability is below `threshold`,
+  and always after EOS (Hugging Face's "dynamic lookahead" rule).
+
+  Attributes:
+    threshold: in [0, 1]; 0 never stops early (but still stops at EOS).
+  """
+
+  threshold: float = 0.4
+
+  def __post_init__(self):
+    if not 0.0 <= float(self.threshold) <= 1.0:
+      raise ValueError(f"ConfidenceStop.threshold must be in [0, 1], got "
+                       f"{self.threshold}.")
+
+  def init(self, batch: int) -> dict:
+    del batch
+    return {}
+
+  def keep_going(self, tokens, conf, state):
+    del state
+    return (conf >= jnp.float32(self.threshold)) & (tokens != EOS_ID)
+
+  def update(self, state, conf, accept_prob, verified):
+    del conf, accept_prob, verified
+    return state
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpectedGainStop:
+  r"""Draft one more token while its expected gain exceeds its cost
+  (Theorem 3.8 applied one token at a time).
+
+  Derivation. Theorem 3.8 prices an iteration that proposes k tokens at
+  T(k) = k c + v(k) target-call times (v(k): cost of verifying k + 1 tokens,
+  1 in the paper's model, 1 + g k with a per-token growth g on hardware that
+  is not idle, e.g. CPUs) and expects it to emit E(k) = 1 + sum_{i<=k} P_i
+  tokens, where P_i is the probability that the first i draft tokens are
+  all accepted. The walltime improvement is E(k) / T(k). Drafting token
+  k + 1 adds Delta E = P_{k+1} = P_k a_{k+1} tokens and Delta T = c + g
+  time, and raises the improvement exactly when
+
+      Delta E / Delta T > E(k) / T(k),   i.e.   P_k a_{k+1} > lambda_k (c + g)
+
+  with lambda_k = E(k) / T(k) the improvement of stopping now. With a
+  constant acceptance a = alpha the left side shrinks geometrically and the
+  right side grows, so the first k where the test fails is the gamma that
+  maximises Theorem 3.8 (`theory.optimal_gamma`); with varying acceptance
+  the rule stops early where the draft is unsure and drafts long where it is
+  sure.
+
+  Estimates, per row and online: P_k = prod_{i<=k} a_hat(conf_i), where
+  a_hat(s) is the mean acceptance probability of earlier draft tokens whose
+  confidence fell in the same bin as s (calibration on the draft's
+  confidence), starting from a prior with weight `prior_weight`
+  pseudo-tokens per bin: `prior` (per-bin acceptance measured offline,
+  e.g. from the `stop_state` stats of a probe run; see `calibration`), or
+  a_hat(s) = the bin's center (a calibrated draft); a_{k+1}, the acceptance
+  of a token not drafted yet, is estimated by the row's mean acceptance over
+  all bins. Acceptance is measured noise-free as min(1, p(x)/q(x)) for each
+  verified token (its probability of acceptance, not the coin flip).
+
+  Attributes:
+    cost: c, the time of one draft step over one target step.
+    verify_growth: g, the verification cost's growth per extra verified
+      token, in target steps (0 in the paper's model).
+    bins: interior edges of the confidence bins, increasing in (0, 1).
+    prior: None, or the prior acceptance of each bin (len(bins) + 1 values
+      in [0, 1]).
+    prior_weight: pseudo-tokens of the prior per bin.
+  """
+
+  cost: float = 0.1
+  verify_growth: float = 0.0
+  bins: tuple[float, ...] = (0.3, 0.5, 0.7, 0.85, 0.95)
+  prior: tuple[float, ...] | None = None
+  prior_weight: float = 2.0
+
+  def __post_init__(self):
+    if not float(self.cost) >= 0.0 or not float(self.verify_growth) >= 0.0:
+      raise ValueError(
+          f"ExpectedGainStop needs cost >= 0 and verify_growth >= 0 (times "
+          f"relative to one target step), got {self.cost}, "
+          f"{self.verify_growth}.")
+    edges = tuple(float(b) for b in self.bins)
+    if any(not 0.0 < b < 1.0 for b in edges) or list(edges) != sorted(
+        set(edges)):
+      raise ValueError(f"ExpectedGainStop.bins must be increasing edges in "
+                       f"(0, 1), got {self.bins}.")
+    if self.prior is not None and (
+        len(self.prior) != len(edges) + 1
+        or any(not 0.0 <= float(a) <= 1.0 for a in self.prior)):
+      raise ValueError(f"ExpectedGainStop.prior must give one acceptance in "
+                       f"[0, 1] per bin ({len(edges) + 1}), got {self.prior}.")
+    if not float(self.prior_weight) > 0.0:
+      raise ValueError(f"ExpectedGainStop.prior_weight must be > 0, got "
+                       f"{self.prior_weight}.")
+
+  def _centers(self) -> jax.Array:
+    if self.prior is not None:
+      return jnp.asarray(self.prior, jnp.float32)
+    edges = (0.0,) + tuple(self.bins) + (1.0,)
+    return jnp.asarray([(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])],
+                       jnp.float32)
+
+  def _bin(self, conf):
+    return jnp.searchsorted(jnp.asarray(self.bins, jnp.float32), conf,
+                            side="right")
+
+  def init(self, batch: int) -> dict:
+    w = jnp.float32(self.prior_weight)
+    centers = jnp.broadcast_to(self._centers(), (batch, len(self.bins) + 1))
+    return {"accept_sum": w * centers, "count": w * jnp.ones_like(centers)}
+
+  def keep_going(self, tokens, conf, state):
+    mean = state["accept_sum"] / state["count"]               # [B, N]
+    a_hat = jnp.take_along_axis(mean, self._bin(conf), axis=1)  # [B, G]
+    reach = jnp.cumprod(a_hat, axis=1)                        # P_1 .. P_G
+    expected = 1.0 + jnp.cumsum(reach, axis=1)                # E(1) .. E(G)
+    k = jnp.arange(1, tokens.shape[1] + 1, dtype=jnp.float32)[None, :]
+    c, g = jnp.float32(self.cost), jnp.float32(self.verify_growth)
+    time = k * c + 1.0 + g * k                                # T(1) .. T(G)
+    next_accept = (jnp.sum(state["accept_sum"], 1, keepdims=True)
+                   / jnp.sum(state["count"], 1, keepdims=True))
+    gain = reach * next_accept
+    return (gain > expected / time * (c + g)) & (tokens != EOS_ID)
+
+  def update(self, state, conf, accept_prob, verified):
+    onehot = jax.nn.one_hot(self._bin(conf), len(self.bins) + 1,
+                            dtype=jnp.float32)
+    w = onehot * verified.astype(jnp.float32)[..., None]      # [B, G, N]
+    return {"accept_sum": state["accept_sum"] + jnp.sum(
+                w * accept_prob[..., None], axis=1),
+            "count": state["count"] + jnp.sum(w, axis=1)}
+
+
+StopRule = ConfidenceStop | ExpectedGainStop
+
+
+def calibration(rule: ExpectedGainStop, stats) -> tuple[float, ...]:
+  """Per-bin acceptance measured by a run with `rule` (the `DecodeStats`
+  of that run, whose `stop_state` holds the rule's final per-row sums;
+  pooled over rows, the rule's prior taken out); a bin no verified token
+  fell in keeps the rule's prior. Pass the result as
+  `ExpectedGainStop(prior=...)`."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  init = rule.init(1)
+  prior_sum = np.asarray(init["accept_sum"][0])
+  prior_count = np.asarray(init["count"][0])
+  state = stats.stop_state
+  rows = np.asarray(state["count"]).shape[0]
+  sums = np.asarray(state["accept_sum"]).sum(0) - rows * prior_sum
+  counts = np.asarray(state["count"]).sum(0) - rows * prior_count
+  means = np.where(counts > 0.5, sums / np.maximum(counts, 1e-9),
+                   prior_sum / prior_count)
+  return tuple(round(float(m), 4) for m in np.clip(means, 0.0, 1.0))
+
+
+def check_rule(rule) -> None:
+  """Raises a TypeError naming the fix unless `rule` is None or a rule."""
+  if rule is not None and not isinstance(rule, (ConfidenceStop,
+                                                ExpectedGainStop)):
+    raise TypeError(
+        f"draft_stop must be None (fixed gamma), sd.ConfidenceStop(threshold) "
+        f"or sd.ExpectedGainStop(...), got {type(rule).__name__}.")

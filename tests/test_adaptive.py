@@ -1,0 +1,300 @@
+"""Exactness of adaptive draft lengths (draft_stop) and cascaded drafts.
+
+Invariants: greedy output equals the target's greedy output token for token
+for every stop rule and every cascade; sampled whole sequences follow the
+target's exact distribution.
+
+Statistics: Pearson's chi-square goodness of fit over all 3-token sequences
+(vocabulary 4: at most 64 cells) at significance SIGNIFICANCE = 1e-3 per
+test, N = 20,000 rows decoded as ONE batch (so rows of different proposal
+lengths share every iteration) with independent per-row keys and fixed
+seeds (deterministic; a correct sampler fails a given test with probability
+1e-3 over seeds). Each family has a negative control that must fail the same
+test: ignoring the proposal length in the acceptance (unproposed positions
+treated as rejected draft positions, the bug an adaptive length invites),
+and a cascade whose smallest drafter proposes its argmax while reporting its
+softmax q. Their deviations give statistics in the hundreds or more, so their
+power at this level is essentially 1.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from specdec_jax import sampling
+from specdec_jax.decoding import engine
+from specdec_jax.decoding import ngram
+from specdec_jax.decoding import stopping
+from tests import toy_models
+from tests.test_decoding import _chisquare_vs_exact
+from tests.test_decoding import _inputs
+
+SIGNIFICANCE = 1e-3
+N_SEQ = 20_000
+SEQ_LEN = 3
+VOCAB = 12
+
+RULES = {
+    "confidence": sd.ConfidenceStop(0.4),
+    "expected_gain": sd.ExpectedGainStop(cost=0.3),
+}
+
+
+def _greedy_models(decoder_only):
+  target = toy_models.table_model(VOCAB, seed=0, eos_bias=2.0,
+                                  decoder_only=decoder_only)
+  draft = toy_models.table_model(VOCAB, seed=1, base=target, noise=1.0)
+  small = toy_models.table_model(VOCAB, seed=2, base=draft, noise=1.0)
+  bigram = ngram.fit_ngram([[3, 4, 3, 1], [3, 5, 1], [4, 4, 1]], VOCAB,
+                           decoder_only=decoder_only)
+  return target, draft, small, bigram
+
+
+def _drafts(draft, small, bigram):
+  return {
+      "plain": draft,
+      "cascade2": sd.cascade(draft, small, gamma=2),
+      "cascade3": sd.cascade(draft, sd.cascade(small, bigram, gamma=3),
+                             gamma=2),
+      "horizontal": sd.horizontal(sd.cascade(draft, small, gamma=2), bigram,
+                                  split=2),
+  }
+
+
+@pytest.mark.parametrize("rule,decoder_only", [
+    (None, False), (None, True), ("confidence", False),
+    ("expected_gain", True)])
+def test_greedy_equals_target_for_every_rule_and_cascade(decoder_only, rule):
+  """Greedy speculative output == greedy target output for batch 4 (ragged
+  inputs, different EOS positions) and batch 1, for plain drafts, two- and
+  three-level cascades (ending in a bigram) and a horizontal drafter, with
+  and without a rule, for encoder-decoder and decoder-only models."""
+  target, draft, small, bigram = _greedy_models(decoder_only)
+  ids = _inputs()
+  base = sd.generate(target, ids, max_decode_len=12)
+  stop = RULES.get(rule)
+  for name, d in _drafts(draft, small, bigram).items():
+    res = sd.speculative_generate(target, d, ids, gamma=5, max_decode_len=12,
+                                  draft_stop=stop)
+    np.testing.assert_array_equal(res.tokens, base.tokens, err_msg=name)
+  for gamma, rows in ((1, ids), (4, ids[2:3])):
+    res = sd.speculative_generate(target, draft, rows, gamma=gamma,
+                                  max_decode_len=12, draft_stop=stop)
+    np.testing.assert_array_equal(res.tokens, base.tokens[:len(rows)] if
+                                  len(rows) == 4 else base.tokens[2:3])
+
+
+def test_stats_report_proposal_lengths_and_levels():
+  """proposal_histogram counts one proposal length per target call; rows pay
+  only the draft runs they used (draft_calls == sum of k); a rule shortens
+  proposals; level stats line up with the flat ones, and a cascade reports a
+  call count and an alpha per level."""
+  target, draft, small, _ = _greedy_models(False)
+  ids = _inputs()
+  fixed = sd.speculative_generate(target, draft, ids, gamma=5,
+                                  max_decode_len=12, temperature=1.0, seed=1)
+  hist = fixed.stats.proposal_histogram
+  np.testing.assert_array_equal(hist[:, 5], fixed.stats.target_calls)
+  for rule in RULES.values():
+    res = sd.speculative_generate(target, draft, ids, gamma=5,
+                                  max_decode_len=12, temperature=1.0, seed=1,
+                                  draft_stop=rule)
+    st = res.stats
+    hist = st.proposal_histogram
+    np.testing.assert_array_equal(hist.sum(1), st.target_calls)
+    assert hist[:, 0].sum() == 0, "every iteration proposes at least 1"
+    np.testing.assert_array_equal(hist @ np.arange(6), st.draft_calls)
+    assert st.draft_calls.sum() < 5 * st.target_calls.sum()
+    np.testing.assert_array_equal(st.level_calls[:, 0], st.target_calls)
+    np.testing.assert_array_equal(st.level_calls[:, 1], st.draft_calls)
+    np.testing.assert_allclose(st.level_alpha[:, 0], st.alpha)
+  casc = sd.speculative_generate(target, sd.cascade(draft, small, gamma=2),
+                                 ids, gamma=4, max_decode_len=12,
+                                 temperature=1.0, seed=1)
+  st = casc.stats
+  assert st.level_calls.shape == (4, 3)
+  assert st.level_alpha.shape == (4, 2)
+  # Each middle-model call verifies one inner proposal of 2 tokens.
+  np.testing.assert_array_equal(st.level_calls[:, 2],
+                                2 * st.level_calls[:, 1])
+  assert np.all((st.level_alpha > 0) & (st.level_alpha < 1))
+
+
+@pytest.fixture(scope="module")
+def small_models():
+  target = toy_models.table_model(4, seed=3, scale=1.0, eos_bias=-1.0)
+  draft = toy_models.table_model(4, seed=4, base=target, noise=1.5)
+  small = toy_models.table_model(4, seed=5, base=draft, noise=1.5)
+  bigram = ngram.fit_ngram([[2, 3, 0, 1], [3, 3, 2, 1], [0, 2, 1]], 4)
+  return target, draft, small, bigram
+
+
+def _sample(target, draft, top_k, **kwargs):
+  ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
+  exact = toy_models.exact_distribution(target, ids[0], SEQ_LEN, top_k=top_k)
+  res = sd.speculative_generate(target, draft, ids, max_decode_len=SEQ_LEN,
+                                temperature=1.0, top_k=top_k, seed=11,
+                                **kwargs)
+  return res, exact
+
+
+@pytest.mark.parametrize("top_k", [0, 2])
+@pytest.mark.parametrize("rule", ["confidence", "expected_gain"])
+def test_stop_rules_sample_the_target_distribution(small_models, rule, top_k):
+  """Sampled sequences with an adaptive draft length pass the chi-square
+  test against the exact target distribution (temperature 1, and top-k 2),
+  and the rule really varied the proposal length."""
+  target, draft, _, _ = small_models
+  res, exact = _sample(target, draft, top_k, gamma=3, draft_stop=RULES[rule])
+  assert _chisquare_vs_exact(res.tokens, exact) > SIGNIFICANCE
+  lengths = res.stats.proposal_histogram.sum(0)
+  assert np.count_nonzero(lengths) >= 2, lengths
+  assert res.stats.alpha.mean() < 0.95
+
+
+def test_negative_control_acceptance_ignoring_proposal_length_fails(
+    small_models, monkeypatch):
+  """The same test fails when the acceptance ignores how many tokens a row
+  proposed (positions past k are judged like draft positions, with the
+  padding q there): the test has power against that bug."""
+  target, draft, _, _ = small_models
+  original = sampling.speculative_accept
+
+  def broken(rng, tokens, q, p, lenience=1.0, num_proposed=None):
+    del num_proposed
+    return original(rng, tokens, q, p, lenience)
+
+  engine._build_speculative.cache_clear()
+  monkeypatch.setattr(sampling, "speculative_accept", broken)
+  try:
+    res, exact = _sample(target, draft, 0, gamma=3,
+                         draft_stop=RULES["confidence"])
+  finally:
+    engine._build_speculative.cache_clear()
+  assert _chisquare_vs_exact(res.tokens, exact) < SIGNIFICANCE
+
+
+@pytest.mark.parametrize("top_k", [0, 2])
+@pytest.mark.parametrize("levels", [2, 3])
+def test_cascades_sample_the_target_distribution(small_models, levels, top_k):
+  """Two-level (draft <- small) and three-level (draft <- small <- bigram)
+  cascades: sampled sequences pass the chi-square test, with the outer and
+  inner drafts genuinely different (alpha < 1 at every level)."""
+  target, draft, small, bigram = small_models
+  inner = small if levels == 2 else sd.cascade(small, bigram, gamma=2)
+  res, exact = _sample(target, sd.cascade(draft, inner, gamma=2), top_k,
+                       gamma=3)
+  assert _chisquare_vs_exact(res.tokens, exact) > SIGNIFICANCE
+  assert res.stats.level_alpha.shape[1] == levels
+  assert np.all(res.stats.level_alpha.mean(0) < 0.97)
+
+
+def test_cascade_with_a_stop_rule_samples_the_target_distribution(
+    small_models):
+  """A cascade under ConfidenceStop (the rule reads the middle model's q)."""
+  target, draft, small, _ = small_models
+  res, exact = _sample(target, sd.cascade(draft, small, gamma=2), 0, gamma=3,
+                       draft_stop=RULES["confidence"])
+  assert _chisquare_vs_exact(res.tokens, exact) > SIGNIFICANCE
+  assert np.count_nonzero(res.stats.proposal_histogram.sum(0)) >= 2
+
+
+@pytest.mark.parametrize("rule", [None, "confidence"])
+def test_horizontal_drafter_samples_the_target_distribution(small_models,
+                                                            rule):
+  """Early positions from the draft, later ones from the small model (with
+  and without a stop rule): sampled sequences pass the chi-square test."""
+  target, draft, small, _ = small_models
+  res, exact = _sample(target, sd.horizontal(draft, small, split=1), 0,
+                       gamma=3, draft_stop=RULES.get(rule))
+  assert _chisquare_vs_exact(res.tokens, exact) > SIGNIFICANCE
+  assert res.stats.level_calls[:, 2].sum() > 0, "late drafter never used"
+
+
+def test_negative_control_cascade_with_broken_inner_drafter_fails(
+    small_models):
+  """A three-level cascade whose bigram proposes its argmax while reporting
+  its softmax q: the middle levels are no longer exact, and the test fails."""
+  target, draft, small, bigram = small_models
+  casc = sd.cascade(draft, sd.cascade(small, bigram, gamma=2), gamma=2)
+  ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
+  exact = toy_models.exact_distribution(target, ids[0], SEQ_LEN)
+  argmax_draft = lambda key, q: jnp.argmax(q, -1).astype(jnp.int32)
+  fn = engine.build_speculative(target.definition, casc.definition, 3,
+                                SEQ_LEN, sampling.SamplingConfig(1.0),
+                                draft_sample=argmax_draft)
+  tokens, _ = fn(target.params, casc.params, ids,
+                 np.full((N_SEQ,), 11, np.int32),
+                 np.arange(N_SEQ, dtype=np.int32))
+  assert _chisquare_vs_exact(np.asarray(tokens), exact) < SIGNIFICANCE
+
+
+def test_expected_gain_stop_picks_theorem_3_8_gamma_at_constant_alpha():
+  """With a constant acceptance probability and constant draft confidence,
+  the calibrated estimate settles on alpha and the rule proposes the gamma
+  maximising Theorem 3.8 (its derivation's fixed point)."""
+  rule = sd.ExpectedGainStop(cost=0.2, prior_weight=1.0)
+  batch, gamma, alpha = 3, 12, 0.7
+  state = rule.init(batch)
+  conf = jnp.full((batch, gamma), 0.6, jnp.float32)
+  accept = jnp.full((batch, gamma), alpha, jnp.float32)
+  state = rule.update(state, jnp.full((batch, gamma), 0.6), accept,
+                      jnp.ones((batch, gamma), bool))
+  for _ in range(20):
+    state = rule.update(state, conf, accept, jnp.ones((batch, gamma), bool))
+  tokens = jnp.full((batch, gamma), 5, jnp.int32)
+  k = stopping.proposal_length(rule.keep_going(tokens, conf, state),
+                               jnp.full((batch,), gamma))
+  best = int(sd.theory.optimal_gamma(alpha, 0.2, max_gamma=gamma))
+  assert np.all(np.asarray(k) == best), (k, best)
+
+
+def test_bad_rules_and_cascades_fail_before_compiling():
+  """Wrong draft_stop types, bad rule settings, bad cascade arguments and a
+  cascade used as a target raise clear errors before anything is traced."""
+  target, draft, small, _ = _greedy_models(False)
+  ids = _inputs()
+  before = engine.build_speculative.cache_info().misses
+  with pytest.raises(TypeError, match="draft_stop must be"):
+    sd.speculative_generate(target, draft, ids, gamma=2, max_decode_len=4,
+                            draft_stop=0.4)
+  with pytest.raises(ValueError, match="threshold"):
+    sd.ConfidenceStop(1.5)
+  with pytest.raises(ValueError, match="cost"):
+    sd.ExpectedGainStop(cost=-1.0)
+  with pytest.raises(ValueError, match="gamma must be"):
+    sd.cascade(draft, small, gamma=0)
+  casc = sd.cascade(draft, small, gamma=2)
+  with pytest.raises(TypeError, match="middle model"):
+    sd.cascade(casc, small, gamma=2)
+  with pytest.raises(TypeError, match="only be the draft"):
+    sd.generate(casc, ids, max_decode_len=4)
+  with pytest.raises(TypeError, match="only be the draft"):
+    sd.speculative_generate(casc, draft, ids, gamma=2, max_decode_len=4)
+  assert engine.build_speculative.cache_info().misses == before
+
+
+def test_nan_anywhere_in_a_cascade_is_named_as_the_draft():
+  """The non-finite check covers every model of a cascade: NaN logits in
+  the innermost drafter raise the draft error (a warning on request, with
+  the flag set and the greedy output still the target's); the finite
+  cascade sets no flag."""
+  target, draft, small, _ = _greedy_models(False)
+  params = jax.tree.map(np.array, small.params)
+  params["table"][..., 7] = np.nan
+  bad_small = sd.Model(small.definition, params)
+  ids = _inputs()
+  bad = sd.cascade(draft, bad_small, gamma=2)
+  with pytest.raises(FloatingPointError, match="the draft model"):
+    sd.speculative_generate(target, bad, ids, gamma=3, max_decode_len=6)
+  with pytest.warns(RuntimeWarning, match="draft model"):
+    res = sd.speculative_generate(target, bad, ids, gamma=3,
+                                  max_decode_len=6, on_nonfinite="warn")
+  assert res.stats.draft_nonfinite.all()
+  np.testing.assert_array_equal(
+      res.tokens, sd.generate(target, ids, max_decode_len=6).tokens)
+  clean = sd.speculative_generate(target, sd.cascade(draft, small, gamma=2),
+                                  ids, gamma=3, max_decode_len=6)
+  assert not clean.stats.draft_nonfinite.any()
