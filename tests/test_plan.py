@@ -130,3 +130,24 @@ def test_no_fit_check_on_cpu_devices():
   assert chips.chip_of_device_kind("TPU v5 lite").name == "tpu_v5e"
   assert chips.chip_of_device_kind("NVIDIA H200").name == "h200"
   assert np.isfinite(V4.hbm_bytes)
+
+
+def test_load_models_replicates_the_draft_as_planned():
+  """What the plan assumes is what a run loads: target split over `model`,
+  draft replicated when told (or when it cannot be split)."""
+  if len(jax.devices()) < 8:
+    pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+  from specdec_jax import sharding  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh(1, 4)
+  config = _config((1, 4), replicate_draft=True)
+  target, draft = experiment.load_models(config, mesh)
+  query = target.params["decoder"]["layers_0"]["self_attention"]["query"][
+      "kernel"]
+  assert query.addressable_shards[0].data.shape[1] == query.shape[1] // 4
+  for leaf in jax.tree.leaves(draft.params):
+    assert leaf.addressable_shards[0].data.shape == leaf.shape
+  assert jnp.dtype(query.dtype) == jnp.bfloat16  # param_dtype follows dtype
+  shape = plan.run_shape(config)
+  assert shape.replicate_draft
+  est = plan.estimate(shape)
+  assert est["draft_param_bytes"] == est["draft_param_bytes_total"]

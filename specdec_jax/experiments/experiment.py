@@ -249,7 +249,7 @@ def _place_draft(config: ExperimentConfig, draft: Model, mesh) -> Model:
 
 
 def _load_model(role: str, spec: str, model_config: Any, mesh,
-                overrides: dict[str, str]) -> Model:
+                overrides: dict[str, str] | None) -> Model:
   """`checkpoints.load_model`, with `model_config` checked where not needed.
 
   A t5x: checkpoint needs its architecture (`*_config`). Every other spec
@@ -258,6 +258,7 @@ def _load_model(role: str, spec: str, model_config: Any, mesh,
   whether its checkpoint came from T5X or from `specdec_jax.training.train`.
   """
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  overrides = overrides or {}
   if model_config is None or str(spec).startswith("t5x:"):
     return checkpoints.load_model(spec, config=model_config, mesh=mesh,
                                   **overrides)

@@ -32,6 +32,7 @@ calls it on real accelerators before loading anything.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -133,15 +134,29 @@ def _shard_bytes(shapes, logical_specs, mesh_shape) -> int:
   return total
 
 
+@functools.lru_cache(maxsize=64)
 def param_shapes(definition) -> Any:
+  """ShapeDtypeStructs of the parameters (traced once per definition)."""
   return jax.eval_shape(definition.init_params, jax.random.PRNGKey(0))
+
+
+@functools.lru_cache(maxsize=64)
+def param_logical_axes(definition) -> Any:
+  return definition.param_logical_axes()
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_shapes(definition, batch: int, length: int, positions: int) -> Any:
+  ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+  return jax.eval_shape(
+      lambda p, i: definition.prefill(p, i, positions).cache,
+      param_shapes(definition), ids)
 
 
 def cache_shapes(definition, params, batch: int, length: int,
                  positions: int) -> Any:
-  ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
-  return jax.eval_shape(
-      lambda p, i: definition.prefill(p, i, positions).cache, params, ids)
+  del params  # the definition's own shapes
+  return _cache_shapes(definition, batch, length, positions)
 
 
 def _decoder_weights(params) -> Any:
@@ -158,7 +173,7 @@ def estimate(shape: RunShape) -> dict[str, Any]:
   for role, definition in (("target", shape.target), ("draft", shape.draft)):
     params = param_shapes(definition)
     replicate = role == "draft" and shape.replicate_draft
-    specs = None if replicate else definition.param_logical_axes()
+    specs = None if replicate else param_logical_axes(definition)
     out[f"{role}_param_bytes"] = _shard_bytes(params, specs, mesh)
     out[f"{role}_param_bytes_total"] = _shard_bytes(params, None, (1, 1))
     cache = cache_shapes(definition, params, shape.batch, shape.input_len,
@@ -459,7 +474,7 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
     step = dict(programs[name])
     params = shape.draft if name == "draft_step" else shape.target
     spec = None if (name == "draft_step" and shape.replicate_draft) else \
-        params.param_logical_axes()
+        param_logical_axes(params)
     weights = _decoder_weights(param_shapes(params))
     if spec is not None:
       spec = _decoder_weights(spec)
