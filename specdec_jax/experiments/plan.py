@@ -225,7 +225,8 @@ def check_fits(config: ExperimentConfig, chip: chips.Chip,
       "use a larger chip or a smaller draft/target")
   raise ConfigError(
       f"this run needs about {est['total_bytes'] / GB:.1f} GB per device but "
-      f"{chip.name} has {hbm / GB:.1f} GB: target parameters "
+      f"{chip.name} has {hbm / GB:.1f} GB ({hbm / chips.GIB:.0f} GiB): "
+      f"target parameters "
       f"{est['target_param_bytes'] / GB:.1f} GB "
       f"({shape.target.config.param_dtype}), draft "
       f"{est['draft_param_bytes'] / GB:.2f} GB, caches "
