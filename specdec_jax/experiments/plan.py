@@ -442,9 +442,20 @@ def compile_programs(shape: RunShape) -> dict[str, Any]:
   out["verify_step"] = memo(
       ("step", shape.target, False, shape.gamma + 1, shape.gamma, common),
       lambda: _step(shape.target, tparams, shape, mesh, shape.gamma + 1))
+  # A replicated draft's step is compiled on one device: passing its cache
+  # replicated on the mesh would add all-gathers the loop does not have (the
+  # loop keeps the cache as the model's constraints lay it out); its
+  # communication is taken from the loop's inner steps (see `project`).
+  if shape.replicate_draft:
+    one = dataclasses.replace(shape, mesh_shape=(1, 1))
+    draft_mesh = _mesh(one)
+    draft_step = lambda: _step(shape.draft, abstract_params(  # noqa: E731
+        shape.draft, draft_mesh, replicate=True), one, draft_mesh, 1)
+  else:
+    draft_step = lambda: _step(shape.draft, dparams, shape, mesh, 1)  # noqa: E731
   out["draft_step"] = memo(
       ("step", shape.draft, shape.replicate_draft, 1, shape.gamma, common),
-      lambda: _step(shape.draft, dparams, shape, mesh, 1))
+      draft_step)
   out["compile_seconds"] = time.perf_counter() - started
   return out
 
