@@ -49,6 +49,9 @@ _OUTPUT = flags.DEFINE_string("output", None, "Write the plan (JSON) or, "
 _EXPERIMENTS = flags.DEFINE_string(
     "experiments", None, "Glob of experiment gin files (relative to "
     "configs/) to project as a table instead of one run.")
+_SETUPS = flags.DEFINE_string(
+    "setups", None, "With --experiments: only the setups whose run config "
+    "contains this string (default all of plan_table.SETUPS).")
 _INPUT_LEN = flags.DEFINE_integer(
     "input_len", None, "Input length to plan for (default: the model's "
     "max_input_len, the longest row a run can meet).")
@@ -68,9 +71,12 @@ def main(argv):
                    if plan_table.is_row(os.path.basename(f)))
     if not files:
       raise SystemExit(f"no experiment configs match {pattern}")
+    setups = [s for s in plan_table.SETUPS
+              if not _SETUPS.value or _SETUPS.value in s[1]]
     text = plan_table.project_table(
         files, lambda f, run: _config([f, run], flags.FLAGS.gin_bindings),
-        input_len=_INPUT_LEN.value, command=" ".join(sys.argv))
+        input_len=_INPUT_LEN.value, setups=setups,
+        command="python scripts/plan_run.py " + " ".join(sys.argv[1:]))
     if _OUTPUT.value:
       with open(_OUTPUT.value, "w") as f:
         f.write(text)
