@@ -13,6 +13,13 @@ every decoder parameter once); the cost of verifying gamma + 1 tokens in one
 call relative to one token; c of each smaller size against the largest; and
 the walltime speedup Theorem 3.8 then predicts with the paper's alpha values
 (Table 2, greedy EnDe). Results print as a table and go to --out as JSON.
+
+Next to each measured time it puts the roofline projection that
+scripts/plan_run.py makes for --chip (default: the chip JAX reports, h200
+on the lent GPU): the step compiled for this device, its flops and bytes
+accessed from `cost_analysis()`, max(flops / peak, bytes / HBM bandwidth)
+(specdec_jax/experiments/plan.py, chips.py). `step_over_roofline` and
+`c_roofline` against `c` say how far the projection is from the device.
 """
 
 import argparse
@@ -28,7 +35,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from specdec_jax import Model, theory  # noqa: E402
+from specdec_jax.experiments import chips  # noqa: E402
 from specdec_jax.experiments import costs  # noqa: E402
+from specdec_jax.experiments import plan  # noqa: E402
 from specdec_jax.models import registry  # noqa: E402
 
 PAPER_ALPHA = {"t5_1_1_small": 0.75, "t5_1_1_base": 0.80, "t5_1_1_large": 0.82}
@@ -60,6 +69,23 @@ def step_bytes(model):
       {k: v for k, v in model.params.items() if k != "encoder"}))
 
 
+def roofline(model, ids, cache_positions, gammas, chip):
+  """Roofline times (ms) of one step and verify costs, as plan_run projects
+  them, from this device's compiled step programs."""
+  prefill = jax.jit(lambda p, i: model.definition.prefill(
+      p, i, cache_positions).cache)
+  cache = prefill(model.params, jnp.asarray(ids))
+  one = plan.step_cost(model.definition, model.params, cache, 1)
+  t1 = plan.roofline_seconds(one, chip, 1)
+  out = {"roofline_ms": t1 * 1e3, "flops": one["flops"],
+         "bytes_accessed": one["bytes_accessed"]}
+  for g in gammas:
+    cost = plan.step_cost(model.definition, model.params, cache, g + 1)
+    out[f"verify_cost_roofline_g{g}"] = plan.roofline_seconds(
+        cost, chip, 1) / t1
+  return out
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--sizes", default="t5_1_1_small,t5_1_1_base,"
@@ -67,6 +93,8 @@ def main():
   parser.add_argument("--gammas", default="3,5,7")
   parser.add_argument("--input_len", type=int, default=64)
   parser.add_argument("--cache_positions", type=int, default=256)
+  parser.add_argument("--chip", default=None, choices=list(chips.CHIPS),
+                      help="roofline chip (default: from the device kind)")
   parser.add_argument("--out", default=os.path.join(
       os.environ.get("OUT", "."), "gpu_benchmark.json"))
   args = parser.parse_args()
@@ -76,11 +104,16 @@ def main():
   bandwidth = copy_bandwidth(64 << 20 if jax.devices()[0].platform == "cpu"
                              else 2 << 30)
   print(f"copy bandwidth: {bandwidth / 1e9:.0f} GB/s", flush=True)
+  chip = (chips.get_chip(args.chip) if args.chip else
+          chips.chip_of_device_kind(jax.devices()[0].device_kind))
+  print(f"roofline chip: {chip.name if chip else 'none (unknown device)'}",
+        flush=True)
   ids = np.zeros((1, args.input_len), np.int32)
   ids[0, :-1] = np.arange(2, args.input_len + 1) % 1000 + 2
   ids[0, -1] = 1
-  results = {"bandwidth_GBps": bandwidth / 1e9, "sizes": {}}
-  step = {}
+  results = {"bandwidth_GBps": bandwidth / 1e9, "sizes": {},
+             "chip": chip.name if chip else None}
+  step, roof = {}, {}
   for i, name in enumerate(sizes):
     model = random_model(name, i)
     kw = dict(cache_positions=args.cache_positions, repeats=5)
@@ -92,6 +125,10 @@ def main():
     for g in gammas:
       row[f"verify_cost_g{g}"] = costs.time_extend(
           model, ids, num_tokens=g + 1, **kw) / t1
+    if chip is not None:
+      row.update(roofline(model, ids, args.cache_positions, gammas, chip))
+      row["step_over_roofline"] = row["step_ms"] / row["roofline_ms"]
+      roof[name] = row["roofline_ms"]
     step[name] = t1
     results["sizes"][name] = row
     print(name, {k: round(v, 3) for k, v in row.items()}, flush=True)
@@ -101,6 +138,8 @@ def main():
     c = step[name] / step[largest]
     alpha = PAPER_ALPHA.get(name)
     entry = {"c": c}
+    if roof:
+      entry["c_roofline"] = roof[name] / roof[largest]
     if alpha is not None:
       g = int(theory.optimal_gamma(alpha, c))
       entry.update(alpha_paper=alpha, optimal_gamma=g,
@@ -108,6 +147,9 @@ def main():
                        theory.walltime_improvement(alpha, g, c)),
                    predicted_speedup_g7=float(
                        theory.walltime_improvement(alpha, 7, c)))
+      if roof:
+        entry["projected_speedup_g7"] = float(theory.walltime_improvement(
+            alpha, 7, entry["c_roofline"]))
     results["sizes"][name]["vs_largest"] = entry
     print(f"{name} drafting for {largest}: {entry}", flush=True)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -47,7 +47,10 @@ class ExperimentConfig:
   draft: str = ""
   target_config: Any = None
   draft_config: Any = None
-  dtype: str | None = None
+  dtype: str | None = None  # compute dtype of both models
+  # Parameter dtype; None: the same as `dtype` (T5-XXL in bfloat16 is 22 GB,
+  # in float32 45 GB, more than one TPU v4 chip holds).
+  param_dtype: str | None = None
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
@@ -81,6 +84,10 @@ class ExperimentConfig:
   # drafts with sd.cascade(draft, draft_small, gamma=3).
   cascade: Sequence[tuple[Any, ...]] = ()
   mesh_shape: Sequence[int] | None = None  # (data, model)
+  # Replicate the draft's parameters on every device instead of sharding
+  # them over `model`; None: only when its heads/MLP/vocabulary do not divide
+  # the model axis (T5-small's 6 heads on 4 chips).
+  replicate_draft: bool | None = None
   distributed: bool = False  # jax.distributed.initialize() (multi-host pods)
   name: str = ""
   # Delete the workdir's earlier results (they were made with other
@@ -168,13 +175,44 @@ def validate(config: ExperimentConfig) -> None:
 # Loading.
 
 
+def dtype_overrides(config: ExperimentConfig) -> dict[str, str]:
+  """The dtype/param_dtype a run loads both models with (see the fields)."""
+  param_dtype = config.param_dtype or config.dtype
+  return {k: v for k, v in [("dtype", config.dtype),
+                            ("param_dtype", param_dtype)] if v}
+
+
+def replicate_draft(config: ExperimentConfig, draft_def: Any,
+                    mesh_shape: Sequence[int] | None) -> bool:
+  """Whether the draft is replicated (see `replicate_draft`)."""
+  if config.replicate_draft is not None:
+    return bool(config.replicate_draft)
+  if not mesh_shape or not hasattr(draft_def, "param_logical_axes"):
+    return False
+  from specdec_jax import sharding  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  shapes = jax.eval_shape(draft_def.init_params, jax.random.PRNGKey(0))
+  sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
+  specs = jax.tree.leaves(draft_def.param_logical_axes(),
+                          is_leaf=lambda x: isinstance(
+                              x, jax.sharding.PartitionSpec))
+  for leaf, spec in zip(jax.tree.leaves(shapes), specs):
+    for size, axis in zip(leaf.shape, tuple(sharding.logical_to_mesh(spec))):
+      if axis is not None and size % sizes[axis]:
+        return True
+  return False
+
+
 def load_models(config: ExperimentConfig, mesh=None) -> tuple[Model, Model]:
+  overrides = dtype_overrides(config)
   target = _load_model("target", config.target, config.target_config, mesh,
-                       config.dtype)
+                       overrides)
+
   def load(spec, model_config):
     if spec in ("unigram", "bigram"):
       return fit_ngram_draft(config, target, spec)
-    return _load_model("draft", spec, model_config, mesh, config.dtype)
+    model = _load_model("draft", spec, model_config, None, overrides)
+    return model if mesh is None else _place_draft(config, model, mesh)
 
   from specdec_jax.decoding import cascades  # pylint: disable=g-import-not-at-top
   chain = [load(config.draft, config.draft_config)]
@@ -194,8 +232,24 @@ def cost_model(draft: Model) -> Model:
   return cascades.top_model(draft)
 
 
+def _place_draft(config: ExperimentConfig, draft: Model, mesh) -> Model:
+  """Shards the draft over `mesh` by the logical rules, or replicates it.
+
+  The draft is loaded on this process's first device and placed from host
+  memory (every process holds the same values): small next to the target.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from specdec_jax import sharding  # pylint: disable=g-import-not-at-top
+  replicate = replicate_draft(config, draft.definition,
+                              tuple(mesh.shape.values()))
+  host = jax.tree.map(np.asarray, jax.device_get(draft.params))
+  params = sharding.shard_params(draft.definition, host, mesh,
+                                 replicate=replicate)
+  return dataclasses.replace(draft, params=params)
+
+
 def _load_model(role: str, spec: str, model_config: Any, mesh,
-                dtype: str | None) -> Model:
+                overrides: dict[str, str] | None) -> Model:
   """`checkpoints.load_model`, with `model_config` checked where not needed.
 
   A t5x: checkpoint needs its architecture (`*_config`). Every other spec
@@ -204,10 +258,11 @@ def _load_model(role: str, spec: str, model_config: Any, mesh,
   whether its checkpoint came from T5X or from `specdec_jax.training.train`.
   """
   from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  overrides = overrides or {}
   if model_config is None or str(spec).startswith("t5x:"):
     return checkpoints.load_model(spec, config=model_config, mesh=mesh,
-                                  dtype=dtype)
-  model = checkpoints.load_model(spec, mesh=mesh, dtype=dtype)
+                                  **overrides)
+  model = checkpoints.load_model(spec, mesh=mesh, **overrides)
   expected = checkpoints.resolve_config(model_config)
   loaded = getattr(model.definition, "config", None)
   # Compute and parameter dtypes are run settings, not the architecture.
@@ -387,7 +442,11 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
   validate(config)
   os.makedirs(workdir, exist_ok=True)
   from specdec_jax import sharding  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import plan  # pylint: disable=g-import-not-at-top
   sharding.maybe_initialize_distributed(config.distributed)
+  # On a known accelerator, refuse a run that cannot fit before loading
+  # anything (shapes only; see scripts/plan_run.py for the full plan).
+  plan.check_fits_on_devices(config)
   if not sharding.is_primary():
     return _run_locked(config, workdir)
   with workdir_lib.lock(workdir):

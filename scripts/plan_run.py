@@ -1,0 +1,105 @@
+r"""Plans a run before launching it: fit, collectives, projected speedup.
+
+  python scripts/plan_run.py \
+    --gin_file=experiments/table2/ende_small_t0.gin \
+    --gin_file=runs/tpu_v4.gin --output=plan.json
+
+Compiles the run's exact programs from abstract shapes on simulated CPU
+devices shaped like its mesh (no checkpoint is read, no weight allocated)
+and writes per-device memory, the decoding loop's collectives, per-step
+costs and a roofline projection for --chip (see
+specdec_jax/experiments/plan.py). A config that cannot fit exits non-zero
+with the numbers and the fix, before compiling anything.
+
+  python scripts/plan_run.py --experiments='experiments/table2/*.gin' \
+    --output=docs/tpu_projection.md
+
+projects every Table 2 row on one TPU v4 chip, a v4-8 host (model
+parallel) and one H100 and H200, and writes the Markdown tables
+(see docs/tpu_projection.md).
+"""
+
+import glob
+import json
+import os
+import sys
+
+# Simulated devices must exist before JAX starts its CPU backend.
+_FLAG = "--xla_force_host_platform_device_count"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" {_FLAG}=16").strip()
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
+import gin  # noqa: E402
+
+from specdec_jax.data import tasks  # noqa: E402,F401  (registers TaskConfig)
+from specdec_jax.experiments import chips  # noqa: E402
+from specdec_jax.experiments import experiment  # noqa: E402
+from specdec_jax.experiments import gin_flags  # noqa: E402
+from specdec_jax.experiments import plan  # noqa: E402
+from specdec_jax.experiments import plan_table  # noqa: E402
+
+_CHIP = flags.DEFINE_enum("chip", None, list(chips.CHIPS),
+                          "Chip to project on (default: tpu_v4).")
+_OUTPUT = flags.DEFINE_string("output", None, "Write the plan (JSON) or, "
+                              "with --experiments, the tables (Markdown).")
+_EXPERIMENTS = flags.DEFINE_string(
+    "experiments", None, "Glob of experiment gin files (relative to "
+    "configs/) to project as a table instead of one run.")
+_SETUPS = flags.DEFINE_string(
+    "setups", None, "With --experiments: only the setups whose run config "
+    "contains this string (default all of plan_table.SETUPS).")
+_INPUT_LEN = flags.DEFINE_integer(
+    "input_len", None, "Input length to plan for (default: the model's "
+    "max_input_len, the longest row a run can meet).")
+
+
+def _config(gin_files, bindings) -> experiment.ExperimentConfig:
+  gin.clear_config()
+  gin_flags.parse(gin_files, bindings)
+  return gin.get_configurable(experiment.ExperimentConfig)()
+
+
+def main(argv):
+  del argv
+  if _EXPERIMENTS.value:
+    pattern = os.path.join(gin_flags.CONFIGS_DIR, _EXPERIMENTS.value)
+    files = sorted(f for f in glob.glob(pattern)
+                   if plan_table.is_row(os.path.basename(f)))
+    if not files:
+      raise SystemExit(f"no experiment configs match {pattern}")
+    setups = [s for s in plan_table.SETUPS
+              if not _SETUPS.value or _SETUPS.value in s[1]]
+    text = plan_table.project_table(
+        files, lambda f, run: _config([f, run], flags.FLAGS.gin_bindings),
+        input_len=_INPUT_LEN.value, setups=setups,
+        command="python scripts/plan_run.py " + " ".join(sys.argv[1:]))
+    if _OUTPUT.value:
+      with open(_OUTPUT.value, "w") as f:
+        f.write(text)
+    print(text)
+    return
+  config = _config(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
+  chip = chips.get_chip(_CHIP.value or "tpu_v4")
+  try:
+    result = plan.plan(config, chip, _INPUT_LEN.value)
+  except experiment.ConfigError as e:
+    raise SystemExit(f"plan_run: {e}") from None
+  text = json.dumps(result, indent=2, sort_keys=True)
+  if _OUTPUT.value:
+    with open(_OUTPUT.value, "w") as f:
+      f.write(text + "\n")
+  logging.info("fits=%s peak %.1f GB of %.1f GB; c=%.4f v=%.2f predicted "
+               "%.2fx (paper %.2fx)", result["fits"],
+               result["peak_bytes_per_device"] / 1e9, result["hbm_bytes"] / 1e9,
+               result["c"], result["verify_cost"],
+               result["predicted_speedup"] or float("nan"),
+               result["paper_speedup"] or float("nan"))
+  print(text)
+
+
+if __name__ == "__main__":
+  gin_flags.run(main)

@@ -1,0 +1,146 @@
+"""Reading XLA's optimized HLO text: collectives and CPU-only converts.
+
+`compiled.as_text()` of a jitted program is parsed into computations and
+instructions (name, result type, opcode, the rest of the line). From them:
+the collectives of a decoding loop's body and of the loops nested in it,
+and the float32 copies XLA:CPU makes of bfloat16 arrays (see `plan.py`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+_COMP = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_INSTR = re.compile(r"^\s*(ROOT )?%?([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
+_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16)\[([\d,]*)\]")
+_CALLS = re.compile(r"\b(?:body|condition|calls|to_apply|"
+                    r"branch_computations|called_computations)=\{?%?([^,}\s]+)")
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter",
+                "collective-permute", "all-to-all")
+_BYTES = {"pred": 1, "bf16": 2}
+
+
+def _type_bytes(type_str: str) -> int:
+  total = 0
+  for dtype, dims in _ARRAY.findall(type_str):
+    n = int(np.prod([int(d) for d in dims.split(",") if d])) if dims else 1
+    total += n * (_BYTES[dtype] if dtype in _BYTES else int(dtype[1:]) // 8)
+  return total
+
+
+def parse_hlo(text: str) -> tuple[str, dict[str, list[dict]]]:
+  """(entry name, computation -> instructions {name, type, op, rest})."""
+  comps, current, entry = {}, None, None
+  for line in text.splitlines():
+    m = _COMP.match(line)
+    if m and not line.startswith(" "):
+      current = m.group(2)
+      comps[current] = []
+      if m.group(1):
+        entry = current
+      continue
+    m = _INSTR.match(line)
+    if m and current is not None:
+      comps[current].append({"name": m.group(2), "type": m.group(3),
+                             "op": m.group(4), "rest": m.group(5),
+                             "root": bool(m.group(1))})
+  return entry, comps
+
+
+def _reachable(comps, start: str, stop: set[str] = frozenset()) -> set[str]:
+  seen, todo = set(), [start]
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in comps or name in stop:
+      continue
+    seen.add(name)
+    for instr in comps[name]:
+      todo.extend(_CALLS.findall(instr["rest"]))
+  return seen
+
+
+def _collectives(comps, names) -> list[dict]:
+  found: dict[tuple, dict] = {}
+  for name in sorted(names):
+    for instr in comps[name]:
+      op = instr["op"].removesuffix("-start")
+      if op not in _COLLECTIVES or instr["op"].endswith("-done"):
+        continue
+      key = (op, re.sub(r"\{[^}]*\}", "", instr["type"]))
+      entry = found.setdefault(key, {"kind": op, "shape": key[1],
+                                     "bytes": _type_bytes(instr["type"]),
+                                     "count": 0})
+      entry["count"] += 1
+  return sorted(found.values(), key=lambda e: (e["kind"], -e["bytes"]))
+
+
+def _whiles(comps, names) -> list[tuple[str, str]]:
+  """(computation, body) of every while instruction in `names`."""
+  out = []
+  for name in names:
+    for instr in comps[name]:
+      if instr["op"] == "while":
+        body = re.search(r"body=%?([\w.\-]+)", instr["rest"])
+        out.append((name, body.group(1)))
+  return out
+
+
+def loop_collectives(text: str) -> dict[str, list[dict]]:
+  """Collectives of the decoding loop: per iteration (outside nested loops:
+  one target call plus the draft's first call) and per inner-loop step (the
+  draft's scan), from the optimized HLO of a jitted loop."""
+  entry, comps = parse_hlo(text)
+  outer = _whiles(comps, [entry])
+  if not outer:
+    return {"per_iteration": [], "per_inner_step": []}
+  body = max((b for _, b in outer), key=lambda b: len(_reachable(comps, b)))
+  inner = [b for _, b in _whiles(comps, _reachable(comps, body)) if b != body]
+  inner_names = set().union(*[_reachable(comps, b) for b in inner]) if inner \
+      else set()
+  return {
+      "per_iteration": _collectives(
+          comps, _reachable(comps, body, stop=set(inner))),
+      "per_inner_step": _collectives(comps, inner_names)}
+
+
+def program_collectives(text: str) -> list[dict]:
+  entry, comps = parse_hlo(text)
+  return _collectives(comps, _reachable(comps, entry))
+
+
+def cpu_convert_bytes(text: str, min_elements: int = 1 << 16) -> int:
+  """Bytes of float32 copies of bfloat16 arrays (XLA:CPU's dot lowering).
+
+  Counts every convert (or fusion whose root is a convert) from a bf16
+  operand to an f32 result of the same size with at least `min_elements`.
+  """
+  _, comps = parse_hlo(text)
+  roots = {name: next((i["op"] for i in instrs if i["root"]), None)
+           for name, instrs in comps.items()}
+  fused = {c for instrs in comps.values() for i in instrs
+           if i["op"] == "fusion" for c in _CALLS.findall(i["rest"])[:1]}
+  total = 0
+  for name, instrs in comps.items():
+    if name in fused:
+      continue
+    types = {i["name"]: i["type"] for i in instrs}
+    for instr in instrs:
+      if not instr["type"].startswith("f32["):
+        continue
+      if instr["op"] == "fusion":
+        called = _CALLS.findall(instr["rest"])
+        if not called or roots.get(called[0]) != "convert":
+          continue
+      elif instr["op"] != "convert":
+        continue
+      operands = re.findall(r"%([\w.\-]+)", instr["rest"].split(")")[0])
+      if len(operands) != 1 or not types.get(operands[0], "").startswith(
+          "bf16["):
+        continue
+      size = _type_bytes(instr["type"])
+      if size // 4 >= min_elements and size == 2 * _type_bytes(
+          types[operands[0]]):
+        total += size
+  return total

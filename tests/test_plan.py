@@ -1,0 +1,153 @@
+"""Planning a run from abstract shapes (specdec_jax/experiments/plan.py).
+
+Invariants: a plan compiles the run's programs without weights and reports
+positive per-device memory; sharding over `model` puts about a 1/model share
+of the weights on each device and puts all-reduces inside the decoding loop,
+and one device has none; the shape-only fit check passes what fits and
+refuses what does not with the numbers and the fix (at T5-XXL size too,
+without compiling); the HLO reader finds XLA:CPU's float32 weight copies
+and nothing in a float32 program (negative control).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax.experiments import chips
+from specdec_jax.experiments import experiment
+from specdec_jax.experiments import hlo
+from specdec_jax.experiments import plan
+from specdec_jax.models import registry
+
+V4 = chips.get_chip("tpu_v4")
+
+
+def _config(mesh_shape, **overrides):
+  base = dict(task="wmt14_ende_local", target="t5_1_1_tiny",
+              draft="t5_1_1_tiny", target_config="t5_1_1_tiny",
+              draft_config="t5_1_1_tiny", dtype="bfloat16", gamma=3,
+              max_decode_len=8, mesh_shape=mesh_shape)
+  base.update(overrides)
+  return experiment.ExperimentConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def plans():
+  if len(jax.devices()) < 8:
+    pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+  return {mesh: plan.plan(_config(mesh), V4, input_len=8)
+          for mesh in ((1, 1), (1, 4))}
+
+
+def test_memory_figures_are_positive_and_model_axis_splits_weights(plans):
+  one, four = plans[(1, 1)], plans[(1, 4)]
+  for p in (one, four):
+    assert p["peak_bytes_per_device"] > 0 and p["fits"]
+    for program in ("generate", "speculative"):
+      memory = p["memory"][program]
+      assert memory["argument_bytes"] > 0 and memory["temp_bytes"] > 0
+    assert p["target_step_seconds"] > 0 and p["c"] > 0
+    assert p["verify_cost"] >= 1.0
+  assert one["devices"] == 1 and four["devices"] == 4
+  total = one["param_bytes_per_device"]["target"]
+  share = four["param_bytes_per_device"]["target"] / total
+  # Norm scales stay whole, so a little over a quarter.
+  assert 0.25 <= share < 0.35, share
+  # The loop's arguments shrink with the weights.
+  assert (four["memory"]["speculative"]["argument_bytes"]
+          < 0.5 * one["memory"]["speculative"]["argument_bytes"])
+
+
+def test_collectives_inside_the_loop_only_with_a_model_axis(plans):
+  one, four = plans[(1, 1)], plans[(1, 4)]
+  for key, found in one["loop_collectives"].items():
+    assert found == [], key
+  loops = four["loop_collectives"]
+  for key in ("generate_per_target_call", "speculative_per_iteration",
+              "speculative_per_draft_step"):
+    kinds = {c["kind"] for c in loops[key]}
+    assert "all-reduce" in kinds, (key, loops[key])
+    assert all(c["bytes"] > 0 and c["count"] > 0 for c in loops[key])
+  assert any(c["kind"] == "all-reduce"
+             for c in four["steps"]["target_step"]["collectives"])
+  assert one["steps"]["target_step"]["collectives"] == []
+
+
+def test_fit_check_passes_what_fits_and_refuses_with_numbers_and_fix():
+  config = _config(None, dtype="float32")
+  assert plan.check_fits(config, V4)["total_bytes"] > 0
+  one = plan.estimate(plan.run_shape(config))["total_bytes"]
+  four = plan.estimate(plan.run_shape(_config((1, 4), dtype="float32")))
+  # A chip too small for one device's share but not for a quarter of it.
+  small = dataclasses.replace(V4, hbm_bytes=(one + four["total_bytes"]) // 2)
+  with pytest.raises(experiment.ConfigError) as e:
+    plan.check_fits(config, small)
+  message = str(e.value)
+  assert "use dtype bfloat16 or runs/tpu_v4_8_model_parallel.gin" in message
+  assert "float32" in message and "GB" in message
+  plan.check_fits(_config((1, 4), dtype="float32"), small)  # the fix fits
+
+
+def test_t5_xxl_fit_on_one_v4_from_shapes_alone():
+  """The paper's setting fits in bfloat16 and is refused in float32
+  (45 GB of parameters > 32 GiB), without compiling anything."""
+  xxl = dict(target_config="t5_1_1_xxl", draft_config="t5_1_1_small",
+             max_decode_len=512, gamma=7)
+  est = plan.check_fits(_config((1, 1), **xxl), V4)
+  assert 22e9 < est["target_param_bytes"] < 23e9
+  with pytest.raises(experiment.ConfigError,
+                     match="use dtype bfloat16 or runs/tpu_v4_8_model_parallel"):
+    plan.check_fits(_config((1, 1), **dict(xxl, dtype="float32")), V4)
+
+
+def test_draft_replicated_only_where_it_cannot_be_split():
+  small = registry.make_def(registry.get_config("t5_1_1_small"))
+  config = _config(None)
+  assert experiment.replicate_draft(config, small, (1, 4))  # 6 heads
+  assert not experiment.replicate_draft(config, small, (1, 2))
+  assert not experiment.replicate_draft(config, small, None)
+  forced = _config(None, replicate_draft=True)
+  assert experiment.replicate_draft(forced, small, (1, 2))
+
+
+def test_cpu_converts_found_in_bf16_programs_only():
+  """Negative control: the same matmul in float32 has no copies to find."""
+  def program(dtype):
+    w = jax.ShapeDtypeStruct((512, 256), dtype)
+    x = jax.ShapeDtypeStruct((4, 512), dtype)
+    return jax.jit(lambda w, x: x @ w).lower(w, x).compile().as_text()
+  assert hlo.cpu_convert_bytes(program(jnp.bfloat16)) == 4 * 512 * 256
+  assert hlo.cpu_convert_bytes(program(jnp.float32)) == 0
+
+
+def test_no_fit_check_on_cpu_devices():
+  assert plan.check_fits_on_devices(_config(None)) is None
+  assert chips.chip_of_device_kind("cpu") is None
+  assert chips.chip_of_device_kind("TPU v4").name == "tpu_v4"
+  assert chips.chip_of_device_kind("TPU v5 lite").name == "tpu_v5e"
+  assert chips.chip_of_device_kind("NVIDIA H200").name == "h200"
+  assert np.isfinite(V4.hbm_bytes)
+
+
+def test_load_models_replicates_the_draft_as_planned():
+  """What the plan assumes is what a run loads: target split over `model`,
+  draft replicated when told (or when it cannot be split)."""
+  if len(jax.devices()) < 8:
+    pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+  from specdec_jax import sharding  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh(1, 4)
+  config = _config((1, 4), replicate_draft=True)
+  target, draft = experiment.load_models(config, mesh)
+  query = target.params["decoder"]["layers_0"]["self_attention"]["query"][
+      "kernel"]
+  assert query.addressable_shards[0].data.shape[1] == query.shape[1] // 4
+  for leaf in jax.tree.leaves(draft.params):
+    assert leaf.addressable_shards[0].data.shape == leaf.shape
+  assert jnp.dtype(query.dtype) == jnp.bfloat16  # param_dtype follows dtype
+  shape = plan.run_shape(config)
+  assert shape.replicate_draft
+  est = plan.estimate(shape)
+  assert est["draft_param_bytes"] == est["draft_param_bytes_total"]
