@@ -1,10 +1,11 @@
 r"""Accelerator benchmark: T5 v1.1 step times against the bandwidth floor.
 
-Needs only jax, flax and numpy (no gin, seqio, TensorFlow or network), and
-runs from the source tree:
+Needs only jax, flax, optax's absl and numpy (no gin, seqio, TensorFlow or
+network), and runs from the source tree on a machine where the package is
+not installed:
 
-  python benchmarks/gpu.py                       # small..xxl, a few minutes
-  python benchmarks/gpu.py --sizes=t5_1_1_tiny   # smoke test on a CPU
+  PYTHONPATH=. python benchmarks/gpu.py                      # small..xxl
+  PYTHONPATH=. python benchmarks/gpu.py --sizes=t5_1_1_tiny  # CPU smoke test
 
 For each T5 v1.1 size (random bfloat16 weights, batch 1) it measures: the
 time of one cached decoder step and its ratio to the bandwidth floor
@@ -22,23 +23,33 @@ accessed from `cost_analysis()`, max(flops / peak, bytes / HBM bandwidth)
 `c_roofline` against `c` say how far the projection is from the device.
 """
 
-import argparse
 import json
 import os
-import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+from specdec_jax import Model, theory
+from specdec_jax.experiments import chips
+from specdec_jax.experiments import costs
+from specdec_jax.experiments import plan
+from specdec_jax.experiments import timing
+from specdec_jax.models import registry
 
-from specdec_jax import Model, theory  # noqa: E402
-from specdec_jax.experiments import chips  # noqa: E402
-from specdec_jax.experiments import costs  # noqa: E402
-from specdec_jax.experiments import plan  # noqa: E402
-from specdec_jax.models import registry  # noqa: E402
+flags.DEFINE_list("sizes", ["t5_1_1_small", "t5_1_1_base", "t5_1_1_large",
+                            "t5_1_1_xl", "t5_1_1_xxl"], "T5 v1.1 sizes.")
+flags.DEFINE_list("gammas", ["3", "5", "7"], "Gammas for v(gamma).")
+flags.DEFINE_integer("input_len", 64, "Input tokens.")
+flags.DEFINE_integer("cache_positions", 256, "Decoder cache slots.")
+flags.DEFINE_enum("chip", None, list(chips.CHIPS),
+                  "Roofline chip (default: from the device kind).")
+flags.DEFINE_string("out", os.path.join(os.environ.get("OUT", "."),
+                                        "gpu_benchmark.json"),
+                    "JSON output.")
+args = flags.FLAGS
 
 PAPER_ALPHA = {"t5_1_1_small": 0.75, "t5_1_1_base": 0.80, "t5_1_1_large": 0.82}
 
@@ -47,13 +58,9 @@ def copy_bandwidth(num_bytes=2 << 30, repeats=10):
   """Device memory bandwidth (bytes/s) of a read+write elementwise copy."""
   x = jnp.ones((num_bytes // 2,), jnp.bfloat16)
   f = jax.jit(lambda a: a * 2)
-  f(x).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    f(x).block_until_ready()
-    times.append(time.perf_counter() - t0)
-  return 2 * num_bytes / float(np.median(times))
+  f(x).block_until_ready()  # compile
+  _, seconds = timing.best_time(lambda: f(x), repeats)
+  return 2 * num_bytes / seconds
 
 
 def random_model(name, seed):
@@ -86,20 +93,10 @@ def roofline(model, ids, cache_positions, gammas, chip):
   return out
 
 
-def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--sizes", default="t5_1_1_small,t5_1_1_base,"
-                      "t5_1_1_large,t5_1_1_xl,t5_1_1_xxl")
-  parser.add_argument("--gammas", default="3,5,7")
-  parser.add_argument("--input_len", type=int, default=64)
-  parser.add_argument("--cache_positions", type=int, default=256)
-  parser.add_argument("--chip", default=None, choices=list(chips.CHIPS),
-                      help="roofline chip (default: from the device kind)")
-  parser.add_argument("--out", default=os.path.join(
-      os.environ.get("OUT", "."), "gpu_benchmark.json"))
-  args = parser.parse_args()
-  sizes = args.sizes.split(",")
-  gammas = [int(g) for g in args.gammas.split(",")]
+def main(argv):
+  del argv
+  sizes = args.sizes
+  gammas = [int(g) for g in args.gammas]
   print(f"devices: {jax.devices()}", flush=True)
   bandwidth = copy_bandwidth(64 << 20 if jax.devices()[0].platform == "cpu"
                              else 2 << 30)
@@ -159,4 +156,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)
