@@ -30,37 +30,85 @@ import numpy as np
 
 from specdec_jax import sampling
 from specdec_jax import theory
-from specdec_jax.data import vocabularies
-from specdec_jax.experiments import timing
 from specdec_jax.decoding.api import generate, speculative_generate
 from specdec_jax.decoding.protocol import Model
+from specdec_jax.decoding.stopping import StopRule
+from specdec_jax.experiments import records
+from specdec_jax.experiments import timing
 from specdec_jax.experiments import workdir as workdir_lib
 
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-  """What to run. Bind it with gin (configs/experiments/)."""
+  """What to run. Bind it with gin (configs/experiments/).
+
+  Attributes:
+    task, split: the seqio task (`specdec_jax.data.tasks`) and its split.
+    target, draft: model specs (`load_model`: hf:DIR, t5x:PATH, a directory
+      of ours, demo:NAME or a config name); `draft` may also be 'unigram' or
+      'bigram' (an n-gram drafter fitted on `ngram_split`).
+    target_config, draft_config: the architecture where the checkpoint does
+      not record it (t5x:): a config name, a gin file or a dict of T5X
+      fields; None otherwise.
+    dtype: compute dtype of both models (None: as stored).
+    param_dtype: parameter dtype; None: the same as `dtype` (T5-XXL in
+      bfloat16 is 22 GB, in float32 45 GB, more than one TPU v4 chip holds).
+    temperature, top_k, top_p: sampling, applied to target and draft alike.
+    gamma: draft tokens per iteration: an int, a tuple of ints (a sweep, one
+      speculative decode per gamma and example), or "optimal" (probe alpha
+      and c, then maximise Theorem 3.8 up to `max_gamma`).
+    max_gamma, probe_gamma, probe_examples: the probe behind "optimal".
+    optimal_gamma_verify_cost: for "optimal" on hardware where scoring
+      gamma + 1 tokens costs more than one token (CPUs, small models): also
+      time the target on 2..max_gamma + 1 tokens and maximise
+      `theory.walltime_improvement_measured`.
+    max_decode_len: the most tokens generated per example.
+    max_input_len: inputs are cut to this many tokens (None: the target's
+      limit, else 512).
+    buckets: input widths examples are padded to (None: powers of two).
+    max_examples: the first examples of the split (None: all); a rerun with
+      more extends the workdir.
+    seed: sampling seed (each example's rows from it).
+    repeats, cost_repeats: timed repeats of each decode and of each cost
+      measurement (the fastest counts, `timing.best_time`).
+    ngram_split, ngram_max_examples: data an n-gram drafter is fitted on.
+    trace_examples: examples whose per-iteration traces are plotted.
+    draft_stop: adaptive draft length: None (exactly gamma draft tokens per
+      iteration) or a rule, e.g. `@stopping.ConfidenceStop()` with
+      `from specdec_jax.decoding import stopping` in the .gin file; gamma is
+      then the most draft tokens per iteration.
+    cascade: drafters below `draft`, ((spec, gamma), ...) from the draft
+      downwards: each spec a model spec, 'unigram' or 'bigram', gamma that
+      drafter's tokens per call of the model above it, and a third entry
+      naming the model config where the checkpoint needs one (t5x:).
+      (('demo:draft_small', 3),) drafts with
+      `sd.cascade(draft, draft_small, gamma=3)`.
+    mesh_shape: (data, model) devices, or None for one device.
+    replicate_draft: replicate the draft's parameters on every device
+      instead of sharding them over `model`; None: only when its heads, MLP
+      or vocabulary do not divide the model axis (T5-small's 6 heads on 4
+      chips).
+    distributed: call jax.distributed.initialize() (multi-host pods).
+    name: the row's name in tables.
+    overwrite: delete the workdir's results of other settings instead of
+      refusing to resume (same settings resume); see `workdir.py`.
+  """
 
   task: str = "wmt14_ende_local"
   split: str = "test"
   target: str = ""
   draft: str = ""
-  target_config: Any = None
-  draft_config: Any = None
-  dtype: str | None = None  # compute dtype of both models
-  # Parameter dtype; None: the same as `dtype` (T5-XXL in bfloat16 is 22 GB,
-  # in float32 45 GB, more than one TPU v4 chip holds).
+  target_config: str | dict | None = None
+  draft_config: str | dict | None = None
+  dtype: str | None = None
   param_dtype: str | None = None
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
-  gamma: Any = 7  # int, a tuple of ints (sweep), or "optimal"
-  max_gamma: int = 16  # upper bound for gamma="optimal"
+  gamma: int | tuple[int, ...] | str = 7
+  max_gamma: int = 16
   probe_gamma: int = 4
   probe_examples: int = 5
-  # gamma="optimal" on hardware where scoring gamma + 1 tokens costs more
-  # than one token (CPUs, small models): also time the target on 2..max_gamma
-  # + 1 tokens and maximise theory.walltime_improvement_measured.
   optimal_gamma_verify_cost: bool = False
   max_decode_len: int = 128
   max_input_len: int | None = None
@@ -72,26 +120,12 @@ class ExperimentConfig:
   ngram_split: str = "train"
   ngram_max_examples: int | None = 20000
   trace_examples: int = 3
-  # Adaptive draft length: None (exactly gamma draft tokens per iteration)
-  # or a rule, e.g. `draft_stop = @stopping.ConfidenceStop()` with
-  # `from specdec_jax.decoding import stopping` in the .gin file; gamma is
-  # then the most draft tokens per iteration.
-  draft_stop: Any = None
-  # A cascade below `draft`: ((spec, gamma), ...) from the draft downwards,
-  # each spec a model spec, 'unigram' or 'bigram'; gamma is that drafter's
-  # tokens per call of the model above it; a third entry names the model
-  # config where the checkpoint needs one (t5x:). (('demo:draft_small', 3),)
-  # drafts with sd.cascade(draft, draft_small, gamma=3).
-  cascade: Sequence[tuple[Any, ...]] = ()
-  mesh_shape: Sequence[int] | None = None  # (data, model)
-  # Replicate the draft's parameters on every device instead of sharding
-  # them over `model`; None: only when its heads/MLP/vocabulary do not divide
-  # the model axis (T5-small's 6 heads on 4 chips).
+  draft_stop: StopRule | None = None
+  cascade: Sequence[tuple[str | int, ...]] = ()
+  mesh_shape: Sequence[int] | None = None
   replicate_draft: bool | None = None
-  distributed: bool = False  # jax.distributed.initialize() (multi-host pods)
+  distributed: bool = False
   name: str = ""
-  # Delete the workdir's earlier results (they were made with other
-  # settings) instead of refusing to resume; see `workdir.py`.
   overwrite: bool = False
 
   def gammas(self) -> tuple[int, ...] | str:
@@ -473,8 +507,9 @@ def _run_locked(config: ExperimentConfig, workdir: str) -> dict:
   primary = sharding.is_primary()
 
   path = os.path.join(workdir, "examples.jsonl")
-  done = read_done(path, truncate=primary)
-  done_ids = {r["id"] for r in done}
+  done = [records.ExampleRecord.from_json(r)
+          for r in read_done(path, truncate=primary)]
+  done_ids = {r.id for r in done}
   kwargs = _spec_kwargs(config)
   warmed: set = set()
   started, new = time.perf_counter(), 0
@@ -490,42 +525,27 @@ def _run_locked(config: ExperimentConfig, workdir: str) -> dict:
       warmed.add(ids.shape)
     base, base_s = timing.best_time(lambda: generate(  # pylint: disable=cell-var-from-loop
         target, ids, seed=config.seed, mesh=mesh, **kwargs), config.repeats)
-    record = {
-        "id": batch.ids[0], "input_length": int(batch.input_lengths[0]),
-        "target_text": batch.targets_text[0],
-        "baseline": {"tokens": _tokens(base), "time_s": base_s,
-                     "text": vocabularies.detokenize(vocab, base.tokens[0]),
-                     "target_calls": int(base.stats.target_calls[0])},
-        "speculative": {},
-    }
+    speculative = {}
     for g in gammas:
       spec, spec_s = timing.best_time(lambda: speculative_generate(  # pylint: disable=cell-var-from-loop
           target, draft, ids, gamma=g, seed=config.seed,
           draft_stop=config.draft_stop, mesh=mesh, **kwargs),
                             config.repeats)
-      st = spec.stats
-      record["speculative"][str(g)] = {
-          "tokens": _tokens(spec), "time_s": spec_s,
-          "text": vocabularies.detokenize(vocab, spec.tokens[0]),
-          "target_calls": int(st.target_calls[0]),
-          "draft_calls": int(st.draft_calls[0]),
-          "accepted_histogram": st.accepted_histogram[0].tolist(),
-          "alpha": float(st.alpha[0]),
-          "alpha_sum": float(st.alpha_sum[0]),
-          "alpha_count": int(st.alpha_count[0]),
-          "proposal_histogram": st.proposal_histogram[0].tolist(),
-          "level_calls": st.level_calls[0].tolist(),
-          "level_alpha": st.level_alpha[0].tolist(),
-      }
+      speculative[g] = records.DecodeRecord.of(spec, spec_s, vocab)
+    record = records.ExampleRecord(
+        id=batch.ids[0], input_length=int(batch.input_lengths[0]),
+        target_text=batch.targets_text[0],
+        baseline=records.DecodeRecord.of(base, base_s, vocab),
+        speculative=speculative)
     if primary:
-      append_line(path, record)
+      append_line(path, record.to_json())
     done.append(record)
     new += 1
     _log_progress(done, new, len(todo), started, gammas)
 
   # The examples of this run only: a rerun with fewer max_examples reports
   # fewer, and lines of ids outside this run stay in the file unreported.
-  by_id = {r["id"]: r for r in done}
+  by_id = {r.id: r for r in done}
   done = [by_id[b.ids[0]] for b in batches if b.ids[0] in by_id]
   cost_path = os.path.join(workdir, "costs.json")
   costs_by_gamma = _load_or_measure_costs(config, target, draft, batches,
@@ -538,11 +558,6 @@ def _run_locked(config: ExperimentConfig, workdir: str) -> dict:
       report.write_traces(workdir, config, target, draft, batches[
           :config.trace_examples], vocab, gammas[0], mesh)
   return summary
-
-
-def _tokens(result) -> list[int]:
-  n = int(result.stats.length[0])
-  return result.tokens[0, :n].tolist()
 
 
 def _load_or_measure_costs(config, target, draft, batches, gammas, path,
@@ -576,10 +591,10 @@ def task_metric(config: ExperimentConfig):
 def _log_progress(done, new, total, started, gammas):
   elapsed = time.perf_counter() - started
   eta = elapsed / new * (total - new)
-  g = str(gammas[0])
-  base = sum(r["baseline"]["time_s"] for r in done)
-  spec = sum(r["speculative"][g]["time_s"] for r in done)
-  alpha = theory.pooled_alpha([r["speculative"][g]["alpha_sum"] for r in done],
-                              [r["speculative"][g]["alpha_count"] for r in done])
+  g = gammas[0]
+  base = sum(r.baseline.time_s for r in done)
+  spec = sum(r.speculative[g].time_s for r in done)
+  alpha = theory.pooled_alpha([r.speculative[g].alpha_sum for r in done],
+                              [r.speculative[g].alpha_count for r in done])
   logging.info("[%d/%d] alpha=%.3f speedup(gamma=%s)=%.2fx  ETA %.0fs", new,
                total, alpha, g, base / max(spec, 1e-9), eta)

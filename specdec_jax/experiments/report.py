@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from specdec_jax import theory
+from specdec_jax.experiments.records import ExampleRecord
 
 TABLE_COLUMNS = ("task", "draft", "temperature", "gamma", "alpha", "c",
                  "speedup", "predicted_speedup", "predicted_with_verify_cost",
@@ -27,18 +28,17 @@ TABLE_COLUMNS = ("task", "draft", "temperature", "gamma", "alpha", "c",
                  "quality_speculative", "identical", "examples")
 
 
-def _row(config, records: list[dict], gamma: int, costs: dict,
+def _row(config, records: Sequence[ExampleRecord], gamma: int, costs: dict,
          metric_fn: Callable | None) -> dict[str, Any]:
-  g = str(gamma)
-  spec = [r["speculative"][g] for r in records]
-  base_time = sum(r["baseline"]["time_s"] for r in records)
-  spec_time = sum(s["time_s"] for s in spec)
-  alpha = theory.pooled_alpha([s["alpha_sum"] for s in spec],
-                              [s["alpha_count"] for s in spec])
-  lengths = [len(s["tokens"]) for s in spec]
-  histogram = np.sum([s["accepted_histogram"] for s in spec], axis=0)
-  tokens = sum(len(s["tokens"]) for s in spec)
-  calls = sum(s["target_calls"] for s in spec)
+  spec = [r.speculative[gamma] for r in records]
+  base_time = sum(r.baseline.time_s for r in records)
+  spec_time = sum(s.time_s for s in spec)
+  alpha = theory.pooled_alpha([s.alpha_sum for s in spec],
+                              [s.alpha_count for s in spec])
+  lengths = [len(s.tokens) for s in spec]
+  histogram = np.sum([s.accepted_histogram for s in spec], axis=0)
+  tokens = sum(len(s.tokens) for s in spec)
+  calls = sum(s.target_calls for s in spec)
   c = costs["c"]
   row = {
       "task": config.task, "target": config.target, "draft": config.draft,
@@ -71,15 +71,15 @@ def _row(config, records: list[dict], gamma: int, costs: dict,
           np.dot(histogram, np.arange(1, len(histogram) + 1))
           / max(histogram.sum(), 1)),
       "accepted_histogram": histogram.tolist(),
-      "identical": all(s["tokens"] == r["baseline"]["tokens"]
+      "identical": all(s.tokens == r.baseline.tokens
                        for s, r in zip(spec, records)),
   }
   if config.temperature != 0:
     row["identical"] = None  # sampled outputs are not expected to match
   if metric_fn is not None:
-    targets = [r["target_text"] for r in records]
-    base_q = metric_fn(targets, [r["baseline"]["text"] for r in records])
-    spec_q = metric_fn(targets, [s["text"] for s in spec])
+    targets = [r.target_text for r in records]
+    base_q = metric_fn(targets, [r.baseline.text for r in records])
+    spec_q = metric_fn(targets, [s.text for s in spec])
     key = sorted(base_q)[0] if "bleu" not in base_q else "bleu"
     if "rougeL" in base_q:
       key = "rougeL"
@@ -89,7 +89,7 @@ def _row(config, records: list[dict], gamma: int, costs: dict,
   return row
 
 
-def summarize(config, records: list[dict], costs_by_gamma: dict,
+def summarize(config, records: Sequence[ExampleRecord], costs_by_gamma: dict,
               gammas: Sequence[int], metric_fn: Callable | None) -> dict:
   """Pools records into one row per gamma (and the first row at top level)."""
   if not records:
