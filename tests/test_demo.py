@@ -7,6 +7,7 @@ repository budget; the demo's gin config parses and the demo itself runs end
 to end on two sentences.
 """
 
+import json
 import os
 
 import gin
@@ -51,6 +52,27 @@ def test_shipped_models_keep_greedy_exact(models):
                                 max_decode_len=40)
     np.testing.assert_array_equal(spec.tokens, base.tokens, err_msg=name)
     assert spec.stats.alpha.mean() > 0.3, name
+
+
+def test_shipped_models_translate_a_paragraph_exactly(models):
+  """Fine-tuned on paragraphs, the target translates a four-sentence demo
+  paragraph into a paragraph (40+ tokens, several sentences; the
+  sentence-only target stopped after two), and every draft leaves that
+  greedy output unchanged, token for token."""
+  with open(os.path.join(demo.DEMO_DATA, "paragraphs.en")) as f:
+    paragraph = next(p for p in f.read().split("\n") if p.count(".") == 4)
+  target = models["target"]
+  ids = _encode(target, [paragraph])
+  base = generate(target, ids, max_decode_len=96)
+  row = base.tokens[0].tolist()
+  assert 1 in row, "no EOS within 96 tokens"
+  text = target.vocab.decode([t for t in row[:row.index(1)] if t > 1])
+  assert row.index(1) >= 40 and text.count(".") >= 3, text
+  assert text.startswith("Ein alter Mann verkauft"), text
+  for name in NAMES[1:]:
+    spec = speculative_generate(target, models[name], ids, gamma=5,
+                                max_decode_len=96)
+    np.testing.assert_array_equal(spec.tokens, base.tokens, err_msg=name)
 
 
 def test_vocabulary_round_trips_and_matches_the_models(models):
@@ -101,18 +123,34 @@ def test_demo_gamma_per_temperature_must_cover_every_row():
     demo._gamma_for({0.0: 7}, 1.0, "demo:x")
 
 
-def test_demo_runs_on_two_sentences(tmp_path):
-  """The demo, cut to two sentences and one draft, writes its table with a
-  greedy row identical to the target and a sampled row."""
+def test_demo_runs_on_one_sentence_and_one_paragraph(tmp_path):
+  """The demo, cut to one sentence, one paragraph and one draft, writes its
+  table with both tasks: greedy rows identical to the target, sampled rows,
+  the paragraph's gammas and a paragraph output several times longer."""
   config = demo.DemoConfig(drafts=(("demo:draft_small", {0.0: 3, 1.0: 2}),),
-                           sweep_draft=None, max_examples=2, repeats=1,
+                           paragraph_drafts=(("demo:draft_small", 4),),
+                           sweep_draft=None, max_examples=1,
+                           paragraph_max_examples=1, repeats=1,
                            cost_repeats=1, trace_examples=1)
   rows = demo.run(config, str(tmp_path))
-  assert [(r["draft"], r["temperature"], r["gamma"]) for r in rows] == [
-      ("draft_small", 0.0, 3), ("draft_small", 1.0, 2)]
-  assert rows[0]["identical"] is True
+  assert [(r["task"], r["draft"], r["temperature"], r["gamma"])
+          for r in rows] == [
+              ("ende_sentences", "draft_small", 0.0, 3),
+              ("ende_sentences", "draft_small", 1.0, 2),
+              ("ende_paragraphs", "draft_small", 0.0, 4),
+              ("ende_paragraphs", "draft_small", 1.0, 4)]
+  assert rows[0]["identical"] is True and rows[2]["identical"] is True
+  with open(tmp_path / "table.csv") as f:
+    assert f.readline().startswith("task,draft,")
+  summary = json.loads((tmp_path / "paragraphs_draft_small_t0" /
+                        "summary.json").read_text())
+  sentence = json.loads((tmp_path / "draft_small_t0" /
+                         "summary.json").read_text())
+  assert (summary["rows"][0]["mean_output_length"]
+          > 3 * sentence["rows"][0]["mean_output_length"])
   for name in ["table.md", "table.csv", "speedup.png",
-               "draft_small_t0/trace.html"]:
+               "draft_small_t0/trace.html",
+               "paragraphs_draft_small_t0/trace.html"]:
     assert os.path.getsize(tmp_path / name) > 0
 
 

@@ -242,6 +242,23 @@ def test_distillation_from_a_saved_teacher_trains(corpus, trained,
   assert result["step"] == 10
 
 
+def test_init_from_starts_at_the_saved_parameters(corpus, trained,
+                                                  tmp_path):
+  """init_from (fine-tuning) starts from a saved model's parameters: the
+  first step's loss is the trained model's, far below a fresh init's (the
+  control: the same run without init_from); a model of another shape is
+  refused naming model_overrides."""
+  fresh = train.train(_config(tmp_path / "fresh", corpus, num_steps=1))
+  tuned = train.train(_config(tmp_path / "tuned", corpus, num_steps=1,
+                              init_from=str(trained[0] / "model")))
+  assert tuned["nll"] < fresh["nll"] - 1.0
+  assert tuned["nll"] < _rows(trained[0])[-1]["nll"] + 0.5
+  with pytest.raises(ValueError, match="model_overrides"):
+    train.train(_config(tmp_path / "bad", corpus, num_steps=1,
+                        init_from=str(trained[0] / "model"),
+                        model_overrides=dict(_TINY, emb_dim=16)))
+
+
 def test_config_errors_name_the_fix(corpus, tmp_path):
   """Configs that cannot train fail before anything compiles, naming the
   field to change."""

@@ -3,17 +3,29 @@
 The target and its three drafts (`demo:target`, `demo:draft_large`,
 `demo:draft_base`, `demo:draft_small`, 1/13, 1/42 and 1/134 of the target's
 parameters, as T5-large, -base and -small are about 1/14, 1/50 and 1/180 of
-T5-XXL: `DRAFT_SIZE_RATIOS`) were trained on Multi30k EN->DE by
-`specdec_jax.training.train` (docs/demo_models.md). The demo decodes the English
-sentences shipped in `specdec_jax/demo_data/sentences.en` (written for this
-project, with German references in `sentences.de`) at batch size 1, with the
-target alone and with each draft at temperature 0 and 1, and writes:
+T5-XXL: `DRAFT_SIZE_RATIOS`) were trained on Multi30k EN->DE sentences and
+paragraphs by `specdec_jax.training.train` (docs/demo_models.md). The demo
+has two tasks, as the paper's Table 2 pairs a short-output task with a
+long-output one:
 
-  <workdir>/table.md, table.csv   one row per (draft, temperature)
+  ende_sentences    the English sentences shipped in
+                    `specdec_jax/demo_data/sentences.en` (written for this
+                    project, German references in `sentences.de`), ~12
+                    output tokens;
+  ende_paragraphs   paragraphs of 2-5 consecutive demo sentences
+                    (`paragraphs.{en,de}`, `specdec_jax.data.paragraphs`),
+                    ~44 output tokens.
+
+Each is decoded at batch size 1 with the target alone and with each draft
+at temperature 0 and 1, and the demo writes:
+
+  <workdir>/table.md, table.csv   one row per (task, draft, temperature)
   <workdir>/speedup.png           measured vs Theorem 3.8 per row
   <workdir>/<row>/...             each row's experiment outputs (examples,
-                                  summary, acceptance plot, traces)
-  <workdir>/gamma_sweep/...       small draft, greedy, gamma 1..7 with its
+                                  summary, acceptance plot, traces);
+                                  paragraph rows are `paragraphs_<row>`
+  <workdir>/gamma_sweep/...       one draft on the sentences, greedy, a
+                                  range of gammas, with its
                                   speedup-vs-gamma plot
 
 Nothing is downloaded: models, vocabulary and sentences ship in the package.
@@ -34,22 +46,25 @@ from specdec_jax.experiments import report
 DEMO_DATA = text.DEMO_DATA
 # Target parameters / draft parameters of the shipped models.
 DRAFT_SIZE_RATIOS = {"draft_large": 13, "draft_base": 42, "draft_small": 134}
-TABLE_COLUMNS = ("draft", "temperature", "gamma", "alpha", "c", "speedup",
-                 "predicted_speedup", "predicted_with_verify_cost",
+SENTENCES, PARAGRAPHS = "ende_sentences", "ende_paragraphs"
+TABLE_COLUMNS = ("task", "draft", "temperature", "gamma", "alpha", "c",
+                 "speedup", "predicted_speedup", "predicted_with_verify_cost",
                  "predicted_at_lengths", "predicted_at_lengths_with_verify_cost",
-                 "tokens_per_call", "quality_baseline", "quality_speculative",
-                 "identical", "examples")
+                 "tokens_per_call", "mean_output_length", "quality_baseline",
+                 "quality_speculative", "identical", "examples")
 
 
 @dataclasses.dataclass(frozen=True)
 class DemoConfig:
-  """The demo's rows: each draft at each temperature.
+  """The demo's rows: each task, each draft at each temperature.
 
   `drafts` pairs each draft with its gamma: one int for every temperature,
   or a mapping {temperature: gamma} (the paper's Table 2 also picks gamma per
   row). configs/demo.gin uses the gammas `benchmarks/choose_gamma.py` picks
   from alpha, c and the verification cost measured on Multi30k validation
-  (docs/benchmarks.md).
+  (docs/benchmarks.md). The paragraph rows use `paragraph_drafts` (the same
+  drafts, with gammas of their own; None: `drafts`), their own decoding
+  limit, input buckets and example cap; `paragraphs` None leaves them out.
   """
 
   target: str = "demo:target"
@@ -71,6 +86,15 @@ class DemoConfig:
   trace_examples: int = 3
   data_dir: str = DEMO_DATA
   sentences: str = "sentences"  # <data_dir>/<sentences>.{en,de}
+  paragraphs: str | None = "paragraphs"  # <data_dir>/<paragraphs>.{en,de}
+  paragraph_drafts: Sequence[tuple[str, Any]] | None = None
+  # The longest reference paragraph is 67 tokens with EOS.
+  paragraph_max_decode_len: int = 96
+  # Paragraph inputs are 30-73 tokens: two widths used, two compiles per
+  # row (the largest bucket must hold the inputs' limit, 128). Padding costs
+  # both decoders the same little encoder time; a compile costs seconds.
+  paragraph_buckets: Sequence[int] = (48, 80, 128)
+  paragraph_max_examples: int | None = None
   vocab_path: str | None = None  # default: the target's shipped vocabulary
   # Start each row's workdir over when it holds results of other settings
   # (another code version included) instead of refusing; rows with the same
@@ -109,57 +133,83 @@ def _gamma_for(gammas: Any, temperature: float, draft: str) -> int:
                    "give one int for all temperatures.")
 
 
-def _row_config(config: DemoConfig, draft: str, gamma, temperature: float,
-                name: str, cascade=()) -> experiment.ExperimentConfig:
+def _row_config(config: DemoConfig, task: str, draft: str, gamma,
+                temperature: float, name: str,
+                cascade=()) -> experiment.ExperimentConfig:
+  long = task == PARAGRAPHS
   return experiment.ExperimentConfig(
       draft_stop=config.draft_stop,
       cascade=tuple((str(s), int(g)) for s, g, *_ in cascade),
       task="wmt14_ende_local", split="test", target=config.target,
       draft=draft, temperature=temperature, gamma=gamma,
-      max_decode_len=config.max_decode_len, buckets=tuple(config.buckets),
-      max_examples=config.max_examples,
+      max_decode_len=(config.paragraph_max_decode_len if long
+                      else config.max_decode_len),
+      buckets=tuple(config.paragraph_buckets if long else config.buckets),
+      max_examples=(config.paragraph_max_examples if long
+                    else config.max_examples),
       repeats=config.repeats, cost_repeats=config.cost_repeats,
       trace_examples=config.trace_examples, seed=0, name=name,
       overwrite=config.overwrite)
 
 
-def run(config: DemoConfig, workdir: str) -> list[dict]:
-  """Runs (or resumes) every demo row; returns the table rows."""
-  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
-  rows_to_run = []
-  for draft, gammas in config.drafts:
-    for temperature in config.temperatures:
-      gamma = _gamma_for(gammas, temperature, draft)
-      short = draft.split(":")[-1]
-      name = f"{short}_t{int(temperature)}"
-      rows_to_run.append((name, _row_config(config, draft, gamma, temperature,
-                                            name)))
-  for draft, chain, gammas in config.cascades:
+def _rows(config: DemoConfig) -> list[tuple[str, str, Any]]:
+  """(task, name, ExperimentConfig) of every row, sweep last."""
+  tasks_and_drafts = [(SENTENCES, "", config.drafts)]
+  if config.paragraphs:
+    tasks_and_drafts.append((PARAGRAPHS, "paragraphs_",
+                             config.paragraph_drafts or config.drafts))
+  rows = []
+  for task, prefix, drafts in tasks_and_drafts:
+    for draft, gammas in drafts:
+      for temperature in config.temperatures:
+        gamma = _gamma_for(gammas, temperature, draft)
+        name = f"{prefix}{draft.split(':')[-1]}_t{int(temperature)}"
+        rows.append((task, name, _row_config(config, task, draft, gamma,
+                                             temperature, name)))
+  for draft, chain, gammas in config.cascades:  # sentence rows
     for temperature in config.temperatures:
       gamma = _gamma_for(gammas, temperature, draft)
       short = "<-".join(s.split(":")[-1] for s in [draft] + [
           entry[0] for entry in chain])
       name = f"{short.replace('<-', '_from_')}_t{int(temperature)}"
-      row = _row_config(config, draft, gamma, temperature, name, chain)
-      rows_to_run.append((name, row))
+      rows.append((SENTENCES, name, _row_config(
+          config, SENTENCES, draft, gamma, temperature, name, chain)))
   if config.sweep_draft:
-    rows_to_run.append(("gamma_sweep", _row_config(
-        config, config.sweep_draft, tuple(config.sweep_gammas), 0.0,
-        "gamma_sweep")))
-  for _, row in rows_to_run:
+    rows.append((SENTENCES, "gamma_sweep", _row_config(
+        config, SENTENCES, config.sweep_draft, tuple(config.sweep_gammas),
+        0.0, "gamma_sweep")))
+  return rows
+
+
+def run(config: DemoConfig, workdir: str) -> list[dict]:
+  """Runs (or resumes) every demo row; returns the table rows."""
+  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
+  rows_to_run = _rows(config)
+  for _, _, row in rows_to_run:
     experiment.validate(row)  # every row's config, before the first decode
-  overrides = dict(vocab_path=_vocab_path(config),
-                   local_data_dir=config.data_dir,
-                   wmt_ende_files={"test": config.sentences})
+  files = {SENTENCES: config.sentences, PARAGRAPHS: config.paragraphs}
+  for task, stem in files.items():
+    if stem and task in {t for t, _, _ in rows_to_run}:
+      for side in ("en", "de"):
+        path = os.path.join(config.data_dir, f"{stem}.{side}")
+        if not os.path.exists(path):
+          raise FileNotFoundError(
+              f"{path} not found: the {task} rows read "
+              f"<data_dir>/{stem}.{{en,de}} (DemoConfig.data_dir, "
+              f"DemoConfig.{'sentences' if task == SENTENCES else 'paragraphs'}"
+              "; scripts/build_paragraphs.py writes the paragraphs).")
+  vocab_path = _vocab_path(config)
   table = []
-  with tasks.override_config(**overrides):
-    for i, (name, row) in enumerate(rows_to_run):
-      logging.info("demo row %d/%d: %s", i + 1, len(rows_to_run), name)
+  for i, (task, name, row) in enumerate(rows_to_run):
+    logging.info("demo row %d/%d: %s", i + 1, len(rows_to_run), name)
+    with tasks.override_config(vocab_path=vocab_path,
+                               local_data_dir=config.data_dir,
+                               wmt_ende_files={"test": files[task]}):
       summary = experiment.run(row, os.path.join(workdir, name))
-      if name != "gamma_sweep":
-        short = "<-".join(s.split(":")[-1] for s in [row.draft] + [
-            entry[0] for entry in row.cascade])
-        table.append(dict(summary["rows"][0], draft=short))
+    if name != "gamma_sweep":
+      short = "<-".join(s.split(":")[-1] for s in [row.draft] + [
+          entry[0] for entry in row.cascade])
+      table.append(dict(summary["rows"][0], task=task, draft=short))
   report.write_table(os.path.join(workdir, "table"), table, TABLE_COLUMNS)
   plot_rows(os.path.join(workdir, "speedup.png"), table)
   return table
@@ -171,7 +221,8 @@ def plot_rows(path: str, rows: list[dict]) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  labels = [f"{r['draft']}\nT={r['temperature']:g}, γ={r['gamma']}"
+  labels = [f"{r.get('task', SENTENCES).replace('ende_', '')}\n"
+            f"{r['draft']}\nT={r['temperature']:g}, γ={r['gamma']}"
             for r in rows]
   x = np.arange(len(rows))
   bars = [("speedup", "measured"),

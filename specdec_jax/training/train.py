@@ -98,6 +98,9 @@ class TrainConfig:
     checkpoint_every: steps between checkpoints (0: at the end only).
     keep_checkpoints: how many to keep.
     workdir: where everything is written; required.
+    init_from: a `checkpoints.load_model` spec whose parameters start the
+      run instead of a random init (fine-tuning); its shapes must match
+      the model's. Ignored when the workdir already has a checkpoint.
     teacher: a `checkpoints.load_model` spec (e.g. a directory) to distil.
     distill_alpha: weight of the KL term; the cross-entropy gets 1 - alpha.
     distill_temperature: divides both logits in the KL, which is multiplied
@@ -137,6 +140,7 @@ class TrainConfig:
   checkpoint_every: int = 1000
   keep_checkpoints: int = 2
   workdir: str = ""
+  init_from: str | None = None
   teacher: str | None = None
   distill_alpha: float = 0.0
   distill_temperature: float = 1.0
@@ -434,6 +438,19 @@ def _prepare(config: TrainConfig, definition):
   return vocab_path, vocab, teacher, train_data, eval_data, examples
 
 
+def _initial_params(config: TrainConfig, definition):
+  """`init_from`'s parameters as float32, checked against the model's."""
+  expected = jax.eval_shape(definition.init_params, jax.random.key(0))
+  params = checkpoints.load_model(config.init_from).params
+  shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)
+  if shapes(params) != shapes(expected):
+    raise ValueError(
+        f"init_from {config.init_from!r} has other parameter shapes than the "
+        "configured model: make model_overrides describe its architecture "
+        "(its config.json).")
+  return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+
+
 def _window_metrics(window: Mapping[str, float], seconds: float):
   tokens = max(window["tokens"], 1.0)
   return {"loss": window["loss"] / tokens, "nll": window["nll"] / tokens,
@@ -540,8 +557,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
   schedule = make_schedule(config, total)
   tx = make_optimizer(config, schedule)
 
-  def init():
-    params = definition.init_params(jax.random.key(config.seed))
+  def init(params=None):
+    if params is None:
+      params = definition.init_params(jax.random.key(config.seed))
     return TrainState(jnp.int32(0), params, tx.init(params))
 
   def make_manager():
@@ -554,7 +572,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
   restored, manager = restore_latest_intact(make_manager, init,
                                             config.workdir)
   if restored is None:
-    state = init()
+    state = init(_initial_params(config, definition) if config.init_from
+                 else None)
   else:
     state = restored.state
     if restored.meta.get("batches_per_epoch") != per_epoch:
