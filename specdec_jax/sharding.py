@@ -162,6 +162,7 @@ def batch_sharding(mesh: Mesh, batch: int) -> NamedSharding:
 def gather(tree: Any) -> Any:
   """Device arrays -> host numpy, across processes when there are several."""
   if jax.process_count() > 1:
+    # only on multi-host runs.
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     tree = multihost_utils.process_allgather(tree, tiled=True)
   return jax.tree.map(np.asarray, jax.device_get(tree))

@@ -118,6 +118,17 @@ def test_core_imports_and_decodes_without_tensorflow_seqio_gin():
   assert result.stdout.strip().endswith("ok")
 
 
+def test_gpu_benchmark_modules_import_without_tensorflow_seqio_gin():
+  """benchmarks/gpu.py runs on an accelerator box with jax, flax and optax
+  only: the run plan and its helpers must import there."""
+  code = _IMPORT_CORE.split("import specdec_jax\n")[0] + (
+      "from specdec_jax.experiments import chips, costs, plan, timing\n"
+      "print('ok')\n")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+
+
 def test_the_blocker_blocks():
   """Negative control: importing the data layer fails under the blocker."""
   code = _IMPORT_CORE.split("import specdec_jax\n")[0] + (

@@ -56,6 +56,7 @@ def config_from_fields(fields: Mapping[str, Any], family: str | None,
 
 def _config_from_gin(path: str) -> T5Config | GPTConfig:
   """Reads the T5Config/GPTConfig bindings of a gin file (no global state)."""
+  # gin only when a gin file is read.
   from gin import config_parser  # pylint: disable=g-import-not-at-top
 
   @dataclasses.dataclass(frozen=True)

@@ -172,6 +172,7 @@ class _Tensors:
     torch_file = os.path.join(path, TORCH_FILE)
     if os.path.isfile(single):
       with _damaged_file_named(single):
+        # safetensors only when Hugging Face files are read.
         import safetensors  # pylint: disable=g-import-not-at-top
         with safetensors.safe_open(single, framework="np") as f:
           self._files = {name: single for name in f.keys()}
@@ -220,6 +221,7 @@ class _Tensors:
     file = self._files[name]
     with _damaged_file_named(file):
       if file not in self._handles:
+        # safetensors only when Hugging Face files are read.
         import safetensors  # pylint: disable=g-import-not-at-top
         # Opened once per shard and kept: safe_open memory-maps the file, so
         # a handle costs no memory for the tensors not read yet.
@@ -244,6 +246,7 @@ def _damaged_file_named(file: str):
 
 def _torch_load(file: str):
   try:
+    # torch is optional (the hf extra).
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise ImportError(
@@ -258,8 +261,10 @@ def _torch_load(file: str):
 
 
 def _torch_to_numpy(tensor) -> np.ndarray:
+  # torch is optional (the hf extra).
   import torch  # pylint: disable=g-import-not-at-top
   if tensor.dtype == torch.bfloat16:
+    # only for bfloat16 torch tensors.
     import ml_dtypes  # pylint: disable=g-import-not-at-top
     return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
   return tensor.numpy()
@@ -485,6 +490,7 @@ def save_t5(model: Any, directory: str, *, overwrite: bool = False) -> str:
       raise FileExistsError(f"{os.path.join(directory, name)} exists; pass "
                             "overwrite=True")
   os.makedirs(directory, exist_ok=True)
+  # safetensors only when Hugging Face files are written.
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   weights = os.path.join(directory, SAFETENSORS_FILE)
   save_file(tensors, weights, metadata={"format": "pt"})

@@ -176,6 +176,7 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
       raise CheckpointNotFoundError(f"vocabulary file not found: {vocab!r}")
     vocab_entry = VOCAB_FILE if copy_vocab else (
         vocab if is_gcs(vocab) else os.path.abspath(vocab))
+  # orbax is slow to import: only when a checkpoint is read or written.
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   params_dir = join_path(directory, PARAMS_DIR)
   if not is_gcs(params_dir):
@@ -195,6 +196,7 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
 
 def _make_vocab(path: str, extra_ids: int = 0) -> Any:
   """A seqio SentencePiece vocabulary (seqio is imported only here)."""
+  # seqio (and TensorFlow) only when a vocabulary is attached.
   import seqio  # pylint: disable=g-import-not-at-top
   return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 

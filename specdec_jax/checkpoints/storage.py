@@ -54,6 +54,7 @@ def split_path(path: str) -> tuple[str, str]:
 def read_bytes(path: str) -> bytes | None:
   """The contents of a file, or None if it does not exist."""
   directory, name = split_path(path)
+  # tensorstore only when files are read or written.
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   store = ts.KvStore.open(kvstore_spec(directory)).result()
   result = store.read(name).result()
@@ -62,6 +63,7 @@ def read_bytes(path: str) -> bytes | None:
 
 def write_bytes(path: str, data: bytes) -> None:
   directory, name = split_path(path)
+  # tensorstore only when files are read or written.
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   ts.KvStore.open(kvstore_spec(directory)).result().write(name, data).result()
 
@@ -69,6 +71,7 @@ def write_bytes(path: str, data: bytes) -> None:
 def isdir(path: str) -> bool:
   if not is_gcs(path):
     return os.path.isdir(path)
+  # tensorstore only when files are read or written.
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   return bool(ts.KvStore.open(kvstore_spec(path)).result().list().result())
 
@@ -77,6 +80,7 @@ def list_dir(path: str) -> list[str]:
   """Names of the entries directly inside a directory."""
   if not is_gcs(path):
     return sorted(os.listdir(path)) if os.path.isdir(path) else []
+  # tensorstore only when files are read or written.
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   keys = ts.KvStore.open(kvstore_spec(path)).result().list().result()
   return sorted({k.decode().split("/")[0] for k in keys})
@@ -144,6 +148,7 @@ class StoredParams:
 
 
 def _orbax_restore_args(dtype, sharding):
+  # orbax is slow to import: only when a checkpoint is read or written.
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   if sharding is None:
     return ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype)
@@ -172,6 +177,7 @@ def _damaged_orbax_named(directory: str, where: str):
 
 def open_orbax(directory: str, prefix: str, where: str) -> StoredParams:
   """Parameters under `prefix` ('' for all) of an orbax PyTree checkpoint."""
+  # orbax is slow to import: only when a checkpoint is read or written.
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   checkpointer = ocp.PyTreeCheckpointer()
   with _damaged_orbax_named(directory, where):

@@ -67,6 +67,7 @@ _GCS_DUMMY_BUCKET = "t5x-dummy-bucket"
 
 def _t5x_ts_leaf(ckpt_dir: str, name: str, spec: Mapping[str, Any]):
   """(shape, reader) of a tensorstore-written T5X leaf."""
+  # tensorstore only when files are read or written.
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   relative = spec.get("kvstore", {}).get("path") or spec.get("path")
   if not relative:
@@ -173,6 +174,7 @@ def _chunk_shape(shape: tuple[int, ...], itemsize: int) -> list[int]:
 
 def _write_t5x_array(ckpt_dir: str, name: str, value: np.ndarray) -> dict:
   """Writes one zarr array as T5X does; returns the spec for the msgpack."""
+  # tensorstore only when files are read or written.
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   relative = name.replace("/", ".")
   kvstore = ({"driver": "gcs", "bucket": _GCS_DUMMY_BUCKET, "path": relative}
@@ -216,6 +218,7 @@ def write_t5x(params: Any, path: str, step: int, *, inline_below: int = 0,
   if param_states is not None:
     state["param_states"] = jax.tree.map(np.asarray, param_states)
   if use_orbax:
+    # orbax is slow to import: only when a checkpoint is read or written.
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
     ocp.PyTreeCheckpointer().save(join_path(ckpt_dir, T5X_ORBAX_DIR),
                                   {"target": host, "state": state})

@@ -314,6 +314,7 @@ def iterate_examples(task_name: str, split: str, *, batch_size: int = 1,
     An iterator of `Batch`es in the split's order.
   """
   if max_length is None:
+    # TensorFlow only when a task is read.
     from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
     max_length = tasks.feature_lengths(task_name)["inputs"]
   _check_batching(batch_size, buckets, max_length)  # Fail before loading.

@@ -360,6 +360,7 @@ _TFDS_ERRORS = (AssertionError, KeyError, OSError, tf.errors.OpError)
 def _not_prepared_error(tfds_name: str, data_dir: str | None, split: str,
                         error: Exception,
                         offline_task: str | None) -> TfdsNotPreparedError:
+  # tensorflow_datasets only when a TFDS split is read.
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   data_dir = data_dir or tfds.core.constants.DATA_DIR
   offline = (f" Offline, use the task {offline_task!r} on local files "
@@ -388,6 +389,7 @@ def read_tfds_split(tfds_name: str, split: str) -> tf.data.Dataset:
     TfdsNotPreparedError: the dataset is not prepared there; the message
       gives the `tfds build` command.
   """
+  # tensorflow_datasets only when a TFDS split is read.
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   data_dir = current_config().tfds_data_dir
   try:

@@ -74,6 +74,7 @@ def export_tfds_text(tfds_name: str, split: str, field: str, output: str, *,
   Raises:
     ValueError: `field` is not a feature of the dataset, or no line came out.
   """
+  # TensorFlow only when a task is read.
   from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
 
   if max_examples is not None and max_examples < 1:
@@ -134,6 +135,7 @@ def train_vocab(text_files: Sequence[str], output_prefix: str, *,
     FileNotFoundError: a text file is missing.
     ValueError: bad size or no text.
   """
+  # sentencepiece only when a vocabulary is trained.
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
   if vocab_size < 8:

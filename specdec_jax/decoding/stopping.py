@@ -38,6 +38,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax.tokens import EOS_ID
 
@@ -198,7 +199,6 @@ def calibration(rule: ExpectedGainStop, stats) -> tuple[float, ...]:
   pooled over rows, the rule's prior taken out); a bin no verified token
   fell in keeps the rule's prior. Pass the result as
   `ExpectedGainStop(prior=...)`."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   init = rule.init(1)
   prior_sum = np.asarray(init["accept_sum"][0])
   prior_count = np.asarray(init["count"][0])

@@ -38,10 +38,17 @@ import os
 from typing import Any, Mapping, Sequence
 
 from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
 
+from specdec_jax import checkpoints
+from specdec_jax.data import tasks
 from specdec_jax.data import text
+from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import report
+
 
 DEMO_DATA = text.DEMO_DATA
 # Target parameters / draft parameters of the shipped models.
@@ -113,7 +120,6 @@ class DemoConfig:
 def _vocab_path(config: DemoConfig) -> str:
   if config.vocab_path:
     return config.vocab_path
-  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
   target = checkpoints.load_model(config.target)
   path = getattr(target.vocab, "sentencepiece_model_file", None)
   if not path:
@@ -183,7 +189,6 @@ def _rows(config: DemoConfig) -> list[tuple[str, str, Any]]:
 
 def run(config: DemoConfig, workdir: str) -> list[dict]:
   """Runs (or resumes) every demo row; returns the table rows."""
-  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   rows_to_run = _rows(config)
   for _, _, row in rows_to_run:
     experiment.validate(row)  # every row's config, before the first decode
@@ -217,10 +222,10 @@ def run(config: DemoConfig, workdir: str) -> list[dict]:
 
 def plot_rows(path: str, rows: list[dict]) -> None:
   """Measured speedup per row beside Theorem 3.8's predictions."""
+  # matplotlib: its Agg backend must be chosen before pyplot loads.
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   labels = [f"{r.get('task', SENTENCES).replace('ende_', '')}\n"
             f"{r['draft']}\nT={r['temperature']:g}, γ={r['gamma']}"
             for r in rows]
@@ -266,11 +271,6 @@ def export_model(source: str, name: str, *, out_dir: str | None = None,
   Returns:
     The written directory.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  from specdec_jax.decoding.protocol import Model  # pylint: disable=g-import-not-at-top
   model = checkpoints.load_model(source)
   params = jax.tree.map(lambda x: np.asarray(x).astype(jnp.bfloat16),
                         model.params)

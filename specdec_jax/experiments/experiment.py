@@ -26,16 +26,26 @@ import time
 from typing import Any, Sequence
 
 from absl import logging
+import jax
 import numpy as np
 
+from specdec_jax import checkpoints
 from specdec_jax import sampling
+from specdec_jax import sharding
 from specdec_jax import theory
+from specdec_jax.data import batching
+from specdec_jax.decoding import cascades
+from specdec_jax.decoding import ngram
+from specdec_jax.decoding import stopping
 from specdec_jax.decoding.api import generate, speculative_generate
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stopping import StopRule
+from specdec_jax.experiments import costs
 from specdec_jax.experiments import records
+from specdec_jax.experiments import report
 from specdec_jax.experiments import timing
 from specdec_jax.experiments import workdir as workdir_lib
+from specdec_jax.models import gpt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +183,6 @@ def validate(config: ExperimentConfig) -> None:
       problems.append(
           f"{field}={spec!r} is a placeholder: point the checkpoint macro at "
           f"your checkpoint (see README, 'Reproduce the paper on Cloud TPU')")
-  from specdec_jax.decoding import stopping  # pylint: disable=g-import-not-at-top
   try:
     stopping.check_rule(config.draft_stop)
   except TypeError as e:
@@ -190,6 +199,7 @@ def validate(config: ExperimentConfig) -> None:
           f"Cloud TPU')")
   if config.mesh_shape is not None and len(config.mesh_shape) != 2:
     problems.append(f"mesh_shape={config.mesh_shape!r}: use (data, model)")
+  # TensorFlow: deferred so plan_run and benchmarks/gpu.py import this module without it.
   from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   try:
     tasks.get_task(config.task)
@@ -223,8 +233,6 @@ def replicate_draft(config: ExperimentConfig, draft_def: Any,
     return bool(config.replicate_draft)
   if not mesh_shape or not hasattr(draft_def, "param_logical_axes"):
     return False
-  from specdec_jax import sharding  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
   shapes = jax.eval_shape(draft_def.init_params, jax.random.PRNGKey(0))
   sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
   specs = jax.tree.leaves(draft_def.param_logical_axes(),
@@ -248,7 +256,6 @@ def load_models(config: ExperimentConfig, mesh=None) -> tuple[Model, Model]:
     model = _load_model("draft", spec, model_config, None, overrides)
     return model if mesh is None else _place_draft(config, model, mesh)
 
-  from specdec_jax.decoding import cascades  # pylint: disable=g-import-not-at-top
   chain = [load(config.draft, config.draft_config)]
   chain += [load(entry[0], entry[2] if len(entry) > 2 else None)
             for entry in config.cascade]
@@ -262,7 +269,6 @@ def cost_model(draft: Model) -> Model:
   """The model whose per-step cost is the run's c: the draft itself, or for
   a cascade its top model (the cascade's own cost per token depends on its
   acceptance; docs/benchmarks.md reports cascades by measured walltime)."""
-  from specdec_jax.decoding import cascades  # pylint: disable=g-import-not-at-top
   return cascades.top_model(draft)
 
 
@@ -272,8 +278,6 @@ def _place_draft(config: ExperimentConfig, draft: Model, mesh) -> Model:
   The draft is loaded on this process's first device and placed from host
   memory (every process holds the same values): small next to the target.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  from specdec_jax import sharding  # pylint: disable=g-import-not-at-top
   replicate = replicate_draft(config, draft.definition,
                               tuple(mesh.shape.values()))
   host = jax.tree.map(np.asarray, jax.device_get(draft.params))
@@ -291,7 +295,6 @@ def _load_model(role: str, spec: str, model_config: Any, mesh,
   what loaded: a row that names 'gpt_97m' then runs the model it names
   whether its checkpoint came from T5X or from `specdec_jax.training.train`.
   """
-  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
   overrides = overrides or {}
   if model_config is None or str(spec).startswith("t5x:"):
     return checkpoints.load_model(spec, config=model_config, mesh=mesh,
@@ -334,9 +337,6 @@ def fit_ngram_draft(config: ExperimentConfig, target: Model,
   Returns:
     An n-gram `Model` over the target's vocabulary.
   """
-  from specdec_jax.data import batching  # pylint: disable=g-import-not-at-top
-  from specdec_jax.decoding import ngram  # pylint: disable=g-import-not-at-top
-  from specdec_jax.models import gpt  # pylint: disable=g-import-not-at-top
   examples = batching.load_examples(config.task, config.ngram_split,
                                 max_examples=config.ngram_max_examples)
   decoder_only = isinstance(target.definition, gpt.GPTDef)
@@ -349,6 +349,7 @@ def fit_ngram_draft(config: ExperimentConfig, target: Model,
 
 def _check_vocabulary_fits(config: ExperimentConfig, target: Model) -> None:
   """Task token ids past the target's embedding would decode as garbage."""
+  # TensorFlow: deferred so plan_run and benchmarks/gpu.py import this module without it.
   from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   size = tasks.get_task(config.task).output_features["inputs"].vocabulary
   size = size.vocab_size
@@ -364,6 +365,7 @@ def _check_vocabulary_fits(config: ExperimentConfig, target: Model) -> None:
 def task_vocabulary(config: ExperimentConfig, target: Model):
   if target.vocab is not None:
     return target.vocab
+  # TensorFlow: deferred so plan_run and benchmarks/gpu.py import this module without it.
   from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   return tasks.get_task(config.task).output_features["targets"].vocabulary
 
@@ -442,7 +444,6 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
             for batch in batches[:config.probe_examples]]
   alpha = theory.pooled_alpha([s.alpha_sum.sum() for s in probes],
                               [s.alpha_count.sum() for s in probes])
-  from specdec_jax.experiments import costs  # pylint: disable=g-import-not-at-top
   positions = config.max_decode_len + config.max_gamma + 1
   ids = batches[0].input_ids
   measured = costs.measure_costs(target, cost_model(draft), ids,
@@ -475,7 +476,7 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
   """
   validate(config)
   os.makedirs(workdir, exist_ok=True)
-  from specdec_jax import sharding  # pylint: disable=g-import-not-at-top
+  # plan imports this module.
   from specdec_jax.experiments import plan  # pylint: disable=g-import-not-at-top
   sharding.maybe_initialize_distributed(config.distributed)
   # On a known accelerator, refuse a run that cannot fit before loading
@@ -489,9 +490,6 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
 
 
 def _run_locked(config: ExperimentConfig, workdir: str) -> dict:
-  from specdec_jax import sharding  # pylint: disable=g-import-not-at-top
-  from specdec_jax.data import batching  # pylint: disable=g-import-not-at-top
-  from specdec_jax.experiments import report  # pylint: disable=g-import-not-at-top
   mesh = sharding.make_mesh(*config.mesh_shape) if config.mesh_shape else None
   target, draft = load_models(config, mesh)
   max_len = config.max_input_len or target.max_input_len or 512
@@ -567,7 +565,6 @@ def _load_or_measure_costs(config, target, draft, batches, gammas, path,
       stored = json.load(f)
     if all(str(g) in stored for g in gammas):
       return {int(g): v for g, v in stored.items()}
-  from specdec_jax.experiments import costs  # pylint: disable=g-import-not-at-top
   # The median input length is representative of the run.
   lengths = [b.input_ids.shape[1] for b in batches]
   shape_batch = batches[int(np.argsort(lengths)[len(lengths) // 2])]
@@ -583,6 +580,7 @@ def _load_or_measure_costs(config, target, draft, batches, gammas, path,
 
 
 def task_metric(config: ExperimentConfig):
+  # TensorFlow: deferred so plan_run and benchmarks/gpu.py import this module without it.
   from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   fns = tasks.get_task(config.task).metric_fns
   return fns[0] if fns else None

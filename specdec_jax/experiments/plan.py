@@ -34,8 +34,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import time
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,11 +45,16 @@ import numpy as np
 from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax import theory
+from specdec_jax.checkpoints import configs
+from specdec_jax.decoding import engine
 from specdec_jax.experiments import chips
+from specdec_jax.experiments import experiment
 from specdec_jax.experiments import hlo
 from specdec_jax.experiments import paper
 from specdec_jax.experiments.experiment import ConfigError
 from specdec_jax.experiments.experiment import ExperimentConfig
+from specdec_jax.models import registry
+
 
 GB = 1e9
 _NGRAM = ("unigram", "bigram")
@@ -80,9 +87,6 @@ class RunShape:
 def run_shape(config: ExperimentConfig, input_len: int | None = None
               ) -> RunShape:
   """The models and shapes `experiment.run` would decode with."""
-  from specdec_jax.checkpoints import configs  # pylint: disable=g-import-not-at-top
-  from specdec_jax.experiments import experiment  # pylint: disable=g-import-not-at-top
-  from specdec_jax.models import registry  # pylint: disable=g-import-not-at-top
   if config.target_config is None or config.draft_config is None:
     raise ConfigError(
         "planning needs the architectures: set ExperimentConfig.target_config"
@@ -287,7 +291,6 @@ def _abstract_cache(definition, params, shape: RunShape, mesh) -> Any:
 
 
 def _compile(fn, *args):
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   mesh = next(a.sharding.mesh for a in jax.tree.leaves(args))
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_axis_rules()):
     return fn.lower(*args).compile()
@@ -409,8 +412,6 @@ def _loop_summary(compiled) -> dict[str, Any]:
 
 def compile_programs(shape: RunShape) -> dict[str, Any]:
   """Compiles the loops and step programs of `shape`: chip-independent."""
-  import time  # pylint: disable=g-import-not-at-top
-  from specdec_jax.decoding import engine  # pylint: disable=g-import-not-at-top
   mesh = _mesh(shape)
   tparams = abstract_params(shape.target, mesh)
   dparams = abstract_params(shape.draft, mesh, replicate=shape.replicate_draft)

@@ -19,7 +19,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from specdec_jax import theory
+from specdec_jax.decoding.api import speculative_generate
 from specdec_jax.experiments.records import ExampleRecord
+
 
 TABLE_COLUMNS = ("task", "draft", "temperature", "gamma", "alpha", "c",
                  "speedup", "predicted_speedup", "predicted_with_verify_cost",
@@ -143,6 +145,7 @@ def write_outputs(workdir: str, config, summary: dict, records) -> None:
 
 
 def _pyplot():
+  # matplotlib: its Agg backend must be chosen before pyplot loads.
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -230,7 +233,6 @@ def trace_steps(stats, row: int, gamma: int) -> list[dict]:
 def write_traces(workdir, config, target, draft, batches, vocab, gamma,
                  mesh=None) -> None:
   """trace.html and trace.png for the first few examples."""
-  from specdec_jax.decoding.api import speculative_generate  # pylint: disable=g-import-not-at-top
   traces = []
   for batch in batches:
     res = speculative_generate(

@@ -12,15 +12,20 @@ the draft's config name or path its M_q (`_draft_key`).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
 from typing import Sequence
 
 from absl import logging
+import gin
 
+from specdec_jax.experiments import experiment
+from specdec_jax.experiments import gin_flags
 from specdec_jax.experiments import paper
 from specdec_jax.experiments import report
+
 
 _TASK_KEYS = {"wmt14_ende": "ende", "wmt_t2t_ende": "ende",
               "wmt14_ende_local": "ende", "multi30k_ende_local": "ende",
@@ -63,7 +68,6 @@ def is_shared_config(path: str) -> bool:
 def experiment_files(patterns: Sequence[str], configs_dir: str) -> list[str]:
   """The row configs matching `patterns` (globs, also tried under
   `configs_dir`), shared files left out, in sorted order per pattern."""
-  import glob  # pylint: disable=g-import-not-at-top
   files = []
   for pattern in patterns:
     matches = (sorted(glob.glob(pattern)) or
@@ -78,9 +82,6 @@ def run_configs(gin_files: Sequence[str], workdir: str,
                 extra_files: Sequence[str] = (),
                 bindings: Sequence[str] = ()) -> list[dict]:
   """Runs each experiment gin file (plus shared run files and bindings)."""
-  import gin  # pylint: disable=g-import-not-at-top
-  from specdec_jax.experiments import experiment  # pylint: disable=g-import-not-at-top
-  from specdec_jax.experiments import gin_flags  # pylint: disable=g-import-not-at-top
   summaries = []
   for i, gin_file in enumerate(gin_files):
     gin.clear_config()

@@ -29,6 +29,10 @@ from typing import Any, Iterator
 
 from absl import logging
 
+import specdec_jax
+from specdec_jax.checkpoints import native
+
+
 FINGERPRINT = "fingerprint.json"
 # Files a run writes from results; `--overwrite` removes them.
 RESULT_FILES = ("examples.jsonl", "costs.json", "optimal_gamma.json",
@@ -68,7 +72,6 @@ def lock(workdir: str) -> Iterator[None]:
 
 
 def _code_version() -> dict:
-  import specdec_jax  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(specdec_jax.__file__)))
   try:
     commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"],
@@ -97,7 +100,6 @@ def path_fingerprint(spec: Any) -> Any:
     return spec
   path = spec.split(":", 1)[1] if spec.startswith(("hf:", "t5x:")) else spec
   if spec.startswith("demo:"):
-    from specdec_jax.checkpoints import native  # pylint: disable=g-import-not-at-top
     path = os.path.join(native.DEMO_DIR, spec[len("demo:"):])
   if os.path.isfile(path):
     return _file_digest(path)
@@ -117,6 +119,7 @@ def _jsonable(value: Any) -> Any:
 
 def fingerprint(config: Any) -> dict:
   """Everything that determines an ExperimentConfig's results, as JSON."""
+  # TensorFlow: deferred, experiment.py imports this module (see there).
   from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   fields = {f.name: getattr(config, f.name)
             for f in dataclasses.fields(config)
