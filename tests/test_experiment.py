@@ -6,7 +6,6 @@ must resume without losing or duplicating an example; bad configs must fail
 before any model loads.
 """
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -440,77 +439,6 @@ def test_task_vocabulary_larger_than_the_target_is_refused(lm_setup,
   with tasks.override_config(**dict(task_config, vocab_path=tiny_vocab)):
     with pytest.raises(experiment.ConfigError, match="TaskConfig.vocab_path"):
       experiment.run(_lm_config(draft="gpt_tiny"), str(tmp_path / "w"))
-
-
-# ----------------------------------------------------------------------------
-# The shipped experiment and training configs.
-
-_CONFIGS = os.path.join(REPO, "configs")
-
-
-def _parse(gin_file):
-  import gin  # pylint: disable=g-import-not-at-top
-  from specdec_jax.experiments import gin_flags  # pylint: disable=g-import-not-at-top
-  gin.clear_config()
-  gin_flags.parse([gin_file], [])
-
-
-def test_every_experiment_config_parses_and_validates_but_placeholders():
-  """Each row config under configs/experiments parses into an
-  ExperimentConfig whose temperature matches its file name; the only
-  validation problems are the YOUR_ placeholders. The six GPT-like rows run
-  lm1b on the 97M target ('gpt_97m') with the 8k vocabulary macro, and the
-  shared files are left out of reproduce_tables' globs."""
-  import gin  # pylint: disable=g-import-not-at-top
-  files = reproduce.experiment_files(["experiments/*/*.gin"], _CONFIGS)
-  lm1b = [f for f in files if os.path.basename(f).startswith("lm1b_")]
-  assert sorted(os.path.basename(f) for f in lm1b) == sorted(
-      f"lm1b_{d}_t{t}.gin" for d in ("unigram", "bigram", "gpt_6m")
-      for t in (0, 1))
-  assert not any(reproduce.is_shared_config(f) for f in files)
-  assert len(files) == 12 + 16 + 4  # table2, table3, beyond
-  try:
-    for path in files:
-      _parse(path)
-      config = gin.get_configurable(experiment.ExperimentConfig)()
-      stem = os.path.splitext(os.path.basename(path))[0]
-      assert config.temperature == float(stem[-1]), path
-      with pytest.raises(experiment.ConfigError) as info:
-        experiment.validate(config)
-      problems = str(info.value).splitlines()[1:]
-      assert problems and all("placeholder" in p for p in problems), path
-      if path in lm1b:
-        assert (config.task, config.split, config.target_config) == (
-            "lm1b", "test", "gpt_97m")
-        assert config.max_decode_len == 128 and config.max_input_len == 64
-        assert "YOUR_" in tasks.current_config().vocab_path
-        assert reproduce._draft_key(dataclasses.asdict(config)) == stem[5:-3]
-  finally:
-    gin.clear_config()
-
-
-@pytest.mark.parametrize("name,model", [("lm1b_gpt_97m", "gpt_97m"),
-                                        ("lm1b_gpt_6m", "gpt_6m")])
-def test_lm1b_training_configs(name, model):
-  """The GPT-like training configs parse and pass TrainConfig.check: lm1b,
-  the paper's architecture, an 8k vocabulary that fits vocab_size 8192 with
-  the 100 extra ids, and length buckets that hold a whole prompt +
-  continuation row (64 + 128 tokens)."""
-  import gin  # pylint: disable=g-import-not-at-top
-  from specdec_jax.training import train  # pylint: disable=g-import-not-at-top
-  try:
-    _parse(os.path.join(_CONFIGS, "training", f"{name}.gin"))
-    config = gin.get_configurable(train.TrainConfig)()
-  finally:
-    gin.clear_config()
-  dataclasses.replace(config, workdir="w").check()
-  assert (config.task, config.model, config.eval_split) == ("lm1b", model,
-                                                            "test")
-  assert config.model_config() == registry.get_config(model)
-  assert 8000 + tasks.NUM_EXTRA_IDS <= config.model_config().vocab_size
-  assert config.max_lengths() == (64, 128)
-  assert max(config.length_buckets) >= sum(config.max_lengths())
-  assert config.bleu_examples == 0
 
 
 # ----------------------------------------------------------------------------
