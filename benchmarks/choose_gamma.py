@@ -1,9 +1,12 @@
 r"""Picks gamma for each demo draft from measured alpha and costs.
 
   python benchmarks/choose_gamma.py [--examples=128]
+  python benchmarks/choose_gamma.py --task=multi30k_ende_paragraphs_local \
+      --max_decode_len=96          # the demo's paragraph rows
 
-For each draft: alpha at temperature 0 and 1 over Multi30k validation
-sentences (batched; alpha does not depend on gamma), c and the cost of
+For each draft: alpha at temperature 0 and 1 over the task's validation
+examples (Multi30k sentences by default; batched; alpha does not depend on
+gamma), c and the cost of
 verifying gamma + 1 tokens, then the gamma maximising Theorem 3.8 and the
 gamma maximising E[tokens] / (gamma c + verify_cost(gamma)), the same
 expected-speedup formula with the target call priced as measured on this
@@ -24,7 +27,11 @@ from specdec_jax.experiments import costs
 flags.DEFINE_string("target", "demo:target", "Target model spec.")
 flags.DEFINE_list("drafts", ["demo:draft_large", "demo:draft_base",
                              "demo:draft_small"], "Draft model specs.")
-flags.DEFINE_integer("examples", 128, "Multi30k validation sentences.")
+flags.DEFINE_string("task", "multi30k_ende_local",
+                    "Validation examples: multi30k_ende_local (sentences) or "
+                    "multi30k_ende_paragraphs_local (paragraphs).")
+flags.DEFINE_integer("examples", 128, "Validation examples used.")
+flags.DEFINE_integer("max_decode_len", 64, "Most tokens per output.")
 flags.DEFINE_integer("max_gamma", 8, "Largest gamma considered.")
 args = flags.FLAGS
 
@@ -33,7 +40,7 @@ def main(argv):
   del argv
   target = sd.load_model(args.target)
   with tasks.override_config(vocab_path=target.vocab.sentencepiece_model_file):
-    examples = batching.load_examples("multi30k_ende_local", "validation",
+    examples = batching.load_examples(args.task, "validation",
                                   max_examples=args.examples)
   batches = list(batching.batches(examples, batch_size=32, max_length=128))
   one = next(batching.batches(examples[:1], batch_size=1, max_length=128))
@@ -42,7 +49,8 @@ def main(argv):
     alphas = {}
     for temperature in (0.0, 1.0):
       probes = [sd.speculative_generate(target, draft, batch.input_ids,
-                                        gamma=4, max_decode_len=64,
+                                        gamma=4,
+                                        max_decode_len=args.max_decode_len,
                                         temperature=temperature).stats
                 for batch in batches]
       alphas[temperature] = theory.pooled_alpha(
@@ -50,7 +58,7 @@ def main(argv):
           [s.alpha_count.sum() for s in probes])
     gammas = np.arange(1, args.max_gamma + 1)
     measured = [costs.measure_costs(target, draft, one.input_ids, gamma=int(g),
-                                    cache_positions=64 + int(g) + 1)
+                                    cache_positions=args.max_decode_len + int(g) + 1)
                 for g in gammas]
     c = float(np.median([m["c"] for m in measured]))
     verify = np.array([m["verify_cost"] for m in measured])

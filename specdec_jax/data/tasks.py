@@ -55,17 +55,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import gin
 import seqio
 import tensorflow as tf
 
+from specdec_jax.data import local_files
 from specdec_jax.data import metrics
-from specdec_jax.data import paragraphs
 from specdec_jax.data import text
 
 DEFAULT_VOCAB_PATH = (
@@ -73,7 +72,7 @@ DEFAULT_VOCAB_PATH = (
 NUM_EXTRA_IDS = 100
 TRANSLATE_PREFIX = text.TRANSLATE_PREFIX
 SUMMARIZE_PREFIX = text.SUMMARIZE_PREFIX
-SHARED_DATA_ENV = "SPECDEC_SHARED_DATA"
+SHARED_DATA_ENV = local_files.SHARED_DATA_ENV
 
 WMT14_ENDE = "wmt14_ende"
 WMT_T2T_ENDE = "wmt_t2t_ende"
@@ -464,131 +463,10 @@ def _split_path(task: str, field: str, split: str) -> str:
   return config.resolve(files[split])
 
 
-def _read_text(path: str, task: str, field: str) -> str:
-  if not tf.io.gfile.exists(path):
-    raise FileNotFoundError(
-        f"Local data file not found: {path} (task {task!r}). Create it, or "
-        f"point `TaskConfig.{field}` (or `TaskConfig.local_data_dir`, or "
-        f"${SHARED_DATA_ENV}) at an existing file.")
-  with tf.io.gfile.GFile(path, "rb") as f:
-    return f.read().decode("utf-8")
 
-
-def _lines(path: str, task: str, field: str) -> list[str]:
-  """One segment a line, surrounding whitespace (and '\\r') trimmed."""
-  # str.splitlines would also split on U+2028 and friends inside a segment.
-  lines = _read_text(path, task, field).split("\n")
-  if lines[-1] == "":  # The file's final newline ends a line, not starts one.
-    lines.pop()
-  if not lines:
-    raise ValueError(f"Local data file {path} (task {task!r}) is empty.")
-  return [line.strip() for line in lines]
-
-
-def _parallel_text_fn(task: str, field: str) -> Callable[..., tf.data.Dataset]:
-  """A seqio dataset_fn over aligned `<prefix>.en`/`<prefix>.de` files."""
-
-  def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
-    del shuffle_files  # One file a language: nothing to shuffle.
-    prefix = _split_path(task, field, split)
-    en = _lines(prefix + ".en", task, field)
-    de = _lines(prefix + ".de", task, field)
-    if len(en) != len(de):
-      raise ValueError(
-          f"Misaligned parallel files for task {task!r}: {prefix}.en has "
-          f"{len(en)} lines but {prefix}.de has {len(de)}.")
-    ids = [str(i) for i in range(len(en))]
-    return tf.data.Dataset.from_tensor_slices({"en": en, "de": de, "id": ids})
-
-  return dataset_fn
-
-
-def _parallel_paragraphs(task: str, field: str, split: str,
-                         singles: bool) -> dict[str, list[str]]:
-  """{'en', 'de', 'id'} of a split's paragraphs (after its single pairs).
-
-  Ids are the sentence ids ('17') and 'p<start>+<size>' for a paragraph.
-  """
-  prefix = _split_path(task, field, split)
-  en = _lines(prefix + ".en", task, field)
-  de = _lines(prefix + ".de", task, field)
-  if len(en) != len(de):
-    raise ValueError(
-        f"Misaligned parallel files for task {task!r}: {prefix}.en has "
-        f"{len(en)} lines but {prefix}.de has {len(de)}.")
-  spans = paragraphs.paragraph_spans(len(en))
-  par_en, par_de = paragraphs.build_paragraphs(en, de)
-  rows = {"en": par_en, "de": par_de,
-          "id": [f"p{start}+{size}" for start, size in spans]}
-  if singles:
-    rows = {"en": en + rows["en"], "de": de + rows["de"],
-            "id": [str(i) for i in range(len(en))] + rows["id"]}
-  return rows
-
-
-def _paragraphs_fn(task: str, field: str, *, singles_in_train: bool,
-                   paragraphs_in_eval: bool) -> Callable[..., tf.data.Dataset]:
-  """A dataset_fn over paragraphs of aligned `.en`/`.de` files' pairs.
-
-  Args:
-    task, field: the task's name and its `TaskConfig` files field.
-    singles_in_train: the train split also holds every single pair.
-    paragraphs_in_eval: other splits are paragraphs (else single pairs).
-  """
-  singles_only = _parallel_text_fn(task, field)
-
-  def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
-    if split != "train" and not paragraphs_in_eval:
-      return singles_only(split, shuffle_files)
-    rows = _parallel_paragraphs(task, field, split,
-                                singles=split == "train" and singles_in_train)
-    return tf.data.Dataset.from_tensor_slices(rows)
-
-  return dataset_fn
-
-
-def _jsonl_fn(task: str, field: str) -> Callable[..., tf.data.Dataset]:
-  """A seqio dataset_fn over a JSONL file of articles and highlights."""
-
-  def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
-    del shuffle_files
-    path = _split_path(task, field, split)
-    rows = {"article": [], "highlights": [], "id": []}
-    for number, line in enumerate(_lines(path, task, field), start=1):
-      if not line:
-        continue
-      try:
-        record = json.loads(line)
-        article, highlights = record["article"], record["highlights"]
-        if not (isinstance(article, str) and isinstance(highlights, str)):
-          raise TypeError("'article' and 'highlights' must be strings")
-      except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(
-            f"{path} line {number} (task {task!r}) is not a JSON object with "
-            f"string fields 'article' and 'highlights': {e!r}") from e
-      # Without an id, a record is known by its position among the records.
-      rows["id"].append(str(record.get("id", len(rows["id"]))))
-      rows["article"].append(article)
-      rows["highlights"].append(highlights)
-    if not rows["id"]:
-      raise ValueError(f"Local data file {path} (task {task!r}) is empty.")
-    return tf.data.Dataset.from_tensor_slices(rows)
-
-  return dataset_fn
-
-
-def _sentences_fn(task: str, field: str) -> Callable[..., tf.data.Dataset]:
-  """A seqio dataset_fn over a text file, one sentence a line."""
-
-  def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
-    del shuffle_files
-    text = _lines(_split_path(task, field, split), task, field)
-    # Ids are 0-based line numbers; blank lines are dropped later, so an id
-    # still points at its line.
-    ids = [str(i) for i in range(len(text))]
-    return tf.data.Dataset.from_tensor_slices({"text": text, "id": ids})
-
-  return dataset_fn
+def _split_paths(task: str, field: str) -> local_files.SplitPath:
+  """split -> the resolved path `TaskConfig.<field>` gives it (read at use)."""
+  return lambda split: _split_path(task, field, split)
 
 
 # ------------------------------- registration --------------------------------
@@ -618,26 +496,30 @@ def _register_all() -> None:
                                        CNN_DAILYMAIL_LOCAL),
             summarize_article, metrics.rouge)
   for name, field, fn, prep, metric_fn in (
-      (WMT14_ENDE_LOCAL, "wmt_ende_files", _parallel_text_fn,
+      (WMT14_ENDE_LOCAL, "wmt_ende_files", local_files.parallel_text_fn,
        translate_en_to_de, metrics.bleu),
-      (MULTI30K_ENDE_LOCAL, "multi30k_files", _parallel_text_fn,
+      (MULTI30K_ENDE_LOCAL, "multi30k_files", local_files.parallel_text_fn,
        translate_en_to_de, metrics.bleu),
-      (CNN_DAILYMAIL_LOCAL, "cnndm_files", _jsonl_fn, summarize_article,
-       metrics.rouge)):
-    source = seqio.FunctionDataSource(fn(name, field), splits=_SPLITS)
+      (CNN_DAILYMAIL_LOCAL, "cnndm_files", local_files.jsonl_fn,
+       summarize_article, metrics.rouge)):
+    source = seqio.FunctionDataSource(
+        fn(name, field, _split_paths(name, field)), splits=_SPLITS)
     _register(name, source, prep, metric_fn)
   for name, singles, eval_paragraphs in (
       (MULTI30K_ENDE_PARAGRAPHS_LOCAL, False, True),
       (MULTI30K_ENDE_MIX_LOCAL, True, False)):
-    source = seqio.FunctionDataSource(_paragraphs_fn(
-        name, "multi30k_files", singles_in_train=singles,
-        paragraphs_in_eval=eval_paragraphs), splits=_SPLITS)
+    source = seqio.FunctionDataSource(local_files.paragraphs_fn(
+        name, "multi30k_files", _split_paths(name, "multi30k_files"),
+        singles_in_train=singles, paragraphs_in_eval=eval_paragraphs),
+                                      splits=_SPLITS)
     _register(name, source, translate_en_to_de, metrics.bleu)
   # Table 3 measures only alpha on lm1b: no metric, and a prompt without EOS.
   _register(LM1B, _TfdsSource("lm1b:1.1.0", LM1B_LOCAL, _LM1B_SPLITS),
             lm1b_prompt_and_continuation, None, inputs_eos=False)
   _register(LM1B_LOCAL, seqio.FunctionDataSource(
-      _sentences_fn(LM1B_LOCAL, "lm1b_files"), splits=_SPLITS),
+      local_files.sentences_fn(LM1B_LOCAL, "lm1b_files",
+                               _split_paths(LM1B_LOCAL, "lm1b_files")),
+      splits=_SPLITS),
             lm1b_prompt_and_continuation, None, inputs_eos=False)
 
 

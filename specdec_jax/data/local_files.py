@@ -1,0 +1,160 @@
+"""Readers of the `*_local` tasks' plain files, as seqio dataset_fns.
+
+`specdec_jax.data.tasks` registers each local task with one of these:
+
+  parallel_text_fn   aligned `<prefix>.en` / `<prefix>.de` files, one
+                     segment a line (WMT EnDe, Multi30k);
+  paragraphs_fn      paragraphs of consecutive pairs of such files
+                     (`specdec_jax.data.paragraphs`), optionally after
+                     every single pair;
+  jsonl_fn           one JSON object a line with `article` and `highlights`
+                     (CNN/DM);
+  sentences_fn       one sentence a line (lm1b).
+
+Each takes the task's name and the `TaskConfig` field naming its files (both
+for error messages only) and `split_path`, split -> the path to read, called
+when the dataset is built (so gin bindings made after import apply). A
+missing, empty or misaligned file is an error naming the file and the field
+to fix.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import tensorflow as tf
+
+from specdec_jax.data import paragraphs
+
+SHARED_DATA_ENV = "SPECDEC_SHARED_DATA"
+SplitPath = Callable[[str], str]
+
+
+def read_text(path: str, task: str, field: str) -> str:
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(
+        f"Local data file not found: {path} (task {task!r}). Create it, or "
+        f"point `TaskConfig.{field}` (or `TaskConfig.local_data_dir`, or "
+        f"${SHARED_DATA_ENV}) at an existing file.")
+  with tf.io.gfile.GFile(path, "rb") as f:
+    return f.read().decode("utf-8")
+
+
+def read_lines(path: str, task: str, field: str) -> list[str]:
+  """One segment a line, surrounding whitespace (and '\\r') trimmed."""
+  # str.splitlines would also split on U+2028 and friends inside a segment.
+  lines = read_text(path, task, field).split("\n")
+  if lines[-1] == "":  # The file's final newline ends a line, not starts one.
+    lines.pop()
+  if not lines:
+    raise ValueError(f"Local data file {path} (task {task!r}) is empty.")
+  return [line.strip() for line in lines]
+
+
+def parallel_text_fn(task: str, field: str, split_path: SplitPath) -> Callable[..., tf.data.Dataset]:
+  """A seqio dataset_fn over aligned `<prefix>.en`/`<prefix>.de` files."""
+
+  def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
+    del shuffle_files  # One file a language: nothing to shuffle.
+    prefix = split_path(split)
+    en = read_lines(prefix + ".en", task, field)
+    de = read_lines(prefix + ".de", task, field)
+    if len(en) != len(de):
+      raise ValueError(
+          f"Misaligned parallel files for task {task!r}: {prefix}.en has "
+          f"{len(en)} lines but {prefix}.de has {len(de)}.")
+    ids = [str(i) for i in range(len(en))]
+    return tf.data.Dataset.from_tensor_slices({"en": en, "de": de, "id": ids})
+
+  return dataset_fn
+
+
+def _parallel_paragraphs(task: str, field: str, split_path: SplitPath,
+                         split: str, singles: bool) -> dict[str, list[str]]:
+  """{'en', 'de', 'id'} of a split's paragraphs (after its single pairs).
+
+  Ids are the sentence ids ('17') and 'p<start>+<size>' for a paragraph.
+  """
+  prefix = split_path(split)
+  en = read_lines(prefix + ".en", task, field)
+  de = read_lines(prefix + ".de", task, field)
+  if len(en) != len(de):
+    raise ValueError(
+        f"Misaligned parallel files for task {task!r}: {prefix}.en has "
+        f"{len(en)} lines but {prefix}.de has {len(de)}.")
+  spans = paragraphs.paragraph_spans(len(en))
+  par_en, par_de = paragraphs.build_paragraphs(en, de)
+  rows = {"en": par_en, "de": par_de,
+          "id": [f"p{start}+{size}" for start, size in spans]}
+  if singles:
+    rows = {"en": en + rows["en"], "de": de + rows["de"],
+            "id": [str(i) for i in range(len(en))] + rows["id"]}
+  return rows
+
+
+def paragraphs_fn(task: str, field: str, split_path: SplitPath, *, singles_in_train: bool,
+                   paragraphs_in_eval: bool) -> Callable[..., tf.data.Dataset]:
+  """A dataset_fn over paragraphs of aligned `.en`/`.de` files' pairs.
+
+  Args:
+    task, field: the task's name and its `TaskConfig` files field (for
+      messages).
+    split_path: split -> the file (prefix) to read.
+    singles_in_train: the train split also holds every single pair.
+    paragraphs_in_eval: other splits are paragraphs (else single pairs).
+  """
+  singles_only = parallel_text_fn(task, field, split_path)
+
+  def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
+    if split != "train" and not paragraphs_in_eval:
+      return singles_only(split, shuffle_files)
+    rows = _parallel_paragraphs(task, field, split_path, split,
+                                singles=split == "train" and singles_in_train)
+    return tf.data.Dataset.from_tensor_slices(rows)
+
+  return dataset_fn
+
+
+def jsonl_fn(task: str, field: str, split_path: SplitPath) -> Callable[..., tf.data.Dataset]:
+  """A seqio dataset_fn over a JSONL file of articles and highlights."""
+
+  def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
+    del shuffle_files
+    path = split_path(split)
+    rows = {"article": [], "highlights": [], "id": []}
+    for number, line in enumerate(read_lines(path, task, field), start=1):
+      if not line:
+        continue
+      try:
+        record = json.loads(line)
+        article, highlights = record["article"], record["highlights"]
+        if not (isinstance(article, str) and isinstance(highlights, str)):
+          raise TypeError("'article' and 'highlights' must be strings")
+      except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"{path} line {number} (task {task!r}) is not a JSON object with "
+            f"string fields 'article' and 'highlights': {e!r}") from e
+      # Without an id, a record is known by its position among the records.
+      rows["id"].append(str(record.get("id", len(rows["id"]))))
+      rows["article"].append(article)
+      rows["highlights"].append(highlights)
+    if not rows["id"]:
+      raise ValueError(f"Local data file {path} (task {task!r}) is empty.")
+    return tf.data.Dataset.from_tensor_slices(rows)
+
+  return dataset_fn
+
+
+def sentences_fn(task: str, field: str, split_path: SplitPath) -> Callable[..., tf.data.Dataset]:
+  """A seqio dataset_fn over a text file, one sentence a line."""
+
+  def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
+    del shuffle_files
+    text = read_lines(split_path(split), task, field)
+    # Ids are 0-based line numbers; blank lines are dropped later, so an id
+    # still points at its line.
+    ids = [str(i) for i in range(len(text))]
+    return tf.data.Dataset.from_tensor_slices({"text": text, "id": ids})
+
+  return dataset_fn
