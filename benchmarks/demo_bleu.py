@@ -6,7 +6,7 @@ r"""Greedy BLEU of the demo models: Multi30k validation sentences, paragraphs.
 Decodes the first --examples (0: all) validation examples of --task (needs
 ../shared/data) with each model alone, greedy, batches of 64, and prints
 sacrebleu's corpus BLEU (13a) against the references, as the training runs'
-final evaluation does (`train.evaluate`). The paragraph task's validation
+final evaluation does (`steps.evaluate`). The paragraph task's validation
 split is 289 paragraphs of 2-5 consecutive validation pairs
 (`specdec_jax.data.paragraphs`, seed 0); `multi30k_ende_local` gives the 1,014
 sentences (docs/demo_models.md).
@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import specdec_jax as sd  # noqa: E402
 from specdec_jax.data import batching  # noqa: E402
 from specdec_jax.data import tasks  # noqa: E402
+from specdec_jax.training import steps  # noqa: E402
 from specdec_jax.training import train  # noqa: E402
 
 
@@ -44,7 +45,7 @@ def main():
         bleu_examples=len(examples), eval_batch_size=64,
         max_decode_len=args.max_decode_len)
     start = time.time()
-    result = train.evaluate(model, None, examples, config)
+    result = steps.evaluate(model, None, examples, config)
     print(f"{spec}: BLEU {result['bleu']:.1f} on {len(examples)} "
           f"{args.task} validation examples ({time.time() - start:.0f} s); "
           f"first: {result['sample']}", flush=True)

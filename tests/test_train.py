@@ -18,6 +18,7 @@ import sentencepiece as spm
 from specdec_jax import checkpoints
 from specdec_jax import generate
 from specdec_jax.data import tasks
+from specdec_jax.training import steps
 from specdec_jax.training import train
 from specdec_jax.training import batches
 from specdec_jax.data import vocabularies
@@ -182,17 +183,17 @@ def test_distillation_kl_is_zero_when_student_is_teacher(corpus, tmp_path):
   other = rng.normal(size=(2, 5, 11)).astype(np.float32)
   weights = np.ones((2, 5), np.float32)
   for temperature in (1.0, 2.0):
-    assert abs(float(train.distillation_kl(logits, logits, weights,
+    assert abs(float(steps.distillation_kl(logits, logits, weights,
                                            temperature))) < 1e-5
-    assert float(train.distillation_kl(logits, other, weights,
+    assert float(steps.distillation_kl(logits, other, weights,
                                        temperature)) > 0.1
   config = _config(tmp_path, corpus, teacher="t5_tiny", distill_alpha=0.3,
                    dropout_rate=0.0)
   definition = registry.make_def(config.model_config())
   params = definition.init_params(jax.random.key(0))
   teacher_params = jax.tree.map(np.array, params)
-  tx = train.make_optimizer(config, train.make_schedule(config, 10))
-  step = train.make_train_step(definition, tx, config, definition)
+  tx = steps.make_optimizer(config, steps.make_schedule(config, 10))
+  step = steps.make_train_step(definition, tx, config, definition)
   inputs = [np.array([5, 6, 7, 1], np.int32), np.array([8, 1], np.int32)]
   targets = [np.array([9, 10, 1], np.int32), np.array([11, 1], np.int32)]
   data = batches.BucketedData(inputs, targets, (8,), decoder_only=False,
@@ -200,7 +201,7 @@ def test_distillation_kl_is_zero_when_student_is_teacher(corpus, tmp_path):
   batch = data.batch(*data.epoch(None)[0])
   for teacher, zero in ((teacher_params, True),
                         (definition.init_params(jax.random.key(1)), False)):
-    state = train.TrainState(np.int32(0), jax.tree.map(np.array, params),
+    state = steps.TrainState(np.int32(0), jax.tree.map(np.array, params),
                              tx.init(params))
     _, sums = step(state, batch, teacher)
     assert (abs(float(sums["kl"])) < 1e-4) == zero
@@ -215,14 +216,14 @@ def test_decoder_only_model_learns_its_targets():
                              learning_rate=1e-2, warmup_steps=1)
   definition = registry.make_def(config.model_config())
   params = definition.init_params(jax.random.key(0))
-  tx = train.make_optimizer(config, train.make_schedule(config, 8))
-  step = train.make_train_step(definition, tx, config)
+  tx = steps.make_optimizer(config, steps.make_schedule(config, 8))
+  step = steps.make_train_step(definition, tx, config)
   rows = [np.array([5, 6, 7, 1], np.int32), np.array([9, 10, 11, 12, 1])]
   data = batches.BucketedData(rows, rows[::-1], (16,), decoder_only=True,
                             batch_tokens=0, batch_size=2, seed=0)
   batch = data.batch(*data.epoch(None)[0])
   assert batch["weights"].sum() == 4 + 5  # The targets' tokens, EOS included.
-  state = train.TrainState(np.int32(0), params, tx.init(params))
+  state = steps.TrainState(np.int32(0), params, tx.init(params))
   losses = []
   for _ in range(8):
     state, sums = step(state, batch, None)

@@ -14,7 +14,8 @@ distillation mixes in KL(teacher || student) at a temperature.
 Dropout: the models have none of their own, so `dropout_rate` applies it
 around them with a flax method interceptor, to the token embeddings and to
 the output of every attention and MLP block (the residual branches, where T5
-puts it). Evaluation and decoding run without it.
+puts it). Evaluation and decoding run without it. The losses, the jitted
+steps and `evaluate` are in `steps.py`; this module is the loop around them.
 
 The workdir holds `checkpoints/` (orbax: params, optimizer state, step and
 data position; a restarted run resumes from the latest), `metrics.jsonl`,
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import json
 import os
 import signal
@@ -36,25 +36,17 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from absl import logging
-import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 
 from specdec_jax import checkpoints
-from specdec_jax.data import batching
-from specdec_jax.data import metrics
 from specdec_jax.data import tasks
-from specdec_jax.data import vocabularies
-from specdec_jax.training.batches import BucketedData
+from specdec_jax.training import steps
 from specdec_jax.training.batches import load_split
-from specdec_jax.decoding.api import generate
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.models import gpt
-from specdec_jax.models import layers
 from specdec_jax.models import registry
 
 
@@ -179,205 +171,6 @@ class TrainConfig:
       raise ValueError("Bad TrainConfig: " + "; ".join(problems) + ".")
 
 
-# --------------------------- losses and steps ---------------------------------
-
-
-def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
-                  label_smoothing: float = 0.0) -> tuple[jax.Array, ...]:
-  """Token cross-entropy, summed over weighted tokens.
-
-  Args:
-    logits: float32 [B, T, V].
-    targets: int [B, T].
-    weights: float32 [B, T], 0 on padding.
-    label_smoothing: mass spread uniformly over V.
-
-  Returns:
-    Scalars (smoothed loss sum, plain NLL sum, correct-argmax count).
-  """
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  loss = ((1 - label_smoothing) * nll
-          - label_smoothing * jnp.mean(log_probs, axis=-1))
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-  return (jnp.sum(loss * weights), jnp.sum(nll * weights),
-          jnp.sum(correct * weights))
-
-
-def distillation_kl(student_logits: jax.Array, teacher_logits: jax.Array,
-                    weights: jax.Array, temperature: float = 1.0) -> jax.Array:
-  """KL(teacher || student) at a temperature, summed over weighted tokens.
-
-  Args:
-    student_logits, teacher_logits: float32 [B, T, V].
-    weights: float32 [B, T].
-    temperature: both logits are divided by it.
-
-  Returns:
-    Scalar sum_{b,t} w * sum_x p_t(x) (log p_t(x) - log p_s(x)).
-  """
-  log_p = jax.nn.log_softmax(teacher_logits.astype(jnp.float32) / temperature)
-  log_q = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature)
-  return jnp.sum(jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1) * weights)
-
-
-def _dropout_interceptor(rate: float, key: jax.Array):
-  """A flax interceptor: dropout on embeddings and residual branches."""
-  counter = itertools.count()
-  sites = (layers.Embed, layers.MultiHeadAttention, layers.MlpBlock)
-
-  def interceptor(next_fun, args, kwargs, context):
-    out = next_fun(*args, **kwargs)
-    if context.method_name != "__call__" or not isinstance(context.module,
-                                                          sites):
-      return out
-    # Tracing visits the sites in a fixed order: each gets its own key.
-    keep = jax.random.bernoulli(jax.random.fold_in(key, next(counter)),
-                                1.0 - rate, out.shape)
-    return jnp.where(keep, out / (1.0 - rate), 0).astype(out.dtype)
-
-  return interceptor
-
-
-def model_logits(definition, params, batch: Mapping[str, jax.Array],
-                 dropout_rate: float = 0.0, key: jax.Array | None = None):
-  """Teacher-forced float32 logits [B, T, V] of a batch (`BucketedData`)."""
-  def run():
-    if isinstance(definition, gpt.GPTDef):
-      return definition.forward(params, batch["decoder_inputs"])
-    return definition.forward(params, batch["inputs"], batch["decoder_inputs"])
-  if not dropout_rate:
-    return run()
-  with nn.intercept_methods(_dropout_interceptor(dropout_rate, key)):
-    return run()
-
-
-@flax.struct.dataclass
-class TrainState:
-  """What a checkpoint holds besides its data position.
-
-  Attributes:
-    step: int32 [], optimizer steps taken.
-    params: the model's parameter pytree.
-    opt_state: the optax state.
-  """
-
-  step: jax.Array
-  params: Any
-  opt_state: Any
-
-
-def make_schedule(config: TrainConfig, total_steps: int):
-  """The learning rate as a function of the step."""
-  peak, warmup = config.learning_rate, max(config.warmup_steps, 1)
-  if config.schedule == "cosine":
-    return optax.warmup_cosine_decay_schedule(
-        0.0, peak, warmup, max(total_steps, warmup + 1), end_value=0.1 * peak)
-
-  def schedule(step):
-    step = jnp.asarray(step, jnp.float32) + 1
-    ramp = peak * jnp.minimum(1.0, step / warmup)
-    if config.schedule == "constant":
-      return ramp
-    return ramp * jnp.sqrt(warmup / jnp.maximum(step, warmup))
-
-  return schedule
-
-
-def make_optimizer(config: TrainConfig,
-                   schedule) -> optax.GradientTransformation:
-  """AdamW (decay on matrices only) or Adafactor, after global-norm clipping."""
-  if config.optimizer == "adafactor":
-    tx = optax.adafactor(learning_rate=schedule)
-  else:
-    tx = optax.adamw(schedule, b1=0.9, b2=config.adam_b2, eps=1e-9,
-                     weight_decay=config.weight_decay,
-                     mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p))
-  if config.grad_clip:
-    tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), tx)
-  return tx
-
-
-def make_train_step(definition, tx, config: TrainConfig, teacher_def=None):
-  """The jitted step: (state, batch, teacher_params) -> (state, sums).
-
-  The state is donated. `sums` are device scalars: loss (the objective),
-  nll, kl (0 without a teacher), correct and tokens summed over the batch's
-  weighted tokens, and grad_norm.
-  """
-  alpha, temp = config.distill_alpha, config.distill_temperature
-
-  def loss_fn(params, batch, teacher_params, key):
-    logits = model_logits(definition, params, batch, config.dropout_rate, key)
-    loss, nll, correct = cross_entropy(logits, batch["targets"],
-                                       batch["weights"], config.label_smoothing)
-    kl = jnp.zeros(())
-    if teacher_def is not None:
-      teacher = jax.lax.stop_gradient(
-          model_logits(teacher_def, teacher_params, batch))
-      kl = distillation_kl(logits, teacher, batch["weights"], temp)
-      loss = (1 - alpha) * loss + alpha * temp**2 * kl
-    tokens = jnp.sum(batch["weights"])
-    sums = dict(loss=loss, nll=nll, kl=kl, correct=correct, tokens=tokens)
-    return loss / jnp.maximum(tokens, 1.0), sums
-
-  def step(state: TrainState, batch, teacher_params):
-    key = jax.random.fold_in(jax.random.key(config.seed), state.step)
-    grads, sums = jax.grad(loss_fn, has_aux=True)(state.params, batch,
-                                                  teacher_params, key)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    sums["grad_norm"] = optax.tree.norm(grads)
-    return TrainState(state.step + 1, params, opt_state), sums
-
-  return jax.jit(step, donate_argnums=0)
-
-
-@jax.jit(static_argnums=0)
-def _eval_step(definition, params, batch):
-  logits = model_logits(definition, params, batch)
-  _, nll, correct = cross_entropy(logits, batch["targets"], batch["weights"])
-  return dict(nll=nll, correct=correct, tokens=jnp.sum(batch["weights"]))
-
-
-def evaluate(model: Model, eval_data: BucketedData | None, examples,
-             config: TrainConfig) -> dict[str, Any]:
-  """Validation loss and accuracy, and BLEU of greedy decoding.
-
-  Args:
-    model: the model (with its seqio vocabulary) to evaluate.
-    eval_data: the examples for the loss (None: no loss).
-    examples: `batching.Example`s of the split; the first `bleu_examples` are
-      decoded, their EOS and padding stripped, and scored against the raw
-      references.
-    config: the training config.
-
-  Returns:
-    eval_loss, eval_accuracy (token level) and bleu, with a decoded sample.
-  """
-  result = {}
-  if eval_data is not None:
-    sums = collections.Counter()
-    for key, indices in eval_data.epoch(None):
-      out = _eval_step(model.definition, model.params,
-                       eval_data.batch(key, indices))
-      sums.update({k: float(v) for k, v in out.items()})
-    result = {"eval_loss": sums["nll"] / max(sums["tokens"], 1.0),
-              "eval_accuracy": sums["correct"] / max(sums["tokens"], 1.0)}
-  if config.bleu_examples:
-    chosen = examples[:config.bleu_examples]
-    vocab, predictions = model.vocab, []
-    for batch in batching.batches(chosen, batch_size=config.eval_batch_size,
-                              max_length=config.max_lengths()[0]):
-      tokens = generate(model, batch.input_ids,
-                        max_decode_len=config.max_decode_len).tokens
-      predictions += [vocabularies.detokenize(vocab, row) for row in tokens]
-    result["bleu"] = metrics.bleu([e.targets_text for e in chosen],
-                                  predictions)["bleu"]
-    result["sample"] = predictions[0]
-  return result
-
-
 # ------------------------------- training -------------------------------------
 
 
@@ -462,7 +255,7 @@ def _window_metrics(window: Mapping[str, float], seconds: float):
           "step_s": seconds / window["steps"]}
 
 
-def _save(manager, state: TrainState, per_epoch: int) -> None:
+def _save(manager, state: steps.TrainState, per_epoch: int) -> None:
   step = int(state.step)
   if manager.latest_step() != step:
     meta = {"step": step, "batches_per_epoch": per_epoch,
@@ -472,7 +265,7 @@ def _save(manager, state: TrainState, per_epoch: int) -> None:
 
 
 def restore_latest_intact(make_manager: Callable[[], Any],
-                          init: Callable[[], TrainState], workdir: str):
+                          init: Callable[[], steps.TrainState], workdir: str):
   """The newest checkpoint that restores, skipping (and moving aside) any
   newer damaged one.
 
@@ -484,7 +277,7 @@ def restore_latest_intact(make_manager: Callable[[], Any],
 
   Args:
     make_manager: returns the run's orbax CheckpointManager.
-    init: returns a fresh TrainState (its shapes are the restore target).
+    init: returns a fresh steps.TrainState (its shapes are the restore target).
     workdir: the training workdir.
 
   Returns:
@@ -496,9 +289,9 @@ def restore_latest_intact(make_manager: Callable[[], Any],
   """
   manager = make_manager()
   directory = str(manager.directory)
-  steps = sorted(manager.all_steps(), reverse=True)
+  saved = sorted(manager.all_steps(), reverse=True)
   skipped = []
-  for step in steps:
+  for step in saved:
     try:
       restored = manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(jax.eval_shape(init)),
@@ -510,7 +303,7 @@ def restore_latest_intact(make_manager: Callable[[], Any],
     if skipped:
       aside = os.path.join(workdir, "damaged_checkpoints")
       os.makedirs(aside, exist_ok=True)
-      for bad in steps[:len(skipped)]:
+      for bad in saved[:len(skipped)]:
         os.replace(os.path.join(directory, str(bad)),
                    os.path.join(aside, f"{bad}.{int(time.time())}"))
       manager.close()
@@ -554,13 +347,13 @@ def train(config: TrainConfig) -> dict[str, Any]:
   logging.info("%d examples, %d batches an epoch, %d steps; batch shapes "
                "(rows, widths): %s", len(train_data.inputs), per_epoch, total,
                train_data.shapes())
-  schedule = make_schedule(config, total)
-  tx = make_optimizer(config, schedule)
+  schedule = steps.make_schedule(config, total)
+  tx = steps.make_optimizer(config, schedule)
 
   def init(params=None):
     if params is None:
       params = definition.init_params(jax.random.key(config.seed))
-    return TrainState(jnp.int32(0), params, tx.init(params))
+    return steps.TrainState(jnp.int32(0), params, tx.init(params))
 
   def make_manager():
     return ocp.CheckpointManager(
@@ -583,7 +376,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     logging.info("resumed from step %d", int(state.step))
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("%s: %.3fM parameters", model_config, num_params / 1e6)
-  train_step = make_train_step(definition, tx, config,
+  train_step = steps.make_train_step(definition, tx, config,
                                teacher.definition if teacher else None)
   metrics_path = os.path.join(config.workdir, "metrics.jsonl")
 
@@ -592,7 +385,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
       f.write(json.dumps(row) + "\n")
 
   def run_eval(step):
-    result = evaluate(Model(definition, state.params, vocab), eval_data,
+    result = steps.evaluate(Model(definition, state.params, vocab), eval_data,
                       examples, config)
     logging.info("eval at step %d: %s", step, result)
     record({"kind": "eval", "step": step, **result})
