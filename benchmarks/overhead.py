@@ -1,6 +1,8 @@
 r"""How much the decoding loop itself costs, against Theorem 3.8.
 
   python benchmarks/overhead.py --target=demo:target --draft=demo:draft_small
+  python benchmarks/overhead.py --draft=demo:draft_base --inputs=paragraphs \
+      --max_decode_len=96 --gammas=7     # the demo's long outputs
   python benchmarks/overhead.py --target=t5_1_1_tiny --draft=t5_tiny
       # random weights: alpha ~ 0.2, shows the loop's own cost
 
@@ -42,12 +44,15 @@ flags.DEFINE_integer("examples", 8, "Inputs, decoded one at a time.")
 flags.DEFINE_integer("max_decode_len", 64, "Most tokens per output.")
 flags.DEFINE_integer("repeats", 5, "Timed repeats (the fastest is kept).")
 flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")
+flags.DEFINE_enum("inputs", "sentences", ["sentences", "paragraphs"],
+                  "Which shipped demo texts to decode (trained models).")
 args = flags.FLAGS
 
 
 def _inputs(model, batch, length, seed=0):
   if model.vocab is not None:
-    return text.encode(model.vocab, text.demo_sentences(batch))
+    return text.encode(model.vocab,
+                       text.demo_sentences(batch, name=args.inputs))
   rng = np.random.default_rng(seed)
   return np.array([list(rng.integers(3, model.vocab_size, length - 1)) + [1]
                    for _ in range(batch)], np.int32)
