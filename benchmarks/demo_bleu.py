@@ -12,29 +12,30 @@ split is 289 paragraphs of 2-5 consecutive validation pairs
 sentences (docs/demo_models.md).
 """
 
-import argparse
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
 
-import specdec_jax as sd  # noqa: E402
-from specdec_jax.data import batching  # noqa: E402
-from specdec_jax.data import tasks  # noqa: E402
-from specdec_jax.training import steps  # noqa: E402
-from specdec_jax.training import train  # noqa: E402
+import specdec_jax as sd
+from specdec_jax.data import batching
+from specdec_jax.data import tasks
+from specdec_jax.training import steps
+from specdec_jax.training import train
+
+flags.DEFINE_list("models", ["demo:target", "demo:draft_large",
+                             "demo:draft_base", "demo:draft_small"],
+                  "Model specs (load_model).")
+flags.DEFINE_string("task", tasks.MULTI30K_ENDE_PARAGRAPHS_LOCAL,
+                    "Task whose validation split is decoded.")
+flags.DEFINE_integer("examples", 0, "Validation examples (0: all).")
+flags.DEFINE_integer("max_decode_len", 160, "Most tokens per output.")
+args = flags.FLAGS
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("--models", default="demo:target,demo:draft_large,"
-                 "demo:draft_base,demo:draft_small")
-  p.add_argument("--task", default=tasks.MULTI30K_ENDE_PARAGRAPHS_LOCAL)
-  p.add_argument("--examples", type=int, default=0)
-  p.add_argument("--max_decode_len", type=int, default=160)
-  args = p.parse_args()
-  for spec in args.models.split(","):
+def main(argv):
+  del argv
+  for spec in args.models:
     model = sd.load_model(spec)
     vocab_path = model.vocab.sentencepiece_model_file
     with tasks.override_config(vocab_path=vocab_path):
@@ -52,4 +53,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)
