@@ -57,9 +57,9 @@ def main(argv):
           [s.alpha_sum.sum() for s in probes],
           [s.alpha_count.sum() for s in probes])
     gammas = np.arange(1, args.max_gamma + 1)
-    measured = [costs.measure_costs(target, draft, one.input_ids, gamma=int(g),
-                                    cache_positions=args.max_decode_len + int(g) + 1)
-                for g in gammas]
+    measured = [costs.measure_costs(
+        target, draft, one.input_ids, gamma=int(g),
+        cache_positions=args.max_decode_len + int(g) + 1) for g in gammas]
     c = float(np.median([m["c"] for m in measured]))
     verify = np.array([m["verify_cost"] for m in measured])
     print(f"{spec}: c={c:.4f} verify_cost(gamma=1..{args.max_gamma})="

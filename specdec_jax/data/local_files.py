@@ -29,6 +29,7 @@ from specdec_jax.data import paragraphs
 
 SHARED_DATA_ENV = "SPECDEC_SHARED_DATA"
 SplitPath = Callable[[str], str]
+DatasetFn = Callable[..., tf.data.Dataset]
 
 
 def read_text(path: str, task: str, field: str) -> str:
@@ -52,18 +53,26 @@ def read_lines(path: str, task: str, field: str) -> list[str]:
   return [line.strip() for line in lines]
 
 
-def parallel_text_fn(task: str, field: str, split_path: SplitPath) -> Callable[..., tf.data.Dataset]:
+def read_parallel(prefix: str, task: str,
+                  field: str) -> tuple[list[str], list[str]]:
+  """The lines of `<prefix>.en` and `<prefix>.de`, which must align."""
+  en = read_lines(prefix + ".en", task, field)
+  de = read_lines(prefix + ".de", task, field)
+  if len(en) != len(de):
+    raise ValueError(
+        f"Misaligned parallel files for task {task!r}: {prefix}.en has "
+        f"{len(en)} lines but {prefix}.de has {len(de)}.")
+  return en, de
+
+
+def parallel_text_fn(task: str, field: str,
+                     split_path: SplitPath) -> DatasetFn:
   """A seqio dataset_fn over aligned `<prefix>.en`/`<prefix>.de` files."""
 
   def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
     del shuffle_files  # One file a language: nothing to shuffle.
     prefix = split_path(split)
-    en = read_lines(prefix + ".en", task, field)
-    de = read_lines(prefix + ".de", task, field)
-    if len(en) != len(de):
-      raise ValueError(
-          f"Misaligned parallel files for task {task!r}: {prefix}.en has "
-          f"{len(en)} lines but {prefix}.de has {len(de)}.")
+    en, de = read_parallel(prefix, task, field)
     ids = [str(i) for i in range(len(en))]
     return tf.data.Dataset.from_tensor_slices({"en": en, "de": de, "id": ids})
 
@@ -77,12 +86,7 @@ def _parallel_paragraphs(task: str, field: str, split_path: SplitPath,
   Ids are the sentence ids ('17') and 'p<start>+<size>' for a paragraph.
   """
   prefix = split_path(split)
-  en = read_lines(prefix + ".en", task, field)
-  de = read_lines(prefix + ".de", task, field)
-  if len(en) != len(de):
-    raise ValueError(
-        f"Misaligned parallel files for task {task!r}: {prefix}.en has "
-        f"{len(en)} lines but {prefix}.de has {len(de)}.")
+  en, de = read_parallel(prefix, task, field)
   spans = paragraphs.paragraph_spans(len(en))
   par_en, par_de = paragraphs.build_paragraphs(en, de)
   rows = {"en": par_en, "de": par_de,
@@ -93,8 +97,9 @@ def _parallel_paragraphs(task: str, field: str, split_path: SplitPath,
   return rows
 
 
-def paragraphs_fn(task: str, field: str, split_path: SplitPath, *, singles_in_train: bool,
-                   paragraphs_in_eval: bool) -> Callable[..., tf.data.Dataset]:
+def paragraphs_fn(task: str, field: str, split_path: SplitPath, *,
+                  singles_in_train: bool,
+                  paragraphs_in_eval: bool) -> DatasetFn:
   """A dataset_fn over paragraphs of aligned `.en`/`.de` files' pairs.
 
   Args:
@@ -116,7 +121,7 @@ def paragraphs_fn(task: str, field: str, split_path: SplitPath, *, singles_in_tr
   return dataset_fn
 
 
-def jsonl_fn(task: str, field: str, split_path: SplitPath) -> Callable[..., tf.data.Dataset]:
+def jsonl_fn(task: str, field: str, split_path: SplitPath) -> DatasetFn:
   """A seqio dataset_fn over a JSONL file of articles and highlights."""
 
   def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
@@ -146,7 +151,8 @@ def jsonl_fn(task: str, field: str, split_path: SplitPath) -> Callable[..., tf.d
   return dataset_fn
 
 
-def sentences_fn(task: str, field: str, split_path: SplitPath) -> Callable[..., tf.data.Dataset]:
+def sentences_fn(task: str, field: str,
+                 split_path: SplitPath) -> DatasetFn:
   """A seqio dataset_fn over a text file, one sentence a line."""
 
   def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
