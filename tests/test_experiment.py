@@ -6,6 +6,7 @@ must resume without losing or duplicating an example; bad configs must fail
 before any model loads.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -136,6 +137,67 @@ def test_killed_run_resumes_without_loss_or_duplicates(setup, tmp_path,
   lines = _lines(workdir)
   assert [r["id"] for r in lines] == [str(i) for i in range(len(SENTENCES))]
   assert lines[:2] == first
+
+
+def test_side_by_side_runs_share_one_baseline_and_resume_per_draft(
+    setup, tmp_path, monkeypatch):
+  """Experiments that differ only in their drafts run side by side: each
+  example's target-alone decode is timed once and recorded, identically, in
+  every experiment's examples.jsonl; each experiment's own numbers are what
+  `run` computes from its file (speedup = baseline / speculative time), and
+  greedy outputs match the target's. An experiment that already finished
+  an example (here: run alone first) is not decoded again for it: its lines
+  stay as they were, while the other experiment gets every example."""
+  _, models, task_config = setup
+  first = _config(models, gamma=2, trace_examples=1, max_examples=3,
+                  name="a")
+  second = _config(models, gamma=(1, 3), trace_examples=0, max_examples=3,
+                   name="b", draft=models["target"])
+  dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
+  with tasks.override_config(**task_config):
+    experiment.run(dataclasses.replace(first, max_examples=2), dirs[0])
+    before = _lines(dirs[0])
+    calls = []
+    real = experiment.generate
+    monkeypatch.setattr(experiment, "generate",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    summaries = experiment.run_side_by_side([first, second], dirs)
+  a, b = _lines(dirs[0]), _lines(dirs[1])
+  assert a[:2] == before and [r["id"] for r in a] == ["0", "1", "2"]
+  assert [r["id"] for r in b] == ["0", "1", "2"]
+  # Three examples: one compile call and `repeats` timed calls each, no more.
+  assert len(calls) == 1 + 3 * first.repeats
+  assert a[2]["baseline"] == b[2]["baseline"]
+  assert a[0]["baseline"] != b[0]["baseline"]  # timed again, in this run
+  for summary, lines in zip(summaries, (a, b)):
+    for row in summary["rows"]:
+      spec = [r["speculative"][str(row["gamma"])] for r in lines]
+      assert row["speedup"] == pytest.approx(
+          sum(r["baseline"]["time_s"] for r in lines)
+          / sum(s["time_s"] for s in spec))
+      assert all(s["tokens"] == r["baseline"]["tokens"]
+                 for s, r in zip(spec, lines))
+  assert sorted(r["gamma"] for r in summaries[1]["rows"]) == [1, 3]
+  assert os.path.exists(os.path.join(dirs[0], "trace.html"))
+  assert not os.path.exists(os.path.join(dirs[1], "trace.html"))
+
+
+def test_side_by_side_refuses_experiments_that_cannot_share_a_baseline(
+    setup, tmp_path, monkeypatch):
+  """A shared baseline needs the same task, target and sampling: configs
+  that differ elsewhere than the draft are refused, naming the field,
+  before any model loads; so are two experiments on one workdir."""
+  _, models, _ = setup
+  monkeypatch.setattr(checkpoints, "load_model",
+                      lambda *a, **k: pytest.fail("a model was loaded"))
+  config = _config(models, name="a")
+  with pytest.raises(experiment.ConfigError, match="differ in temperature"):
+    experiment.run_side_by_side(
+        [config, _config(models, name="b", temperature=1.0)],
+        [str(tmp_path / "a"), str(tmp_path / "b")])
+  with pytest.raises(ValueError, match="its own workdir"):
+    experiment.run_side_by_side([config, config],
+                                [str(tmp_path / "a"), str(tmp_path / "a")])
 
 
 def _lines_lenient(workdir):

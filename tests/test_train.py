@@ -260,6 +260,34 @@ def test_init_from_starts_at_the_saved_parameters(corpus, trained,
                         model_overrides=dict(_TINY, emb_dim=16)))
 
 
+def test_train_translations_replace_the_train_split_only(corpus, tmp_path):
+  """Sequence-level distillation trains on a teacher's translations: with
+  `train_translations`, the train split is exactly those aligned files
+  (here three made-up pairs), the validation split stays the task's; a
+  missing file or another task is refused naming the fix."""
+  prefix = tmp_path / "teacher"
+  pairs = [("red dog", "Hund Hund"), ("a cat", "Katze"), ("the tree", "Baum")]
+  (tmp_path / "teacher.en").write_text("".join(e + "\n" for e, _ in pairs))
+  (tmp_path / "teacher.de").write_text("".join(d + "\n" for _, d in pairs))
+  config = _config(tmp_path / "w", corpus, train_translations=str(prefix),
+                   bleu_examples=2)
+  definition = registry.make_def(config.model_config())
+  _, vocab, _, train_data, _, examples = train._prepare(config, definition)
+  assert sorted(vocab.decode([int(t) for t in row if t > 1])
+                for row in train_data.targets) == sorted(d for _, d in pairs)
+  assert len(examples) == 2  # bleu_examples of the toy validation pairs
+  for e in examples:
+    words = e.inputs_text[len(tasks.TRANSLATE_PREFIX):].split()
+    assert e.targets_text == " ".join(_LEXICON[w] for w in words)
+  with pytest.raises(FileNotFoundError, match="teacher_outputs.py"):
+    train._prepare(_config(tmp_path / "w", corpus,
+                           train_translations=str(tmp_path / "none")),
+                   definition)
+  with pytest.raises(ValueError, match="train_translations replaces"):
+    train.train(_config(tmp_path / "w", corpus, train_translations=str(prefix),
+                        task=tasks.MULTI30K_ENDE_MIX_LOCAL))
+
+
 def test_config_errors_name_the_fix(corpus, tmp_path):
   """Configs that cannot train fail before anything compiles, naming the
   field to change."""
@@ -311,3 +339,54 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(
   assert os.listdir(tmp_path / "damaged_checkpoints")[0].startswith("10.")
   jax.tree.map(np.testing.assert_array_equal, _params(trained[0]),
                _params(tmp_path))
+
+
+def test_teacher_outputs_script_translates_resumes_and_refuses_other_settings(
+    corpus, trained, tmp_path):
+  """scripts/teacher_outputs.py (the data of sequence-level distillation)
+  writes aligned .en (the sources, in the split's order) and .de (the
+  teacher's greedy translation, or the reference where it does not end
+  within max_decode_len); two shards share the work and the last one
+  writes the files; a rerun with other settings is refused, naming them."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  data = tmp_path / "data"
+  data.mkdir()
+  files = tasks.current_config().multi30k_files
+  for split, name in (("train", "multi30k.train"), ("validation",
+                                                    "multi30k.val")):
+    for side in ("en", "de"):
+      shutil.copy(f"{files[split]}.{side}", data / f"{name}.{side}")
+  model = str(trained[0] / "model")
+  output = tmp_path / "out" / "mix"
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+  def run(*flags):
+    return subprocess.run(
+        [sys.executable, os.path.join(repo, "scripts", "teacher_outputs.py"),
+         f"--model={model}", f"--output={output}", "--max_examples=6",
+         "--batch_size=4", "--shards=2", *flags],
+        env=dict(os.environ, SPECDEC_SHARED_DATA=str(data)), cwd=repo,
+        capture_output=True, text=True, timeout=300)
+
+  assert run("--shard=0", "--max_decode_len=8").returncode == 0
+  assert not os.path.exists(f"{output}.de")  # shard 1's half is missing
+  done = run("--shard=1", "--max_decode_len=8")
+  assert done.returncode == 0, done.stderr[-2000:]
+  english = (data / "multi30k.train.en").read_text().splitlines()[:6]
+  assert open(f"{output}.en").read().splitlines() == english
+  teacher = checkpoints.load_model(model)
+  with tasks.override_config(vocab_path=corpus):
+    vocab = tasks.get_vocabulary(corpus)
+    ids = [list(vocab.encode(tasks.TRANSLATE_PREFIX + e)) + [1]
+           for e in english]
+  german = (data / "multi30k.train.de").read_text().splitlines()[:6]
+  for i, (row, line) in enumerate(zip(ids, open(f"{output}.de"))):
+    tokens = np.asarray(generate(teacher, np.asarray([row]),
+                                 max_decode_len=8).tokens[0])
+    expected = (vocabularies.detokenize(teacher.vocab, tokens)
+                if (tokens == 1).any() else german[i])
+    assert line.rstrip("\n") == " ".join(expected.split()), i
+  other = run("--shard=0", "--max_decode_len=9")
+  assert other.returncode != 0 and "'max_decode_len': 8" in other.stderr

@@ -19,6 +19,7 @@ positions), i.e. sum(alpha_sum) / sum(alpha_count).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -30,189 +31,24 @@ import jax
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax import theory
 from specdec_jax.data import batching
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding import ngram
-from specdec_jax.decoding import stopping
 from specdec_jax.decoding.api import generate, speculative_generate
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.decoding.stopping import StopRule
 from specdec_jax.experiments import costs
 from specdec_jax.experiments import records
 from specdec_jax.experiments import report
 from specdec_jax.experiments import timing
 from specdec_jax.experiments import workdir as workdir_lib
+# The config lives in its own module; `experiment.ExperimentConfig` is the
+# name gin files and users know.
+from specdec_jax.experiments.experiment_config import ConfigError
+from specdec_jax.experiments.experiment_config import ExperimentConfig
+from specdec_jax.experiments.experiment_config import validate
 from specdec_jax.models import gpt
-
-
-@dataclasses.dataclass(frozen=True)
-class ExperimentConfig:
-  """What to run. Bind it with gin (configs/experiments/).
-
-  Attributes:
-    task, split: the seqio task (`specdec_jax.data.tasks`) and its split.
-    target, draft: model specs (`load_model`: hf:DIR, t5x:PATH, a directory
-      of ours, demo:NAME or a config name); `draft` may also be 'unigram' or
-      'bigram' (an n-gram drafter fitted on `ngram_split`).
-    target_config, draft_config: the architecture where the checkpoint does
-      not record it (t5x:): a config name, a gin file or a dict of T5X
-      fields; None otherwise.
-    dtype: compute dtype of both models (None: as stored).
-    param_dtype: parameter dtype; None: the same as `dtype` (T5-XXL in
-      bfloat16 is 22 GB, in float32 45 GB, more than one TPU v4 chip holds).
-    temperature, top_k, top_p: sampling, applied to target and draft alike.
-    gamma: draft tokens per iteration: an int, a tuple of ints (a sweep, one
-      speculative decode per gamma and example), or "optimal" (probe alpha
-      and c, then maximise Theorem 3.8 up to `max_gamma`).
-    max_gamma, probe_gamma, probe_examples: the probe behind "optimal".
-    optimal_gamma_verify_cost: for "optimal" on hardware where scoring
-      gamma + 1 tokens costs more than one token (CPUs, small models): also
-      time the target on 2..max_gamma + 1 tokens and maximise
-      `theory.walltime_improvement_measured`.
-    max_decode_len: the most tokens generated per example.
-    max_input_len: inputs are cut to this many tokens (None: the target's
-      limit, else 512).
-    buckets: input widths examples are padded to (None: powers of two).
-    max_examples: the first examples of the split (None: all); a rerun with
-      more extends the workdir.
-    seed: sampling seed (each example's rows from it).
-    repeats, cost_repeats: timed repeats of each decode and of each cost
-      measurement (the fastest counts, `timing.best_time`).
-    ngram_split, ngram_max_examples: data an n-gram drafter is fitted on.
-    trace_examples: examples whose per-iteration traces are plotted.
-    draft_stop: adaptive draft length: None (exactly gamma draft tokens per
-      iteration) or a rule, e.g. `@stopping.ConfidenceStop()` with
-      `from specdec_jax.decoding import stopping` in the .gin file; gamma is
-      then the most draft tokens per iteration.
-    cascade: drafters below `draft`, ((spec, gamma), ...) from the draft
-      downwards: each spec a model spec, 'unigram' or 'bigram', gamma that
-      drafter's tokens per call of the model above it, and a third entry
-      naming the model config where the checkpoint needs one (t5x:).
-      (('demo:draft_small', 3),) drafts with
-      `sd.cascade(draft, draft_small, gamma=3)`.
-    mesh_shape: (data, model) devices, or None for one device.
-    replicate_draft: replicate the draft's parameters on every device
-      instead of sharding them over `model`; None: only when its heads, MLP
-      or vocabulary do not divide the model axis (T5-small's 6 heads on 4
-      chips).
-    distributed: call jax.distributed.initialize() (multi-host pods).
-    name: the row's name in tables.
-    overwrite: delete the workdir's results of other settings instead of
-      refusing to resume (same settings resume); see `workdir.py`.
-  """
-
-  task: str = "wmt14_ende_local"
-  split: str = "test"
-  target: str = ""
-  draft: str = ""
-  target_config: str | dict | None = None
-  draft_config: str | dict | None = None
-  dtype: str | None = None
-  param_dtype: str | None = None
-  temperature: float = 0.0
-  top_k: int = 0
-  top_p: float = 1.0
-  gamma: int | tuple[int, ...] | str = 7
-  max_gamma: int = 16
-  probe_gamma: int = 4
-  probe_examples: int = 5
-  optimal_gamma_verify_cost: bool = False
-  max_decode_len: int = 128
-  max_input_len: int | None = None
-  buckets: Sequence[int] | None = None
-  max_examples: int | None = None
-  seed: int = 0
-  repeats: int = 1
-  cost_repeats: int = 5
-  ngram_split: str = "train"
-  ngram_max_examples: int | None = 20000
-  trace_examples: int = 3
-  draft_stop: StopRule | None = None
-  cascade: Sequence[tuple[str | int, ...]] = ()
-  mesh_shape: Sequence[int] | None = None
-  replicate_draft: bool | None = None
-  distributed: bool = False
-  name: str = ""
-  overwrite: bool = False
-
-  def gammas(self) -> tuple[int, ...] | str:
-    if isinstance(self.gamma, str):
-      return self.gamma
-    if isinstance(self.gamma, (list, tuple)):
-      return tuple(int(g) for g in self.gamma)
-    return (int(self.gamma),)
-
-
-class ConfigError(ValueError):
-  """An experiment config that cannot run; raised before any model loads."""
-
-
-def validate(config: ExperimentConfig) -> None:
-  """Checks everything checkable without loading models or data."""
-  problems = []
-  if not config.target:
-    problems.append("target is empty: set ExperimentConfig.target to a "
-                    "model spec (hf:DIR, t5x:PATH, a directory or a config "
-                    "name)")
-  if not config.draft:
-    problems.append("draft is empty: set ExperimentConfig.draft to a model "
-                    "spec, 'unigram' or 'bigram'")
-  gammas = config.gammas()
-  if isinstance(gammas, str):
-    if gammas != "optimal":
-      problems.append(f"gamma={gammas!r}: use an int, a list of ints or "
-                      f"'optimal'")
-    if config.max_gamma < 1 or config.probe_gamma < 1:
-      problems.append("max_gamma and probe_gamma must be >= 1")
-  elif not gammas or any(g < 1 for g in gammas):
-    problems.append(f"gamma={config.gamma!r}: every gamma must be >= 1")
-  if config.max_decode_len < 1:
-    problems.append(f"max_decode_len={config.max_decode_len} must be >= 1")
-  try:
-    sampling.SamplingConfig(config.temperature, config.top_k, config.top_p)
-  except (TypeError, ValueError) as e:
-    problems.append(str(e))
-  if config.repeats < 1:
-    problems.append(f"repeats={config.repeats} must be >= 1")
-  for field in ("target", "draft"):
-    spec = getattr(config, field)
-    if "YOUR_" in spec:
-      problems.append(
-          f"{field}={spec!r} is a placeholder: point the checkpoint macro at "
-          f"your checkpoint (see README, 'Reproduce the paper on Cloud TPU')")
-  try:
-    stopping.check_rule(config.draft_stop)
-  except TypeError as e:
-    problems.append(str(e))
-  for entry in config.cascade:
-    if (not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3)
-        or not isinstance(entry[1], int) or entry[1] < 1 or not entry[0]):
-      problems.append(f"cascade entry {entry!r}: use (model spec, gamma >= 1"
-                      f"[, model config])")
-    elif "YOUR_" in str(entry[0]):
-      problems.append(
-          f"cascade spec {entry[0]!r} is a placeholder: point the checkpoint "
-          f"macro at your checkpoint (see README, 'Reproduce the paper on "
-          f"Cloud TPU')")
-  if config.mesh_shape is not None and len(config.mesh_shape) != 2:
-    problems.append(f"mesh_shape={config.mesh_shape!r}: use (data, model)")
-  # TensorFlow: deferred so plan_run and benchmarks/gpu.py import this module without it.
-  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
-  try:
-    tasks.get_task(config.task)
-  except ValueError as e:
-    problems.append(str(e))
-  vocab_path = tasks.current_config().vocab_path
-  if "YOUR_" in vocab_path:
-    problems.append(
-        f"TaskConfig.vocab_path={vocab_path!r} is a placeholder: point it at "
-        "the task's SentencePiece model (see README, 'Reproduce the paper on "
-        "Cloud TPU')")
-  if problems:
-    raise ConfigError("bad experiment config:\n  - " + "\n  - ".join(problems))
 
 
 # ----------------------------------------------------------------------------
@@ -245,10 +81,13 @@ def replicate_draft(config: ExperimentConfig, draft_def: Any,
   return False
 
 
-def load_models(config: ExperimentConfig, mesh=None) -> tuple[Model, Model]:
+def load_models(config: ExperimentConfig, mesh=None,
+                target: Model | None = None) -> tuple[Model, Model]:
+  """(target, draft) of a config; `target` given: only the draft loads."""
   overrides = dtype_overrides(config)
-  target = _load_model("target", config.target, config.target_config, mesh,
-                       overrides)
+  if target is None:
+    target = _load_model("target", config.target, config.target_config, mesh,
+                         overrides)
 
   def load(spec, model_config):
     if spec in ("unigram", "bigram"):
@@ -474,88 +313,163 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
   The workdir is locked for the whole run and must hold results of the same
   settings (or none): see `specdec_jax.experiments.workdir`.
   """
-  validate(config)
-  os.makedirs(workdir, exist_ok=True)
+  return run_side_by_side([config], [workdir])[0]
+
+
+# What may differ between the experiments `run_side_by_side` runs together:
+# the draft, how it drafts, and what each reports after decoding (costs,
+# traces). Everything else (task, target, sampling, lengths, repeats, ...)
+# must be equal, since they share the baseline.
+PER_DRAFT_FIELDS = ("draft", "draft_config", "gamma", "max_gamma",
+                    "probe_gamma", "probe_examples",
+                    "optimal_gamma_verify_cost", "draft_stop", "cascade",
+                    "replicate_draft", "ngram_split", "ngram_max_examples",
+                    "cost_repeats", "trace_examples", "name", "overwrite")
+
+
+def check_side_by_side(configs: Sequence[ExperimentConfig]) -> None:
+  """Raises ConfigError unless the configs differ in PER_DRAFT_FIELDS only."""
+  first = configs[0]
+  for config in configs[1:]:
+    shared = dataclasses.replace(
+        config, **{f: getattr(first, f) for f in PER_DRAFT_FIELDS})
+    if shared != first:
+      differ = [f.name for f in dataclasses.fields(first)
+                if getattr(shared, f.name) != getattr(first, f.name)]
+      raise ConfigError(
+          f"experiments {first.name or first.draft!r} and "
+          f"{config.name or config.draft!r} cannot share a baseline: they "
+          f"differ in {', '.join(differ)} (only {', '.join(PER_DRAFT_FIELDS)}"
+          " may differ). Run them separately.")
+
+
+def run_side_by_side(configs: Sequence[ExperimentConfig],
+                     workdirs: Sequence[str]) -> list[dict]:
+  """Runs (or resumes) experiments that differ only in their drafts.
+
+  Each example is decoded by the target alone, then by every experiment's
+  draft at each of its gammas, one after the other: every speedup is a
+  ratio of timings taken seconds apart on the same input, and the target
+  alone is timed once for all the drafts instead of once per draft. Each
+  experiment keeps its own workdir (locked, fingerprinted, resumable) and
+  writes the same files as `run` would; an example one of them has already
+  finished is not decoded again for it (the baseline is, for the others).
+
+  Args:
+    configs: experiments equal but for `PER_DRAFT_FIELDS`.
+    workdirs: one directory each.
+
+  Returns:
+    Their summaries, in order.
+  """
+  if not configs or len(configs) != len(workdirs):
+    raise ValueError(f"need one workdir per config, got {len(configs)} "
+                     f"configs and {len(workdirs)} workdirs")
+  if len(set(map(os.path.abspath, workdirs))) != len(workdirs):
+    raise ValueError(f"every experiment needs its own workdir: {workdirs}")
+  for config in configs:
+    validate(config)
+  check_side_by_side(configs)
   # plan imports this module.
   from specdec_jax.experiments import plan  # pylint: disable=g-import-not-at-top
-  sharding.maybe_initialize_distributed(config.distributed)
-  # On a known accelerator, refuse a run that cannot fit before loading
-  # anything (shapes only; see scripts/plan_run.py for the full plan).
-  plan.check_fits_on_devices(config)
+  sharding.maybe_initialize_distributed(configs[0].distributed)
+  for config, workdir in zip(configs, workdirs):
+    os.makedirs(workdir, exist_ok=True)
+    # On a known accelerator, refuse a run that cannot fit before loading
+    # anything (shapes only; see scripts/plan_run.py for the full plan).
+    plan.check_fits_on_devices(config)
   if not sharding.is_primary():
-    return _run_locked(config, workdir)
-  with workdir_lib.lock(workdir):
-    workdir_lib.check_fingerprint(workdir, config, config.overwrite)
-    return _run_locked(config, workdir)
+    return _run_locked(configs, workdirs)
+  with contextlib.ExitStack() as stack:
+    for config, workdir in zip(configs, workdirs):
+      stack.enter_context(workdir_lib.lock(workdir))
+      workdir_lib.check_fingerprint(workdir, config, config.overwrite)
+    return _run_locked(configs, workdirs)
 
 
-def _run_locked(config: ExperimentConfig, workdir: str) -> dict:
-  mesh = sharding.make_mesh(*config.mesh_shape) if config.mesh_shape else None
-  target, draft = load_models(config, mesh)
-  max_len = config.max_input_len or target.max_input_len or 512
-  examples = batching.load_examples(config.task, config.split,
-                                max_examples=config.max_examples)
-  _check_vocabulary_fits(config, target)
-  batches = list(batching.batches(examples, batch_size=1, buckets=config.buckets,
-                              max_length=max_len))
-  gammas = config.gammas()
-  if gammas == "optimal":
-    gammas = (choose_gamma(config, target, draft, batches, workdir),)
-  vocab = task_vocabulary(config, target)
+def _run_locked(configs: Sequence[ExperimentConfig],
+                workdirs: Sequence[str]) -> list[dict]:
+  first = configs[0]
+  mesh = sharding.make_mesh(*first.mesh_shape) if first.mesh_shape else None
+  target, draft = load_models(first, mesh)
+  drafts = [draft] + [load_models(c, mesh, target)[1] for c in configs[1:]]
+  max_len = first.max_input_len or target.max_input_len or 512
+  examples = batching.load_examples(first.task, first.split,
+                                    max_examples=first.max_examples)
+  _check_vocabulary_fits(first, target)
+  batches = list(batching.batches(examples, batch_size=1,
+                                  buckets=first.buckets, max_length=max_len))
+  gammas = []
+  for config, draft, workdir in zip(configs, drafts, workdirs):
+    g = config.gammas()
+    gammas.append((choose_gamma(config, target, draft, batches, workdir),)
+                  if g == "optimal" else g)
+  vocab = task_vocabulary(first, target)
   primary = sharding.is_primary()
 
-  path = os.path.join(workdir, "examples.jsonl")
-  done = [records.ExampleRecord.from_json(r)
-          for r in read_done(path, truncate=primary)]
-  done_ids = {r.id for r in done}
-  kwargs = _spec_kwargs(config)
+  paths = [os.path.join(w, "examples.jsonl") for w in workdirs]
+  done = [[records.ExampleRecord.from_json(r)
+           for r in read_done(path, truncate=primary)] for path in paths]
+  done_ids = [{r.id for r in d} for d in done]
+  kwargs = _spec_kwargs(first)
+  arms = range(len(configs))
+
+  def decode_spec(arm, ids, gamma):
+    return speculative_generate(
+        target, drafts[arm], ids, gamma=gamma, seed=first.seed,
+        draft_stop=configs[arm].draft_stop, mesh=mesh, **kwargs)
+
   warmed: set = set()
   started, new = time.perf_counter(), 0
-  todo = [b for b in batches if b.ids[0] not in done_ids]
+  todo = [b for b in batches if any(b.ids[0] not in d for d in done_ids)]
   for batch in todo:
     ids = batch.input_ids
-    if ids.shape not in warmed:  # compile outside the timed calls
-      generate(target, ids, seed=config.seed, mesh=mesh, **kwargs)
-      for g in gammas:
-        speculative_generate(target, draft, ids, gamma=g, seed=config.seed,
-                             draft_stop=config.draft_stop, mesh=mesh,
-                             **kwargs)
-      warmed.add(ids.shape)
+    needed = [a for a in arms if batch.ids[0] not in done_ids[a]]
+    for arm in [None] + needed:  # compile outside the timed calls
+      if (ids.shape, arm) not in warmed:
+        if arm is None:
+          generate(target, ids, seed=first.seed, mesh=mesh, **kwargs)
+        for g in () if arm is None else gammas[arm]:
+          decode_spec(arm, ids, g)
+        warmed.add((ids.shape, arm))
     base, base_s = timing.best_time(lambda: generate(  # pylint: disable=cell-var-from-loop
-        target, ids, seed=config.seed, mesh=mesh, **kwargs), config.repeats)
-    speculative = {}
-    for g in gammas:
-      spec, spec_s = timing.best_time(lambda: speculative_generate(  # pylint: disable=cell-var-from-loop
-          target, draft, ids, gamma=g, seed=config.seed,
-          draft_stop=config.draft_stop, mesh=mesh, **kwargs),
-                            config.repeats)
-      speculative[g] = records.DecodeRecord.of(spec, spec_s, vocab)
-    record = records.ExampleRecord(
-        id=batch.ids[0], input_length=int(batch.input_lengths[0]),
-        target_text=batch.targets_text[0],
-        baseline=records.DecodeRecord.of(base, base_s, vocab),
-        speculative=speculative)
-    if primary:
-      append_line(path, record.to_json())
-    done.append(record)
+        target, ids, seed=first.seed, mesh=mesh, **kwargs), first.repeats)
+    baseline = records.DecodeRecord.of(base, base_s, vocab)
+    for arm in needed:
+      speculative = {}
+      for g in gammas[arm]:
+        spec, spec_s = timing.best_time(
+            lambda: decode_spec(arm, ids, g), first.repeats)  # pylint: disable=cell-var-from-loop
+        speculative[g] = records.DecodeRecord.of(spec, spec_s, vocab)
+      record = records.ExampleRecord(
+          id=batch.ids[0], input_length=int(batch.input_lengths[0]),
+          target_text=batch.targets_text[0], baseline=baseline,
+          speculative=speculative)
+      if primary:
+        append_line(paths[arm], record.to_json())
+      done[arm].append(record)
     new += 1
-    _log_progress(done, new, len(todo), started, gammas)
+    _log_progress(configs, done, gammas, new, len(todo), started)
 
-  # The examples of this run only: a rerun with fewer max_examples reports
-  # fewer, and lines of ids outside this run stay in the file unreported.
-  by_id = {r.id: r for r in done}
-  done = [by_id[b.ids[0]] for b in batches if b.ids[0] in by_id]
-  cost_path = os.path.join(workdir, "costs.json")
-  costs_by_gamma = _load_or_measure_costs(config, target, draft, batches,
-                                          gammas, cost_path, primary)
-  summary = report.summarize(config, done, costs_by_gamma, gammas,
-                             task_metric(config))
-  if primary:
-    report.write_outputs(workdir, config, summary, done)
-    if config.trace_examples:
-      report.write_traces(workdir, config, target, draft, batches[
-          :config.trace_examples], vocab, gammas[0], mesh)
-  return summary
+  summaries = []
+  for arm, (config, workdir) in enumerate(zip(configs, workdirs)):
+    # The examples of this run only: a rerun with fewer max_examples
+    # reports fewer, and lines of ids outside this run stay in the file
+    # unreported.
+    by_id = {r.id: r for r in done[arm]}
+    records_ = [by_id[b.ids[0]] for b in batches if b.ids[0] in by_id]
+    costs_by_gamma = _load_or_measure_costs(
+        config, target, drafts[arm], batches, gammas[arm],
+        os.path.join(workdir, "costs.json"), primary)
+    summary = report.summarize(config, records_, costs_by_gamma, gammas[arm],
+                               task_metric(config))
+    if primary:
+      report.write_outputs(workdir, config, summary, records_)
+      if config.trace_examples:
+        report.write_traces(workdir, config, target, drafts[arm], batches[
+            :config.trace_examples], vocab, gammas[arm][0], mesh)
+    summaries.append(summary)
+  return summaries
 
 
 def _load_or_measure_costs(config, target, draft, batches, gammas, path,
@@ -586,13 +500,20 @@ def task_metric(config: ExperimentConfig):
   return fns[0] if fns else None
 
 
-def _log_progress(done, new, total, started, gammas):
+def _log_progress(configs, done, gammas, new, total, started):
+  """One line per example: each experiment's alpha and speedup so far (at
+  its first gamma)."""
   elapsed = time.perf_counter() - started
   eta = elapsed / new * (total - new)
-  g = gammas[0]
-  base = sum(r.baseline.time_s for r in done)
-  spec = sum(r.speculative[g].time_s for r in done)
-  alpha = theory.pooled_alpha([r.speculative[g].alpha_sum for r in done],
-                              [r.speculative[g].alpha_count for r in done])
-  logging.info("[%d/%d] alpha=%.3f speedup(gamma=%s)=%.2fx  ETA %.0fs", new,
-               total, alpha, g, base / max(spec, 1e-9), eta)
+  parts = []
+  for config, records_, gs in zip(configs, done, gammas):
+    g = gs[0]
+    base = sum(r.baseline.time_s for r in records_)
+    spec = sum(r.speculative[g].time_s for r in records_)
+    alpha = theory.pooled_alpha([r.speculative[g].alpha_sum for r in records_],
+                                [r.speculative[g].alpha_count
+                                 for r in records_])
+    label = f"{config.name} " if len(configs) > 1 and config.name else ""
+    parts.append(f"{label}alpha={alpha:.3f} speedup(gamma={g})="
+                 f"{base / max(spec, 1e-9):.2f}x")
+  logging.info("[%d/%d] %s  ETA %.0fs", new, total, " | ".join(parts), eta)

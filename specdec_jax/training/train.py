@@ -136,6 +136,7 @@ class TrainConfig:
   teacher: str | None = None
   distill_alpha: float = 0.0
   distill_temperature: float = 1.0
+  train_translations: str | None = None
 
   def model_config(self) -> Any:
     """The architecture: `model` with `model_overrides` applied."""
@@ -165,7 +166,11 @@ class TrainConfig:
         (not 0 <= self.distill_alpha <= 1 or self.distill_temperature <= 0,
          "distill_alpha must be in [0, 1] and distill_temperature > 0"),
         (self.distill_alpha > 0 and not self.teacher,
-         "distill_alpha > 0 needs a teacher (a load_model spec)"))
+         "distill_alpha > 0 needs a teacher (a load_model spec)"),
+        (self.train_translations is not None
+         and self.task != tasks.MULTI30K_ENDE_LOCAL,
+         f"train_translations replaces the train split of "
+         f"{tasks.MULTI30K_ENDE_LOCAL!r} only (task is {self.task!r})"))
                 if bad]
     if problems:
       raise ValueError("Bad TrainConfig: " + "; ".join(problems) + ".")
@@ -218,9 +223,20 @@ def _prepare(config: TrainConfig, definition):
           "student's model_overrides['vocab_size'] to the teacher's.")
   decoder_only = isinstance(definition, gpt.GPTDef)
   n = config.eval_examples
+  train_files = {}
+  if config.train_translations:
+    prefix = os.path.abspath(config.train_translations)
+    for side in ("en", "de"):
+      if not os.path.exists(f"{prefix}.{side}"):
+        raise FileNotFoundError(
+            f"TrainConfig.train_translations: {prefix}.{side} not found; "
+            "write it with scripts/teacher_outputs.py or fix the path.")
+    train_files["multi30k_files"] = {
+        **tasks.current_config().multi30k_files, config.train_split: prefix}
   with tasks.override_config(vocab_path=vocab_path):
-    _, train_data = load_split(config, config.train_split,
-                                config.max_train_examples, decoder_only)
+    with tasks.override_config(**train_files):
+      _, train_data = load_split(config, config.train_split,
+                                 config.max_train_examples, decoder_only)
     examples, eval_data = [], None
     if n != 0 or config.bleu_examples:
       examples, eval_data = load_split(

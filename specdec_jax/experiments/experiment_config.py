@@ -1,0 +1,183 @@
+"""What one experiment runs: `ExperimentConfig`, and its checks.
+
+`validate` finds every problem that is visible without loading a model or
+reading data, and raises one `ConfigError` listing them, so a bad config
+fails in a second, not after a checkpoint has loaded. The run itself is
+`specdec_jax.experiments.experiment`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from specdec_jax import sampling
+from specdec_jax.decoding import stopping
+from specdec_jax.decoding.stopping import StopRule
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """What to run. Bind it with gin (configs/experiments/).
+
+  Attributes:
+    task, split: the seqio task (`specdec_jax.data.tasks`) and its split.
+    target, draft: model specs (`load_model`: hf:DIR, t5x:PATH, a directory
+      of ours, demo:NAME or a config name); `draft` may also be 'unigram' or
+      'bigram' (an n-gram drafter fitted on `ngram_split`).
+    target_config, draft_config: the architecture where the checkpoint does
+      not record it (t5x:): a config name, a gin file or a dict of T5X
+      fields; None otherwise.
+    dtype: compute dtype of both models (None: as stored).
+    param_dtype: parameter dtype; None: the same as `dtype` (T5-XXL in
+      bfloat16 is 22 GB, in float32 45 GB, more than one TPU v4 chip holds).
+    temperature, top_k, top_p: sampling, applied to target and draft alike.
+    gamma: draft tokens per iteration: an int, a tuple of ints (a sweep, one
+      speculative decode per gamma and example), or "optimal" (probe alpha
+      and c, then maximise Theorem 3.8 up to `max_gamma`).
+    max_gamma, probe_gamma, probe_examples: the probe behind "optimal".
+    optimal_gamma_verify_cost: for "optimal" on hardware where scoring
+      gamma + 1 tokens costs more than one token (CPUs, small models): also
+      time the target on 2..max_gamma + 1 tokens and maximise
+      `theory.walltime_improvement_measured`.
+    max_decode_len: the most tokens generated per example.
+    max_input_len: inputs are cut to this many tokens (None: the target's
+      limit, else 512).
+    buckets: input widths examples are padded to (None: powers of two).
+    max_examples: the first examples of the split (None: all); a rerun with
+      more extends the workdir.
+    seed: sampling seed (each example's rows from it).
+    repeats, cost_repeats: timed repeats of each decode and of each cost
+      measurement (the fastest counts, `timing.best_time`).
+    ngram_split, ngram_max_examples: data an n-gram drafter is fitted on.
+    trace_examples: examples whose per-iteration traces are plotted.
+    draft_stop: adaptive draft length: None (exactly gamma draft tokens per
+      iteration) or a rule, e.g. `@stopping.ConfidenceStop()` with
+      `from specdec_jax.decoding import stopping` in the .gin file; gamma is
+      then the most draft tokens per iteration.
+    cascade: drafters below `draft`, ((spec, gamma), ...) from the draft
+      downwards: each spec a model spec, 'unigram' or 'bigram', gamma that
+      drafter's tokens per call of the model above it, and a third entry
+      naming the model config where the checkpoint needs one (t5x:).
+      (('demo:draft_small', 3),) drafts with
+      `sd.cascade(draft, draft_small, gamma=3)`.
+    mesh_shape: (data, model) devices, or None for one device.
+    replicate_draft: replicate the draft's parameters on every device
+      instead of sharding them over `model`; None: only when its heads, MLP
+      or vocabulary do not divide the model axis (T5-small's 6 heads on 4
+      chips).
+    distributed: call jax.distributed.initialize() (multi-host pods).
+    name: the row's name in tables.
+    overwrite: delete the workdir's results of other settings instead of
+      refusing to resume (same settings resume); see `workdir.py`.
+  """
+
+  task: str = "wmt14_ende_local"
+  split: str = "test"
+  target: str = ""
+  draft: str = ""
+  target_config: str | dict | None = None
+  draft_config: str | dict | None = None
+  dtype: str | None = None
+  param_dtype: str | None = None
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  gamma: int | tuple[int, ...] | str = 7
+  max_gamma: int = 16
+  probe_gamma: int = 4
+  probe_examples: int = 5
+  optimal_gamma_verify_cost: bool = False
+  max_decode_len: int = 128
+  max_input_len: int | None = None
+  buckets: Sequence[int] | None = None
+  max_examples: int | None = None
+  seed: int = 0
+  repeats: int = 1
+  cost_repeats: int = 5
+  ngram_split: str = "train"
+  ngram_max_examples: int | None = 20000
+  trace_examples: int = 3
+  draft_stop: StopRule | None = None
+  cascade: Sequence[tuple[str | int, ...]] = ()
+  mesh_shape: Sequence[int] | None = None
+  replicate_draft: bool | None = None
+  distributed: bool = False
+  name: str = ""
+  overwrite: bool = False
+
+  def gammas(self) -> tuple[int, ...] | str:
+    if isinstance(self.gamma, str):
+      return self.gamma
+    if isinstance(self.gamma, (list, tuple)):
+      return tuple(int(g) for g in self.gamma)
+    return (int(self.gamma),)
+
+
+class ConfigError(ValueError):
+  """An experiment config that cannot run; raised before any model loads."""
+
+
+def validate(config: ExperimentConfig) -> None:
+  """Checks everything checkable without loading models or data."""
+  problems = []
+  if not config.target:
+    problems.append("target is empty: set ExperimentConfig.target to a "
+                    "model spec (hf:DIR, t5x:PATH, a directory or a config "
+                    "name)")
+  if not config.draft:
+    problems.append("draft is empty: set ExperimentConfig.draft to a model "
+                    "spec, 'unigram' or 'bigram'")
+  gammas = config.gammas()
+  if isinstance(gammas, str):
+    if gammas != "optimal":
+      problems.append(f"gamma={gammas!r}: use an int, a list of ints or "
+                      f"'optimal'")
+    if config.max_gamma < 1 or config.probe_gamma < 1:
+      problems.append("max_gamma and probe_gamma must be >= 1")
+  elif not gammas or any(g < 1 for g in gammas):
+    problems.append(f"gamma={config.gamma!r}: every gamma must be >= 1")
+  if config.max_decode_len < 1:
+    problems.append(f"max_decode_len={config.max_decode_len} must be >= 1")
+  try:
+    sampling.SamplingConfig(config.temperature, config.top_k, config.top_p)
+  except (TypeError, ValueError) as e:
+    problems.append(str(e))
+  if config.repeats < 1:
+    problems.append(f"repeats={config.repeats} must be >= 1")
+  for field in ("target", "draft"):
+    spec = getattr(config, field)
+    if "YOUR_" in spec:
+      problems.append(
+          f"{field}={spec!r} is a placeholder: point the checkpoint macro at "
+          f"your checkpoint (see README, 'Reproduce the paper on Cloud TPU')")
+  try:
+    stopping.check_rule(config.draft_stop)
+  except TypeError as e:
+    problems.append(str(e))
+  for entry in config.cascade:
+    if (not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3)
+        or not isinstance(entry[1], int) or entry[1] < 1 or not entry[0]):
+      problems.append(f"cascade entry {entry!r}: use (model spec, gamma >= 1"
+                      f"[, model config])")
+    elif "YOUR_" in str(entry[0]):
+      problems.append(
+          f"cascade spec {entry[0]!r} is a placeholder: point the checkpoint "
+          f"macro at your checkpoint (see README, 'Reproduce the paper on "
+          f"Cloud TPU')")
+  if config.mesh_shape is not None and len(config.mesh_shape) != 2:
+    problems.append(f"mesh_shape={config.mesh_shape!r}: use (data, model)")
+  # TensorFlow: deferred so plan_run and benchmarks/gpu.py import this module without it.
+  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
+  try:
+    tasks.get_task(config.task)
+  except ValueError as e:
+    problems.append(str(e))
+  vocab_path = tasks.current_config().vocab_path
+  if "YOUR_" in vocab_path:
+    problems.append(
+        f"TaskConfig.vocab_path={vocab_path!r} is a placeholder: point it at "
+        "the task's SentencePiece model (see README, 'Reproduce the paper on "
+        "Cloud TPU')")
+  if problems:
+    raise ConfigError("bad experiment config:\n  - " + "\n  - ".join(problems))
