@@ -74,8 +74,12 @@ def _check_settings(path: str) -> None:
           f"{settings}. Choose another --output, or delete that run's "
           "files to start over.")
     return
-  with open(path, "w") as f:
+  # Written whole, then renamed: a shard starting at the same moment reads
+  # either no file or the complete one, never a half-written one.
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
     json.dump(settings, f, indent=1)
+  os.replace(tmp, path)
 
 
 def _done(prefix: str) -> dict[int, str]:
