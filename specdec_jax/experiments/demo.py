@@ -31,6 +31,8 @@ draft). The demo writes:
   <workdir>/gamma_sweep/...       one draft on the sentences, greedy, a
                                   range of gammas, with its
                                   speedup-vs-gamma plot
+  <workdir>/timing.json           each group's wall time and how much of
+                                  it went to compiling
 
 Nothing is downloaded: models, vocabulary and sentences ship in the package.
 """
@@ -38,7 +40,9 @@ Nothing is downloaded: models, vocabulary and sentences ship in the package.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import time
 from typing import Any, Mapping, Sequence
 
 from absl import logging
@@ -52,6 +56,7 @@ from specdec_jax.data import text
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import report
+from specdec_jax.experiments import timing
 
 
 DEMO_DATA = text.DEMO_DATA
@@ -214,18 +219,29 @@ def run(config: DemoConfig, workdir: str) -> list[dict]:
   groups: dict[tuple[str, float], list[int]] = {}
   for i, (task, _, row) in enumerate(rows_to_run):
     groups.setdefault((task, row.temperature), []).append(i)
-  summaries = {}
+  summaries, clocks = {}, []
+  started = time.perf_counter()
   for number, ((task, temperature), members) in enumerate(groups.items()):
     names = [rows_to_run[i][1] for i in members]
     logging.info("demo group %d/%d: %s at temperature %g, side by side: %s",
                  number + 1, len(groups), task, temperature, ", ".join(names))
-    with tasks.override_config(vocab_path=vocab_path,
-                               local_data_dir=config.data_dir,
-                               wmt_ende_files={"test": files[task]}):
+    group_start = time.perf_counter()
+    with timing.compile_clock() as clock, tasks.override_config(
+        vocab_path=vocab_path, local_data_dir=config.data_dir,
+        wmt_ende_files={"test": files[task]}):
       results = experiment.run_side_by_side(
           [rows_to_run[i][2] for i in members],
           [os.path.join(workdir, name) for name in names])
+    clocks.append({"task": task, "temperature": temperature, "rows": names,
+                   "seconds": time.perf_counter() - group_start,
+                   "compile_seconds": clock.seconds,
+                   "programs": clock.programs})
+    logging.info("demo group %d/%d took %.0f s, %.0f s of it compiling %d "
+                 "programs", number + 1, len(groups), clocks[-1]["seconds"],
+                 clock.seconds, clock.programs)
     summaries.update(zip(members, results))
+  _write_timing(os.path.join(workdir, "timing.json"), clocks,
+                time.perf_counter() - started)
   table = []
   for i, (task, name, row) in enumerate(rows_to_run):
     if name != "gamma_sweep":
@@ -235,6 +251,15 @@ def run(config: DemoConfig, workdir: str) -> list[dict]:
   report.write_table(os.path.join(workdir, "table"), table, TABLE_COLUMNS)
   plot_rows(os.path.join(workdir, "speedup.png"), table)
   return table
+
+
+def _write_timing(path: str, groups: list[dict], seconds: float) -> None:
+  """Where the demo's time went: each group's wall and compile seconds (a
+  resumed row costs neither, so a rerun's file describes the rerun)."""
+  with open(path, "w") as f:
+    json.dump({"seconds": seconds,
+               "compile_seconds": sum(g["compile_seconds"] for g in groups),
+               "groups": groups}, f, indent=1)
 
 
 def plot_rows(path: str, rows: list[dict]) -> None:

@@ -421,35 +421,40 @@ def _run_locked(configs: Sequence[ExperimentConfig],
 
   warmed: set = set()
   started, new = time.perf_counter(), 0
-  todo = [b for b in batches if any(b.ids[0] not in d for d in done_ids)]
-  for batch in todo:
-    ids = batch.input_ids
-    needed = [a for a in arms if batch.ids[0] not in done_ids[a]]
-    for arm in [None] + needed:  # compile outside the timed calls
-      if (ids.shape, arm) not in warmed:
-        if arm is None:
-          generate(target, ids, seed=first.seed, mesh=mesh, **kwargs)
-        for g in () if arm is None else gammas[arm]:
-          decode_spec(arm, ids, g)
-        warmed.add((ids.shape, arm))
-    base, base_s = timing.best_time(lambda: generate(  # pylint: disable=cell-var-from-loop
-        target, ids, seed=first.seed, mesh=mesh, **kwargs), first.repeats)
-    baseline = records.DecodeRecord.of(base, base_s, vocab)
-    for arm in needed:
-      speculative = {}
-      for g in gammas[arm]:
-        spec, spec_s = timing.best_time(
-            lambda: decode_spec(arm, ids, g), first.repeats)  # pylint: disable=cell-var-from-loop
-        speculative[g] = records.DecodeRecord.of(spec, spec_s, vocab)
-      record = records.ExampleRecord(
-          id=batch.ids[0], input_length=int(batch.input_lengths[0]),
-          target_text=batch.targets_text[0], baseline=baseline,
-          speculative=speculative)
-      if primary:
-        append_line(paths[arm], record.to_json())
-      done[arm].append(record)
-    new += 1
-    _log_progress(configs, done, gammas, new, len(todo), started)
+  with timing.compile_clock() as decode_clock:
+    todo = [b for b in batches if any(b.ids[0] not in d for d in done_ids)]
+    for batch in todo:
+      ids = batch.input_ids
+      needed = [a for a in arms if batch.ids[0] not in done_ids[a]]
+      for arm in [None] + needed:  # compile outside the timed calls
+        if (ids.shape, arm) not in warmed:
+          if arm is None:
+            generate(target, ids, seed=first.seed, mesh=mesh, **kwargs)
+          for g in () if arm is None else gammas[arm]:
+            decode_spec(arm, ids, g)
+          warmed.add((ids.shape, arm))
+      base, base_s = timing.best_time(lambda: generate(  # pylint: disable=cell-var-from-loop
+          target, ids, seed=first.seed, mesh=mesh, **kwargs), first.repeats)
+      baseline = records.DecodeRecord.of(base, base_s, vocab)
+      for arm in needed:
+        speculative = {}
+        for g in gammas[arm]:
+          spec, spec_s = timing.best_time(
+              lambda: decode_spec(arm, ids, g), first.repeats)  # pylint: disable=cell-var-from-loop
+          speculative[g] = records.DecodeRecord.of(spec, spec_s, vocab)
+        record = records.ExampleRecord(
+            id=batch.ids[0], input_length=int(batch.input_lengths[0]),
+            target_text=batch.targets_text[0], baseline=baseline,
+            speculative=speculative)
+        if primary:
+          append_line(paths[arm], record.to_json())
+        done[arm].append(record)
+      new += 1
+      _log_progress(configs, done, gammas, new, len(todo), started)
+  if todo:
+    logging.info("decoding %d examples: %.1f s, %.1f s of it compiling %d "
+                 "programs", len(todo), time.perf_counter() - started,
+                 decode_clock.seconds, decode_clock.programs)
 
   summaries = []
   for arm, (config, workdir) in enumerate(zip(configs, workdirs)):
@@ -458,18 +463,30 @@ def _run_locked(configs: Sequence[ExperimentConfig],
     # unreported.
     by_id = {r.id: r for r in done[arm]}
     records_ = [by_id[b.ids[0]] for b in batches if b.ids[0] in by_id]
-    costs_by_gamma = _load_or_measure_costs(
-        config, target, drafts[arm], batches, gammas[arm],
-        os.path.join(workdir, "costs.json"), primary)
+    with _logged_time(f"{config.name or config.draft}: costs"):
+      costs_by_gamma = _load_or_measure_costs(
+          config, target, drafts[arm], batches, gammas[arm],
+          os.path.join(workdir, "costs.json"), primary)
     summary = report.summarize(config, records_, costs_by_gamma, gammas[arm],
                                task_metric(config))
     if primary:
       report.write_outputs(workdir, config, summary, records_)
       if config.trace_examples:
-        report.write_traces(workdir, config, target, drafts[arm], batches[
-            :config.trace_examples], vocab, gammas[arm][0], mesh)
+        with _logged_time(f"{config.name or config.draft}: traces"):
+          report.write_traces(workdir, config, target, drafts[arm], batches[
+              :config.trace_examples], vocab, gammas[arm][0], mesh)
     summaries.append(summary)
   return summaries
+
+
+@contextlib.contextmanager
+def _logged_time(what: str):
+  """Logs the block's wall time and the part of it spent compiling."""
+  start = time.perf_counter()
+  with timing.compile_clock() as clock:
+    yield
+  logging.info("%s: %.1f s, %.1f s of it compiling %d programs", what,
+               time.perf_counter() - start, clock.seconds, clock.programs)
 
 
 def _load_or_measure_costs(config, target, draft, batches, gammas, path,

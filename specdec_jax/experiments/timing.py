@@ -12,10 +12,21 @@ compiles first (one untimed call), so compilation is never timed.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
+from jax import monitoring
+
+# What JAX reports for each new program (jax/_src/dispatch.py): tracing to a
+# jaxpr, lowering to StableHLO, XLA's compile. Their sum is the time a run
+# spends making programs rather than running them.
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
 
 
 def best_time(fn: Callable[[], Any], repeats: int = 3) -> tuple[Any, float]:
@@ -28,3 +39,47 @@ def best_time(fn: Callable[[], Any], repeats: int = 3) -> tuple[Any, float]:
     out = jax.block_until_ready(fn())
     best = min(best, time.perf_counter() - start)
   return out, best
+
+
+@dataclasses.dataclass(eq=False)  # Clocks are told apart by identity.
+class CompileClock:
+  """Seconds of tracing, lowering and XLA compilation seen so far, and how
+  many programs XLA compiled (see `compile_clock`)."""
+
+  seconds: float = 0.0
+  programs: int = 0
+
+
+_listening = threading.Lock()
+_clocks: list[CompileClock] = []
+
+
+def _on_duration(event: str, seconds: float, **_) -> None:
+  if event in COMPILE_EVENTS:
+    for clock in _clocks:
+      clock.seconds += seconds
+      clock.programs += event == COMPILE_EVENTS[-1]
+
+
+@contextlib.contextmanager
+def compile_clock() -> Iterator[CompileClock]:
+  """Counts the compilation done inside the block (nestable).
+
+    with timing.compile_clock() as clock:
+      ...
+    print(clock.seconds, clock.programs)
+
+  It reads JAX's own compile events (`jax.monitoring`), so it sees every
+  jitted program, ours and library ones alike; a program found in a
+  compilation cache costs no backend compile and is not counted.
+  """
+  with _listening:
+    if not getattr(compile_clock, "registered", False):
+      monitoring.register_event_duration_secs_listener(_on_duration)
+      compile_clock.registered = True
+  clock = CompileClock()
+  _clocks.append(clock)
+  try:
+    yield clock
+  finally:
+    _clocks.remove(clock)
