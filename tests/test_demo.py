@@ -153,6 +153,31 @@ def test_demo_runs_on_one_sentence_and_one_paragraph(tmp_path):
                "draft_small_t0/trace.html",
                "paragraphs_draft_small_t0/trace.html"]:
     assert os.path.getsize(tmp_path / name) > 0
+  timing = json.loads((tmp_path / "timing.json").read_text())
+  assert [(g["task"], g["temperature"]) for g in timing["groups"]] == [
+      (r["task"], r["temperature"]) for r in rows]
+  assert 0 < timing["compile_seconds"] <= timing["seconds"]
+  assert all(0 < g["compile_seconds"] <= g["seconds"] and g["programs"] > 0
+             for g in timing["groups"])
+
+
+def test_traces_only_for_the_listed_drafts_and_never_the_sweep():
+  """trace_drafts picks the rows that pay a compile for traces; the sweep
+  never does (its trace would repeat a row's); None traces every row."""
+  drafts = (("demo:draft_large", 3), ("demo:draft_base", 4))
+  listed = demo.DemoConfig(drafts=drafts, sweep_draft="demo:draft_base",
+                           trace_drafts=("demo:draft_base",))
+  traced = {name: row.trace_examples for _, name, row in demo._rows(listed)}
+  assert traced == {"draft_large_t0": 0, "draft_large_t1": 0,
+                    "draft_base_t0": 3, "draft_base_t1": 3,
+                    "paragraphs_draft_large_t0": 0,
+                    "paragraphs_draft_large_t1": 0,
+                    "paragraphs_draft_base_t0": 3,
+                    "paragraphs_draft_base_t1": 3, "gamma_sweep": 0}
+  every = demo.DemoConfig(drafts=drafts, sweep_draft="demo:draft_base")
+  assert {name: row.trace_examples for _, name, row in demo._rows(every)
+          if name != "gamma_sweep"} == {name: 3 for name in traced
+                                        if name != "gamma_sweep"}
 
 
 @pytest.mark.parametrize("gin_file", ["demo_adaptive.gin",

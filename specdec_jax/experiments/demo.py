@@ -100,6 +100,11 @@ class DemoConfig:
   repeats: int = 3
   cost_repeats: int = 5
   trace_examples: int = 3
+  # Rows whose draft is listed here write traces (trace_examples of them);
+  # None: every row but the sweep (whose first gamma's trace would repeat a
+  # row's). Each traced row compiles one more decoding loop, 4-9 s on 2
+  # CPU cores.
+  trace_drafts: Sequence[str] | None = None
   data_dir: str = DEMO_DATA
   sentences: str = "sentences"  # <data_dir>/<sentences>.{en,de}
   paragraphs: str | None = "paragraphs"  # <data_dir>/<paragraphs>.{en,de}
@@ -153,6 +158,8 @@ def _row_config(config: DemoConfig, task: str, draft: str, gamma,
                 temperature: float, name: str,
                 cascade=()) -> experiment.ExperimentConfig:
   long = task == PARAGRAPHS
+  traced = name != "gamma_sweep" and (config.trace_drafts is None
+                                      or draft in config.trace_drafts)
   return experiment.ExperimentConfig(
       draft_stop=config.draft_stop,
       cascade=tuple((str(s), int(g)) for s, g, *_ in cascade),
@@ -164,7 +171,8 @@ def _row_config(config: DemoConfig, task: str, draft: str, gamma,
       max_examples=(config.paragraph_max_examples if long
                     else config.max_examples),
       repeats=config.repeats, cost_repeats=config.cost_repeats,
-      trace_examples=config.trace_examples, seed=0, name=name,
+      trace_examples=config.trace_examples if traced else 0, seed=0,
+      name=name,
       overwrite=config.overwrite)
 
 
