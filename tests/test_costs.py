@@ -51,3 +51,35 @@ def test_gammas_of_one_run_share_the_step_loops():
         m["verify_step_s"] / m["target_step_s"])
     assert all(m[k] > 0 for k in ("target_step_s", "draft_step_s",
                                   "verify_step_s"))
+
+
+def test_linear_verify_costs_recovers_a_line_and_averages_noise():
+  """A line a + b * gamma comes back exactly; zero-mean noise around it is
+  averaged out (the fit is closer to the line than the noisy timings)."""
+  gammas = np.arange(1, 9)
+  line = 1.2 + 0.1 * gammas
+  np.testing.assert_allclose(costs.linear_verify_costs(gammas, line), line)
+  noise = np.array([0.3, -0.3, 0.2, -0.2, 0.25, -0.25, 0.1, -0.1])
+  fitted = costs.linear_verify_costs(gammas, line + noise)
+  assert np.abs(fitted - line).max() < np.abs(noise).max()
+  with pytest.raises(ValueError, match="two or more distinct"):
+    costs.linear_verify_costs([3, 3], [1.5, 1.6])
+
+
+def test_shared_timings_time_each_model_step_once():
+  """With one `timings` dict, two gammas and two drafts time the target's
+  step once (every c and v then divides by the same number), each draft's
+  step once and each verification width once."""
+  target, draft_a, draft_b = _tiny(2, 0), _tiny(1, 1), _tiny(1, 2)
+  ids = np.array([[5, 6, 7, 1]], np.int32)
+  timings = {}
+  runs = [costs.measure_costs(target, d, ids, gamma=g,
+                              cache_positions=8 + g + 1, repeats=1,
+                              timings=timings)
+          for d in (draft_a, draft_b) for g in (1, 3)]
+  # target step, verify 2 and 4 tokens, two draft steps.
+  assert len(timings) == 5
+  assert len({r["target_step_s"] for r in runs}) == 1
+  assert runs[0]["verify_step_s"] == runs[2]["verify_step_s"]
+  assert runs[0]["draft_step_s"] == runs[1]["draft_step_s"]
+  assert runs[0]["draft_step_s"] != runs[2]["draft_step_s"]

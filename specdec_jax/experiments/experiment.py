@@ -457,6 +457,7 @@ def _run_locked(configs: Sequence[ExperimentConfig],
                  decode_clock.seconds, decode_clock.programs)
 
   summaries = []
+  timings = {}  # one timing of each model step for all the arms
   for arm, (config, workdir) in enumerate(zip(configs, workdirs)):
     # The examples of this run only: a rerun with fewer max_examples
     # reports fewer, and lines of ids outside this run stay in the file
@@ -466,7 +467,7 @@ def _run_locked(configs: Sequence[ExperimentConfig],
     with _logged_time(f"{config.name or config.draft}: costs"):
       costs_by_gamma = _load_or_measure_costs(
           config, target, drafts[arm], batches, gammas[arm],
-          os.path.join(workdir, "costs.json"), primary)
+          os.path.join(workdir, "costs.json"), primary, timings)
     summary = report.summarize(config, records_, costs_by_gamma, gammas[arm],
                                task_metric(config))
     if primary:
@@ -490,7 +491,7 @@ def _logged_time(what: str):
 
 
 def _load_or_measure_costs(config, target, draft, batches, gammas, path,
-                           primary):
+                           primary, timings=None):
   if os.path.exists(path):
     with open(path) as f:
       stored = json.load(f)
@@ -503,7 +504,7 @@ def _load_or_measure_costs(config, target, draft, batches, gammas, path,
       g: costs.measure_costs(target, cost_model(draft),
                              shape_batch.input_ids, gamma=g,
                              cache_positions=config.max_decode_len + g + 1,
-                             repeats=config.cost_repeats)
+                             repeats=config.cost_repeats, timings=timings)
       for g in gammas}
   if primary:
     write_json(path, {str(g): v for g, v in measured.items()})
