@@ -26,7 +26,8 @@ draft). The demo writes:
   <workdir>/table.md, table.csv   one row per (task, draft, temperature)
   <workdir>/speedup.png           measured vs Theorem 3.8 per row
   <workdir>/<row>/...             each row's experiment outputs (examples,
-                                  summary, acceptance plot, traces);
+                                  summary, acceptance plot; traces for
+                                  the drafts of `trace_drafts`);
                                   paragraph rows are `paragraphs_<row>`
   <workdir>/gamma_sweep/...       one draft on the sentences, greedy, a
                                   range of gammas, with its
