@@ -6,11 +6,15 @@ one step loop per model, not one per gamma; and the numbers it returns must
 be the ratios they claim to be.
 """
 
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from specdec_jax import Model
+from specdec_jax.decoding.protocol import Prefill
 from specdec_jax.experiments import costs
 from specdec_jax.models import registry
 
@@ -83,3 +87,41 @@ def test_shared_timings_time_each_model_step_once():
   assert runs[0]["verify_step_s"] == runs[2]["verify_step_s"]
   assert runs[0]["draft_step_s"] == runs[1]["draft_step_s"]
   assert runs[0]["draft_step_s"] != runs[2]["draft_step_s"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _OneHotAt:
+  """A model whose logits at call position k are one_hot(params[k]), so the
+  timed loop's result shows which positions' logits it read."""
+
+  vocab_size: int = 16
+  max_input_len: int | None = None
+
+  def prefill(self, params, input_ids, num_decode_positions):
+    del params, num_decode_positions
+    zeros = jnp.zeros((input_ids.shape[0],), jnp.int32)
+    return Prefill(cache=zeros, start_token=zeros, start_pos=zeros)
+
+  def extend(self, params, cache, tokens, positions):
+    del positions
+    logits = jax.nn.one_hot(params[:tokens.shape[1]], self.vocab_size)
+    return jnp.broadcast_to(logits, tokens.shape + (self.vocab_size,)), cache
+
+
+def test_timed_verification_reads_every_positions_logits():
+  """A verification of K tokens uses the logits of all K positions, so its
+  timing must too: XLA may drop computation nothing reads, and a loop that
+  read only the last position's logits could time a cheaper call. Here only
+  one position's logits differ from the plain parameters; the loop's result
+  must see the first position as well as the last (reading the last
+  position's argmax alone, as this loop once did, fails on position 0)."""
+  definition = _OneHotAt()
+  prefill, loop = costs._build_timed_loop(definition, 4, 2, 16)  # pylint: disable=protected-access
+  ids = np.array([[5, 1]], np.int32)
+  cache, start = prefill(jnp.zeros(4, jnp.int32), ids)
+  plain = loop(jnp.array([0, 0, 0, 0]), cache, start)
+  first_differs = loop(jnp.array([7, 0, 0, 0]), cache, start)
+  last_differs = loop(jnp.array([0, 0, 0, 9]), cache, start)
+  assert int(plain[0]) == 0
+  assert int(first_differs[0]) == 7
+  assert int(last_differs[0]) == 9
