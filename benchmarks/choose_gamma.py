@@ -62,9 +62,16 @@ def main(argv):
           [s.alpha_sum.sum() for s in probes],
           [s.alpha_count.sum() for s in probes])
     gammas = np.arange(1, args.max_gamma + 1)
+    # Every step and width timed in the same rounds (costs.time_extends).
+    timings = {}
+    costs.time_extends(
+        [r for g in gammas for r in costs.cost_requests(
+            target, draft, int(g), args.max_decode_len + int(g) + 1)],
+        one.input_ids, timings=timings)
     measured = [costs.measure_costs(
         target, draft, one.input_ids, gamma=int(g),
-        cache_positions=args.max_decode_len + int(g) + 1) for g in gammas]
+        cache_positions=args.max_decode_len + int(g) + 1, timings=timings)
+                for g in gammas]
     c = float(np.median([m["c"] for m in measured]))
     verify = np.array([m["verify_cost"] for m in measured])
     fitted = costs.linear_verify_costs(gammas, verify)

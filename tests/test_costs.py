@@ -125,3 +125,29 @@ def test_timed_verification_reads_every_positions_logits():
   assert int(plain[0]) == 0
   assert int(first_differs[0]) == 7
   assert int(last_differs[0]) == 9
+
+
+def test_time_extends_times_each_step_once_and_keys_models_by_params():
+  """One `time_extends` of several gammas' requests times each distinct
+  (model, width) once, and later calls reuse the results. A model is known
+  by its definition and parameters, not by its `Model` wrapper: a fresh
+  wrapper of the same parameters (as a cascade's top model is rebuilt per
+  call) finds its timing, while another model of the same definition (a
+  wrapper whose id might be a freed one's) is timed on its own."""
+  target, draft = _tiny(2, 0), _tiny(1, 1)
+  ids = np.array([[5, 6, 7, 1]], np.int32)
+  timings = {}
+  requests = (costs.cost_requests(target, draft, 1, 10)
+              + costs.cost_requests(target, draft, 3, 12))
+  seconds = costs.time_extends(requests, ids, repeats=1, timings=timings)
+  assert len(timings) == 4  # target step, draft step, 2 and 4 tokens
+  assert seconds[0] == seconds[3] and seconds[1] == seconds[4]
+  assert all(s > 0 for s in seconds)
+  rewrapped = Model(draft.definition, draft.params)
+  again = costs.measure_costs(target, rewrapped, ids, gamma=3,
+                              cache_positions=12, repeats=1, timings=timings)
+  assert len(timings) == 4 and again["draft_step_s"] == seconds[1]
+  other = _tiny(1, 2)  # same definition as `draft`, other parameters
+  costs.measure_costs(target, other, ids, gamma=3, cache_positions=12,
+                      repeats=1, timings=timings)
+  assert len(timings) == 5

@@ -34,3 +34,18 @@ def test_best_time_keeps_the_fastest_repeat():
   assert out == 4 and len(calls) == 4 and seconds >= 0
   with pytest.raises(ValueError, match="repeats"):
     timing.best_time(lambda: None, 0)
+
+
+def test_best_times_interleave_rounds_and_keep_each_fastest(monkeypatch):
+  """Each round calls every function once, in order (so a slow stretch of
+  the machine touches all of them alike), and each function keeps its own
+  fastest round: here b is slow in round 0 and a in round 1."""
+  calls = []
+  fns = [lambda: calls.append("a"), lambda: calls.append("b")]
+  # (start, end) clock readings of a0, b0, a1, b1, a2, b2.
+  reads = iter([0.0, 1.0, 0.0, 9.0, 0.0, 8.0, 0.0, 2.0, 0.0, 3.0, 0.0, 4.0])
+  monkeypatch.setattr(timing.time, "perf_counter", lambda: next(reads))
+  assert timing.best_times(fns, repeats=3) == [1.0, 2.0]
+  assert calls == ["a", "b"] * 3
+  with pytest.raises(ValueError, match="repeats"):
+    timing.best_times(fns, 0)

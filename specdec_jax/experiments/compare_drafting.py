@@ -123,14 +123,21 @@ def expected_gain_rule(target: Model, draft: Model, input_ids: np.ndarray,
   its per-bin acceptance prior calibrated on `probe` inputs ([N, L], other
   sentences than the timed ones) with `stopping.calibration`."""
   positions = max_decode_len + max_gamma + 1
+  ks = np.arange(1, max_gamma + 1)
+  # Every width's timing in the same rounds as the steps c divides.
+  timings = {}
+  if verify_growth is None:
+    costs.time_extends(
+        costs.cost_requests(target, draft, 1, positions)
+        + [(target, int(k) + 1, positions) for k in ks], input_ids,
+        timings=timings)
   one = costs.measure_costs(target, draft, input_ids, gamma=1,
-                            cache_positions=positions)
+                            cache_positions=positions, timings=timings)
   if verify_growth is None:
     # Slope of v(k) over every width, least squares (less noisy than two).
-    ks = np.arange(1, max_gamma + 1)
-    v = [costs.time_extend(target, input_ids, num_tokens=int(k) + 1,
-                           cache_positions=positions)
-         / one["target_step_s"] for k in ks]
+    v = [costs.measure_costs(target, draft, input_ids, gamma=int(k),
+                             cache_positions=positions,
+                             timings=timings)["verify_cost"] for k in ks]
     verify_growth = float(np.clip(np.polyfit(ks, v, 1)[0], 0.0, None))
   growth = verify_growth
   rule = stopping.ExpectedGainStop(cost=round(float(one["c"]), 4),

@@ -11,7 +11,7 @@ Dimension letters: B batch, L input length, K tokens per extend call.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -74,35 +74,83 @@ def padded_positions(cache_positions: int) -> int:
   return -(-int(cache_positions) // q) * q
 
 
+# One timing: (model, tokens per call, cache positions).
+Request = tuple[Model, int, int]
+
+
+def _timing_key(request: Request, input_ids, steps: int, repeats: int):
+  model, num_tokens, cache_positions = request
+  # A model by its definition and the identity of its parameters, which live
+  # as long as the run: `Model` wrappers are rebuilt per call (a cascade's
+  # top model), and a freed wrapper's id may come back for another model.
+  return (model.definition, id(model.params), num_tokens,
+          padded_positions(cache_positions), tuple(np.shape(input_ids)),
+          steps, repeats)
+
+
+def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
+                 steps: int = 16, repeats: int = 5,
+                 timings: dict | None = None) -> list[float]:
+  """Seconds of one cached `extend` call for each request, timed together.
+
+  Every request's loop is compiled and run once untimed, then all are timed
+  in `repeats` interleaved rounds, each keeping its fastest
+  (`timing.best_times`): the numbers this module divides by one another
+  (c, v) then share the machine's slow and quiet stretches.
+
+  Args:
+    requests: (model, num_tokens, cache_positions) triples. num_tokens: K
+      tokens fed per call (1 for a decoding step, gamma + 1 for a
+      verification). cache_positions: decoder positions the cache holds
+      (decoding uses max_decode_len + gamma + 1), since attention cost grows
+      with it; rounded up by `padded_positions`.
+    input_ids: int32 [B, L] inputs (as in decoding).
+    steps: extend calls per timed loop (capped so the positions fit).
+    repeats: timed rounds.
+    timings: a dict of earlier results to reuse and extend, keyed by model,
+      tokens per call, padded positions, input shape, steps and repeats
+      (see `measure_costs`).
+
+  Returns:
+    Seconds per extend call, one per request.
+  """
+  timings = {} if timings is None else timings
+  keys = [_timing_key(r, input_ids, steps, repeats) for r in requests]
+  ids = jnp.asarray(input_ids, jnp.int32)
+  todo, runs = {}, []
+  for key, (model, num_tokens, cache_positions) in zip(keys, requests):
+    if key in timings or key in todo:
+      continue
+    positions = padded_positions(cache_positions)
+    n = max(1, min(steps, (positions - 1) // num_tokens))
+    prefill, loop = _build_timed_loop(model.definition, num_tokens, n,
+                                      positions)
+    cache, start_pos = jax.block_until_ready(prefill(model.params, ids))
+    run = functools.partial(loop, model.params, cache, start_pos)
+    jax.block_until_ready(run())  # compile
+    todo[key] = n
+    runs.append(run)
+  for (key, n), seconds in zip(todo.items(),
+                               timing.best_times(runs, repeats)):
+    timings[key] = seconds / n
+  return [timings[key] for key in keys]
+
+
 def time_extend(model: Model, input_ids: np.ndarray, *, num_tokens: int = 1,
                 cache_positions: int = 64, steps: int = 16,
                 repeats: int = 5) -> float:
-  """Seconds of one cached `extend` of `num_tokens` tokens per row.
+  """Seconds of one cached `extend` of `num_tokens` tokens per row (one
+  request of `time_extends`, timed alone)."""
+  return time_extends([(model, num_tokens, cache_positions)], input_ids,
+                      steps=steps, repeats=repeats)[0]
 
-  Args:
-    model: the model to time.
-    input_ids: int32 [B, L] inputs (as in decoding).
-    num_tokens: K tokens fed per call (1 for a decoding step, gamma + 1 for a
-      verification).
-    cache_positions: decoder positions the cache holds (decoding uses
-      max_decode_len + gamma + 1), since attention cost grows with it;
-      rounded up by `padded_positions`.
-    steps: extend calls per timed loop (capped so the positions fit).
-    repeats: timed loops; the fastest is used (`timing.best_time`).
 
-  Returns:
-    Seconds per extend call.
-  """
-  cache_positions = padded_positions(cache_positions)
-  steps = max(1, min(steps, (cache_positions - 1) // num_tokens))
-  prefill, loop = _build_timed_loop(model.definition, num_tokens, steps,
-                                    cache_positions)
-  ids = jnp.asarray(input_ids, jnp.int32)
-  cache, start_pos = jax.block_until_ready(prefill(model.params, ids))
-  jax.block_until_ready(loop(model.params, cache, start_pos))  # compile
-  _, seconds = timing.best_time(lambda: loop(model.params, cache, start_pos),
-                                repeats)
-  return seconds / steps
+def cost_requests(target: Model, draft: Model, gamma: int,
+                  cache_positions: int) -> list[Request]:
+  """What `measure_costs` times: the target's step, the draft's step and a
+  verification of gamma + 1 tokens."""
+  return [(target, 1, cache_positions), (draft, 1, cache_positions),
+          (target, gamma + 1, cache_positions)]
 
 
 def linear_verify_costs(gammas, verify_costs) -> np.ndarray:
@@ -158,11 +206,12 @@ def measure_costs(target: Model, draft: Model, input_ids: np.ndarray, *,
     gamma: draft tokens per iteration (the verification scores gamma + 1).
     cache_positions: decoder positions of the caches (`time_extend`).
     repeats: timed loops per number (the fastest counts).
-    timings: a dict to share `time_extend` results across calls of one run
-      (keyed by model, tokens per call, padded positions and input shape):
-      the gammas and drafts of a run then time the target's step once, each
-      draft's step once and each verification width once, and every c and
-      v of the run divides by the same target step.
+    timings: a dict to share `time_extends` results across calls of one
+      run: the gammas and drafts of a run then time the target's step once,
+      each draft's step once and each verification width once, and every c
+      and v of the run divides by the same target step. Fill it first with
+      one `time_extends` of every call's `cost_requests` to time them all
+      in the same rounds.
 
   Returns:
     target_step_s, draft_step_s: seconds per one-token step;
@@ -172,20 +221,9 @@ def measure_costs(target: Model, draft: Model, input_ids: np.ndarray, *,
       parallel target; larger where the device is not idle, e.g. CPUs);
     c_hat: ratio of parameters touched per token (~ arithmetic per token).
   """
-  timings = {} if timings is None else timings
-
-  def timed(model, num_tokens):
-    key = (id(model), num_tokens, padded_positions(cache_positions),
-           tuple(np.shape(input_ids)), repeats)
-    if key not in timings:
-      timings[key] = time_extend(model, input_ids, num_tokens=num_tokens,
-                                 cache_positions=cache_positions,
-                                 repeats=repeats)
-    return timings[key]
-
-  target_s = timed(target, 1)
-  draft_s = timed(draft, 1)
-  verify_s = timed(target, gamma + 1)
+  target_s, draft_s, verify_s = time_extends(
+      cost_requests(target, draft, gamma, cache_positions), input_ids,
+      repeats=repeats, timings=timings)
   target_ops = decode_params(target)
   return {
       "target_step_s": target_s,

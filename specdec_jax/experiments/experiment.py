@@ -19,6 +19,7 @@ positions), i.e. sum(alpha_sum) / sum(alpha_count).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -292,11 +293,12 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
   c = measured["c"]
   verify_costs = None
   if config.optimal_gamma_verify_cost:
-    verify_costs = [
-        costs.time_extend(target, ids, num_tokens=g + 1,
-                          cache_positions=positions,
-                          repeats=config.cost_repeats)
-        / measured["target_step_s"] for g in range(1, config.max_gamma + 1)]
+    gammas = range(1, config.max_gamma + 1)
+    step_s, *verify_s = costs.time_extends(
+        [(target, 1, positions)]
+        + [(target, g + 1, positions) for g in gammas],
+        ids, repeats=config.cost_repeats)
+    verify_costs = [s / step_s for s in verify_s]
   gamma = int(theory.optimal_gamma(alpha, c, config.max_gamma,
                                    verify_costs=verify_costs))
   write_json(path, {"gamma": gamma, "alpha": alpha, "c": c,
@@ -457,7 +459,12 @@ def _run_locked(configs: Sequence[ExperimentConfig],
                  decode_clock.seconds, decode_clock.programs)
 
   summaries = []
-  timings = {}  # one timing of each model step for all the arms
+  # One timing of each model step for all the arms, all taken in the same
+  # rounds (`costs.time_extends`).
+  timings = {}
+  with _logged_time("costs of all arms"):
+    _measure_costs_together(configs, workdirs, target, drafts, batches,
+                            gammas, timings)
   for arm, (config, workdir) in enumerate(zip(configs, workdirs)):
     # The examples of this run only: a rerun with fewer max_examples
     # reports fewer, and lines of ids outside this run stay in the file
@@ -490,19 +497,45 @@ def _logged_time(what: str):
                time.perf_counter() - start, clock.seconds, clock.programs)
 
 
-def _load_or_measure_costs(config, target, draft, batches, gammas, path,
-                           primary, timings=None):
+def _stored_costs(path, gammas):
+  """costs.json's costs by gamma if it holds every one of `gammas`."""
   if os.path.exists(path):
     with open(path) as f:
       stored = json.load(f)
     if all(str(g) in stored for g in gammas):
       return {int(g): v for g, v in stored.items()}
-  # The median input length is representative of the run.
+  return None
+
+
+def _shape_batch(batches):
+  """The batch of median input length: representative of the run."""
   lengths = [b.input_ids.shape[1] for b in batches]
-  shape_batch = batches[int(np.argsort(lengths)[len(lengths) // 2])]
+  return batches[int(np.argsort(lengths)[len(lengths) // 2])]
+
+
+def _measure_costs_together(configs, workdirs, target, drafts, batches,
+                            gammas, timings):
+  """Times every step the arms' costs still need in one `time_extends`
+  (each arm's costs.json may hold them already), into `timings`."""
+  requests = collections.defaultdict(list)  # by cost_repeats
+  for config, workdir, draft, gs in zip(configs, workdirs, drafts, gammas):
+    if _stored_costs(os.path.join(workdir, "costs.json"), gs) is None:
+      for g in gs:
+        requests[config.cost_repeats] += costs.cost_requests(
+            target, cost_model(draft), g, config.max_decode_len + g + 1)
+  for repeats, some in requests.items():
+    costs.time_extends(some, _shape_batch(batches).input_ids,
+                       repeats=repeats, timings=timings)
+
+
+def _load_or_measure_costs(config, target, draft, batches, gammas, path,
+                           primary, timings=None):
+  stored = _stored_costs(path, gammas)
+  if stored is not None:
+    return stored
   measured = {
       g: costs.measure_costs(target, cost_model(draft),
-                             shape_batch.input_ids, gamma=g,
+                             _shape_batch(batches).input_ids, gamma=g,
                              cache_positions=config.max_decode_len + g + 1,
                              repeats=config.cost_repeats, timings=timings)
       for g in gammas}

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 from jax import monitoring
@@ -39,6 +39,28 @@ def best_time(fn: Callable[[], Any], repeats: int = 3) -> tuple[Any, float]:
     out = jax.block_until_ready(fn())
     best = min(best, time.perf_counter() - start)
   return out, best
+
+
+def best_times(fns: Sequence[Callable[[], Any]],
+               repeats: int = 3) -> list[float]:
+  """The minimum seconds of each of `fns` over `repeats` interleaved rounds.
+
+  Each round calls every function once, in order. Use it for numbers that
+  are divided by one another (c and v are ratios of step times): timed one
+  after the other, each number's repeats can all fall into one slow stretch
+  of a shared machine (memory bandwidth taken by a neighbour comes and goes
+  over seconds) and skew the ratio; interleaved, a slow stretch touches
+  every number alike and each keeps its fastest round.
+  """
+  if repeats < 1:
+    raise ValueError(f"repeats must be >= 1, got {repeats}")
+  best = [float("inf")] * len(fns)
+  for _ in range(repeats):
+    for i, fn in enumerate(fns):
+      start = time.perf_counter()
+      jax.block_until_ready(fn())
+      best[i] = min(best[i], time.perf_counter() - start)
+  return best
 
 
 @dataclasses.dataclass(eq=False)  # Clocks are told apart by identity.
