@@ -169,7 +169,7 @@ def test_one_token_steps_update_the_cache_in_place(monkeypatch):
   into the cache in place: the compiled loop copies each cache array at most
   once (on entry, its arguments not being donated), where a lone
   (row, slot) scatter made XLA copy every layer's cache four more times per
-  step (0.5 ms of the demo target's 6 ms). Negative control: that lone
+  step (about 10% of the demo target's step). Negative control: that lone
   scatter, put back, brings the copies back."""
   definition = t5.T5Def(registry.get_config("t5_tiny"))
   params = definition.init_params(jax.random.PRNGKey(0))

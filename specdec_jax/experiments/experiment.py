@@ -286,19 +286,22 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
                               [s.alpha_count.sum() for s in probes])
   positions = config.max_decode_len + config.max_gamma + 1
   ids = batches[0].input_ids
-  measured = costs.measure_costs(target, cost_model(draft), ids,
-                                 gamma=config.probe_gamma,
-                                 cache_positions=positions,
-                                 repeats=config.cost_repeats)
-  c = measured["c"]
+  gammas = (range(1, config.max_gamma + 1)
+            if config.optimal_gamma_verify_cost else [config.probe_gamma])
+  # Every gamma's costs from one set of interleaved rounds.
+  timings = {}
+  costs.time_extends(
+      [r for g in gammas for r in costs.cost_requests(
+          target, cost_model(draft), g, positions)],
+      ids, repeats=config.cost_repeats, timings=timings)
+  measured = {g: costs.measure_costs(target, cost_model(draft), ids,
+                                     gamma=g, cache_positions=positions,
+                                     repeats=config.cost_repeats,
+                                     timings=timings) for g in gammas}
+  c = measured[gammas[0]]["c"]
   verify_costs = None
   if config.optimal_gamma_verify_cost:
-    gammas = range(1, config.max_gamma + 1)
-    step_s, *verify_s = costs.time_extends(
-        [(target, 1, positions)]
-        + [(target, g + 1, positions) for g in gammas],
-        ids, repeats=config.cost_repeats)
-    verify_costs = [s / step_s for s in verify_s]
+    verify_costs = [measured[g]["verify_cost"] for g in gammas]
   gamma = int(theory.optimal_gamma(alpha, c, config.max_gamma,
                                    verify_costs=verify_costs))
   write_json(path, {"gamma": gamma, "alpha": alpha, "c": c,

@@ -356,7 +356,7 @@ class KVCache:
       # One (row, slot) pair (batch 1, one token: every plain decoding step).
       # XLA turns such a scatter into a dynamic-update-slice, fuses a copy of
       # it into each reader and then copies the whole cache around it: 64
-      # cache-sized copies per step of the demo target, 0.5 ms of its 6 ms
+      # cache-sized copies per step of the demo target, about 10% of its step
       # (`tests/test_t5.py` counts them). The same pair given twice stays a
       # scatter, done in place; writing a slot twice with the same values is
       # harmless, as above.
