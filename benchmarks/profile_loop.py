@@ -80,8 +80,9 @@ def _profile_extend(target, ids):
   steps = 8
   columns = {}
   for k in [int(t) for t in args.extend_tokens]:
-    prefill, loop = costs._build_timed_loop(  # pylint: disable=protected-access
-        target.definition, k, steps, costs.padded_positions(positions))
+    prefill = costs._build_prefill(  # pylint: disable=protected-access
+        target.definition, costs.padded_positions(positions))
+    loop = costs._build_timed_loop(target.definition, k, steps)  # pylint: disable=protected-access
     cache, start = jax.block_until_ready(prefill(target.params, ids))
     run = lambda: jax.block_until_ready(loop(target.params, cache, start))  # pylint: disable=cell-var-from-loop
     run()  # compile

@@ -16,6 +16,7 @@ import pytest
 from specdec_jax import Model
 from specdec_jax.decoding.protocol import Prefill
 from specdec_jax.experiments import costs
+from specdec_jax.experiments import timing
 from specdec_jax.models import registry
 
 
@@ -35,20 +36,22 @@ def test_padded_positions_rounds_up_to_the_quantum():
 
 def test_gammas_of_one_run_share_the_step_loops():
   """Decoding 8 tokens at gamma 1 and 3 uses 10 and 12 cache positions: both
-  time their target and draft steps with one compiled loop each, so the
-  second gamma adds only its own verification loop (without the rounding it
-  would add three)."""
+  time their target and draft steps with the same compiled programs (one
+  prefill per model, one loop per model and width), so the second gamma
+  compiles only its own verification loop; without the rounding of cache
+  positions it would compile all five again."""
   target, draft = _tiny(2, 0), _tiny(1, 1)
   ids = np.array([[5, 6, 7, 1]], np.int32)
-  before = costs._build_timed_loop.cache_info().misses  # pylint: disable=protected-access
-  first = costs.measure_costs(target, draft, ids, gamma=1,
-                              cache_positions=8 + 1 + 1, repeats=1)
-  middle = costs._build_timed_loop.cache_info().misses  # pylint: disable=protected-access
-  second = costs.measure_costs(target, draft, ids, gamma=3,
-                               cache_positions=8 + 3 + 1, repeats=1)
-  after = costs._build_timed_loop.cache_info().misses  # pylint: disable=protected-access
-  assert middle - before == 3  # target step, draft step, verify 2 tokens
-  assert after - middle == 1   # verify 4 tokens only
+  with timing.compile_clock() as clock:
+    first = costs.measure_costs(target, draft, ids, gamma=1,
+                                cache_positions=8 + 1 + 1, repeats=1)
+  # Prefill of the target and of the draft; target step, draft step,
+  # verification of 2 tokens.
+  assert clock.programs == 5
+  with timing.compile_clock() as clock:
+    second = costs.measure_costs(target, draft, ids, gamma=3,
+                                 cache_positions=8 + 3 + 1, repeats=1)
+  assert clock.programs == 1  # verification of 4 tokens only
   for m in (first, second):
     assert m["c"] == pytest.approx(m["draft_step_s"] / m["target_step_s"])
     assert m["verify_cost"] == pytest.approx(
@@ -116,7 +119,8 @@ def test_timed_verification_reads_every_positions_logits():
   must see the first position as well as the last (reading the last
   position's argmax alone, as this loop once did, fails on position 0)."""
   definition = _OneHotAt()
-  prefill, loop = costs._build_timed_loop(definition, 4, 2, 16)  # pylint: disable=protected-access
+  prefill = costs._build_prefill(definition, 16)  # pylint: disable=protected-access
+  loop = costs._build_timed_loop(definition, 4, 2)  # pylint: disable=protected-access
   ids = np.array([[5, 1]], np.int32)
   cache, start = prefill(jnp.zeros(4, jnp.int32), ids)
   plain = loop(jnp.array([0, 0, 0, 0]), cache, start)

@@ -49,3 +49,20 @@ def test_best_times_interleave_rounds_and_keep_each_fastest(monkeypatch):
   assert calls == ["a", "b"] * 3
   with pytest.raises(ValueError, match="repeats"):
     timing.best_times(fns, 0)
+
+
+def test_best_runs_keep_each_functions_result_and_fastest_round(monkeypatch):
+  """best_runs interleaves rounds as best_times does and also returns each
+  function's own result (the last round's), not another function's."""
+  counts = {"a": 0, "b": 0}
+
+  def make(name):
+    def fn():
+      counts[name] += 1
+      return f"{name}{counts[name]}"
+    return fn
+
+  reads = iter([0.0, 5.0, 0.0, 1.0, 0.0, 2.0, 0.0, 7.0])  # a0 b0 a1 b1
+  monkeypatch.setattr(timing.time, "perf_counter", lambda: next(reads))
+  assert timing.best_runs([make("a"), make("b")], repeats=2) == [
+      ("a2", 2.0), ("b2", 1.0)]

@@ -24,14 +24,22 @@ from specdec_jax.experiments import timing
 
 
 @functools.lru_cache(maxsize=32)
-def _build_timed_loop(definition: ModelDef, num_tokens: int, steps: int,
-                      num_positions: int):
-  """jit(params, input_ids) -> scalar: prefill, then `steps` extends of K."""
+def _build_prefill(definition: ModelDef, num_positions: int):
+  """jit(params, input_ids) -> (cache, start_pos) with `num_positions`
+  decoder positions: one program per model and cache size, shared by all
+  its timed loops."""
 
   @jax.jit
   def prefill(params, input_ids):
     pre = definition.prefill(params, input_ids, num_positions)
     return pre.cache, pre.start_pos
+
+  return prefill
+
+
+@functools.lru_cache(maxsize=32)
+def _build_timed_loop(definition: ModelDef, num_tokens: int, steps: int):
+  """jit(params, cache, start_pos) -> scalar: `steps` extends of K tokens."""
 
   @jax.jit
   def loop(params, cache, start_pos):
@@ -52,7 +60,7 @@ def _build_timed_loop(definition: ModelDef, num_tokens: int, steps: int,
                                (cache, jnp.zeros((batch,), jnp.int32)))
     return acc
 
-  return prefill, loop
+  return loop
 
 
 # Timed caches hold a multiple of this many positions.
@@ -117,15 +125,20 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
   timings = {} if timings is None else timings
   keys = [_timing_key(r, input_ids, steps, repeats) for r in requests]
   ids = jnp.asarray(input_ids, jnp.int32)
-  todo, runs = {}, []
+  todo, runs, prefilled = {}, [], {}
   for key, (model, num_tokens, cache_positions) in zip(keys, requests):
     if key in timings or key in todo:
       continue
     positions = padded_positions(cache_positions)
     n = max(1, min(steps, (positions - 1) // num_tokens))
-    prefill, loop = _build_timed_loop(model.definition, num_tokens, n,
-                                      positions)
-    cache, start_pos = jax.block_until_ready(prefill(model.params, ids))
+    # One prefill per model and cache size; the loops start from its cache
+    # (each loop's updates are to its own copy: jit does not donate it).
+    cache_key = (model.definition, id(model.params), positions)
+    if cache_key not in prefilled:
+      prefilled[cache_key] = jax.block_until_ready(_build_prefill(
+          model.definition, positions)(model.params, ids))
+    cache, start_pos = prefilled[cache_key]
+    loop = _build_timed_loop(model.definition, num_tokens, n)
     run = functools.partial(loop, model.params, cache, start_pos)
     jax.block_until_ready(run())  # compile
     todo[key] = n

@@ -48,7 +48,8 @@ class ExperimentConfig:
       more extends the workdir.
     seed: sampling seed (each example's rows from it).
     repeats, cost_repeats: timed repeats of each decode and of each cost
-      measurement (the fastest counts, `timing.best_time`).
+      measurement (the fastest counts; a run times the target alone and
+      every arm in interleaved rounds, `timing.best_runs`).
     ngram_split, ngram_max_examples: data an n-gram drafter is fitted on.
     trace_examples: examples whose per-iteration traces are plotted.
     draft_stop: adaptive draft length: None (exactly gamma draft tokens per

@@ -43,15 +43,21 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
   """Parses files and bindings; missing files name the search path."""
   for path in (os.getcwd(), CONFIGS_DIR, os.path.dirname(CONFIGS_DIR)):
     gin.add_config_file_search_path(path)
+  resolved = []
   for f in gin_files:
     candidates = [f, os.path.join(CONFIGS_DIR, f),
                   os.path.join(os.path.dirname(CONFIGS_DIR), f)]
-    if not any(os.path.exists(c) for c in candidates):
+    found = [c for c in candidates if os.path.exists(c)]
+    if not found:
       raise FileNotFoundError(
           f"gin file {f!r} not found (looked in {os.getcwd()} and "
           f"{CONFIGS_DIR}). Pass a path like "
           f"configs/experiments/table2/ende_small_t0.gin.")
-  gin.parse_config_files_and_bindings(list(gin_files), list(bindings),
+    # The path found, not the name: gin would log an error for each place
+    # it looked in vain. (Includes inside the files still use the search
+    # path added above.)
+    resolved.append(found[0])
+  gin.parse_config_files_and_bindings(resolved, list(bindings),
                                       finalize_config=False)
 
 

@@ -46,21 +46,29 @@ def best_times(fns: Sequence[Callable[[], Any]],
   """The minimum seconds of each of `fns` over `repeats` interleaved rounds.
 
   Each round calls every function once, in order. Use it for numbers that
-  are divided by one another (c and v are ratios of step times): timed one
-  after the other, each number's repeats can all fall into one slow stretch
-  of a shared machine (memory bandwidth taken by a neighbour comes and goes
-  over seconds) and skew the ratio; interleaved, a slow stretch touches
-  every number alike and each keeps its fastest round.
+  are divided by one another (c and v are ratios of step times; a speedup is
+  a ratio of decode times): timed one after the other, each number's repeats
+  can all fall into one slow stretch of a shared machine (memory bandwidth
+  taken by a neighbour comes and goes over seconds) and skew the ratio;
+  interleaved, a slow stretch touches every number alike and each keeps its
+  fastest round.
   """
+  return [seconds for _, seconds in best_runs(fns, repeats)]
+
+
+def best_runs(fns: Sequence[Callable[[], Any]],
+              repeats: int = 3) -> list[tuple[Any, float]]:
+  """`best_times`, with each function's last result: [(result, seconds)]."""
   if repeats < 1:
     raise ValueError(f"repeats must be >= 1, got {repeats}")
   best = [float("inf")] * len(fns)
+  results = [None] * len(fns)
   for _ in range(repeats):
     for i, fn in enumerate(fns):
       start = time.perf_counter()
-      jax.block_until_ready(fn())
+      results[i] = jax.block_until_ready(fn())
       best[i] = min(best[i], time.perf_counter() - start)
-  return best
+  return list(zip(results, best))
 
 
 @dataclasses.dataclass(eq=False)  # Clocks are told apart by identity.
