@@ -118,7 +118,9 @@ def _runs_table(alpha: float, gamma: int, max_length: int) -> np.ndarray:
 
 
 def walltime_improvement_at_lengths(alpha: float, gamma: int, c: float,
-                                    lengths, verify_cost: float = 1.0) -> float:
+                                    lengths, verify_cost: float = 1.0,
+                                    target_prefill: float = 0.0,
+                                    draft_prefill: float = 0.0) -> float:
   """Theorem 3.8's prediction for outputs of the given lengths.
 
   The baseline takes one step per token; speculative decoding takes
@@ -127,15 +129,25 @@ def walltime_improvement_at_lengths(alpha: float, gamma: int, c: float,
 
     sum(lengths) / (sum_i f(length_i) (gamma c + verify_cost)).
 
-  Like the theorem, it leaves out costs paid once per input (the encoder).
+  Like the theorem, it leaves out costs paid once per input by default.
+  Given them (`target_prefill`, `draft_prefill`: the models' prefill, e.g.
+  a T5 encoder, in target steps), each output's baseline also pays the
+  target's prefill and its speculative decode both models':
+
+    sum_i (p_t + n_i) / sum_i (p_t + p_d + f(n_i) (gamma c + verify_cost)).
   """
   lengths = [int(n) for n in lengths]
   if not lengths or sum(lengths) == 0 or min(lengths) < 0:
     raise ValueError("lengths must be >= 0 and hold at least one non-empty "
                      f"output, got {lengths[:8]}")
+  if min(target_prefill, draft_prefill) < 0:
+    raise ValueError(f"prefill costs must be >= 0, got {target_prefill} and "
+                     f"{draft_prefill}")
   table = _runs_table(alpha, gamma, max(lengths))
   runs = float(sum(table[n] for n in lengths))
-  return sum(lengths) / (runs * (gamma * c + verify_cost))
+  once = len(lengths) * target_prefill
+  return (sum(lengths) + once) / (
+      runs * (gamma * c + verify_cost) + once + len(lengths) * draft_prefill)
 
 
 def operations_factor(alpha, gamma, c_hat):

@@ -54,6 +54,10 @@ def test_gammas_of_one_run_share_the_step_loops():
   assert clock.programs == 1  # verification of 4 tokens only
   for m in (first, second):
     assert m["c"] == pytest.approx(m["draft_step_s"] / m["target_step_s"])
+    for model in ("target", "draft"):
+      assert m[f"{model}_prefill_s"] > 0
+      assert m[f"{model}_prefill_cost"] == pytest.approx(
+          m[f"{model}_prefill_s"] / m["target_step_s"])
     assert m["verify_cost"] == pytest.approx(
         m["verify_step_s"] / m["target_step_s"])
     assert all(m[k] > 0 for k in ("target_step_s", "draft_step_s",
@@ -84,8 +88,8 @@ def test_shared_timings_time_each_model_step_once():
                               cache_positions=8 + g + 1, repeats=1,
                               timings=timings)
           for d in (draft_a, draft_b) for g in (1, 3)]
-  # target step, verify 2 and 4 tokens, two draft steps.
-  assert len(timings) == 5
+  # target step, verify 2 and 4 tokens, two draft steps, three prefills.
+  assert len(timings) == 8
   assert len({r["target_step_s"] for r in runs}) == 1
   assert runs[0]["verify_step_s"] == runs[2]["verify_step_s"]
   assert runs[0]["draft_step_s"] == runs[1]["draft_step_s"]
@@ -144,14 +148,15 @@ def test_time_extends_times_each_step_once_and_keys_models_by_params():
   requests = (costs.cost_requests(target, draft, 1, 10)
               + costs.cost_requests(target, draft, 3, 12))
   seconds = costs.time_extends(requests, ids, repeats=1, timings=timings)
-  assert len(timings) == 4  # target step, draft step, 2 and 4 tokens
-  assert seconds[0] == seconds[3] and seconds[1] == seconds[4]
+  # Target and draft step, 2 and 4 tokens, target and draft prefill.
+  assert len(timings) == 6
+  assert seconds[0] == seconds[5] and seconds[1] == seconds[6]
   assert all(s > 0 for s in seconds)
   rewrapped = Model(draft.definition, draft.params)
   again = costs.measure_costs(target, rewrapped, ids, gamma=3,
                               cache_positions=12, repeats=1, timings=timings)
-  assert len(timings) == 4 and again["draft_step_s"] == seconds[1]
+  assert len(timings) == 6 and again["draft_step_s"] == seconds[1]
   other = _tiny(1, 2)  # same definition as `draft`, other parameters
   costs.measure_costs(target, other, ids, gamma=3, cache_positions=12,
                       repeats=1, timings=timings)
-  assert len(timings) == 5
+  assert len(timings) == 8  # its step and its prefill

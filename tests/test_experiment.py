@@ -94,6 +94,17 @@ def test_complete_run_outputs_are_consistent(setup, tmp_path):
         theory.walltime_improvement_at_lengths(
             alpha, row["gamma"], row["c"], [len(s["tokens"]) for s in spec]))
     assert row["predicted_at_lengths"] <= row["predicted_speedup"] + 1e-9
+    # The prediction with prefills uses the costs.json the run wrote, and
+    # paying a cost once per input on both sides pulls it towards 1.
+    with open(os.path.join(workdir, "costs.json")) as f:
+      cost = json.load(f)[g]
+    assert cost["target_prefill_cost"] > 0 and cost["draft_prefill_cost"] > 0
+    assert row["predicted_with_prefill"] == pytest.approx(
+        theory.walltime_improvement_at_lengths(
+            alpha, row["gamma"], row["c"], [len(s["tokens"]) for s in spec],
+            verify_cost=row["verify_cost"],
+            target_prefill=cost["target_prefill_cost"],
+            draft_prefill=cost["draft_prefill_cost"]))
     # Cutting outputs at EOS can only drop tokens a call accepted.
     assert row["tokens_per_call"] <= row["accepted_plus_one_per_call"] + 1e-9
     assert row["identical"] is True

@@ -162,3 +162,33 @@ def test_prediction_at_lengths():
   assert with_v == pytest.approx(short * (gamma * c + 1) / (gamma * c + 1.5))
   with pytest.raises(ValueError, match="lengths"):
     theory.walltime_improvement_at_lengths(alpha, gamma, c, [])
+
+
+def test_prediction_with_prefills():
+  """Costs paid once per input are added to both sides: none changes
+  nothing; a hand-computed case (alpha 0: every run emits one token, so
+  f(n) = n) matches; a prefill that dwarfs the decoding pulls the
+  prediction to 1, or below it by the draft's share."""
+  alpha, gamma, c = 0.8, 3, 0.05
+  plain = theory.walltime_improvement_at_lengths(alpha, gamma, c, [12, 40],
+                                                 verify_cost=1.4)
+  assert theory.walltime_improvement_at_lengths(
+      alpha, gamma, c, [12, 40], verify_cost=1.4, target_prefill=0.0,
+      draft_prefill=0.0) == plain
+  # alpha 0: (2 + 10) / (2 + 0.5 + 10 * (3 * 0.05 + 1.4)) for one 10-token
+  # output, prefills 2 (target) and 0.5 (draft) steps.
+  assert theory.walltime_improvement_at_lengths(
+      0.0, 3, 0.05, [10], verify_cost=1.4, target_prefill=2.0,
+      draft_prefill=0.5) == pytest.approx(12 / (2.5 + 15.5))
+  with_prefill = theory.walltime_improvement_at_lengths(
+      alpha, gamma, c, [12, 40], verify_cost=1.4, target_prefill=2.0,
+      draft_prefill=0.2)
+  assert 1.0 < with_prefill < plain
+  assert theory.walltime_improvement_at_lengths(
+      alpha, gamma, c, [12], target_prefill=1e9) == pytest.approx(1.0)
+  assert theory.walltime_improvement_at_lengths(
+      alpha, gamma, c, [12], target_prefill=1e9,
+      draft_prefill=1e8) == pytest.approx(1 / 1.1)
+  with pytest.raises(ValueError, match="prefill"):
+    theory.walltime_improvement_at_lengths(alpha, gamma, c, [12],
+                                           target_prefill=-1.0)

@@ -82,8 +82,10 @@ def padded_positions(cache_positions: int) -> int:
   return -(-int(cache_positions) // q) * q
 
 
-# One timing: (model, tokens per call, cache positions).
+# One timing: (model, tokens per call, cache positions); tokens per call
+# PREFILL times the model's prefill (a T5 encoder and the cache set-up).
 Request = tuple[Model, int, int]
+PREFILL = 0
 
 
 def _timing_key(request: Request, input_ids, steps: int, repeats: int):
@@ -109,7 +111,7 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
   Args:
     requests: (model, num_tokens, cache_positions) triples. num_tokens: K
       tokens fed per call (1 for a decoding step, gamma + 1 for a
-      verification). cache_positions: decoder positions the cache holds
+      verification; PREFILL for the prefill). cache_positions: decoder positions the cache holds
       (decoding uses max_decode_len + gamma + 1), since attention cost grows
       with it; rounded up by `padded_positions`.
     input_ids: int32 [B, L] inputs (as in decoding).
@@ -130,7 +132,6 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
     if key in timings or key in todo:
       continue
     positions = padded_positions(cache_positions)
-    n = max(1, min(steps, (positions - 1) // num_tokens))
     # One prefill per model and cache size; the loops start from its cache
     # (each loop's updates are to its own copy: jit does not donate it).
     cache_key = (model.definition, id(model.params), positions)
@@ -138,8 +139,14 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
       prefilled[cache_key] = jax.block_until_ready(_build_prefill(
           model.definition, positions)(model.params, ids))
     cache, start_pos = prefilled[cache_key]
-    loop = _build_timed_loop(model.definition, num_tokens, n)
-    run = functools.partial(loop, model.params, cache, start_pos)
+    if num_tokens == PREFILL:
+      n = 1
+      run = functools.partial(_build_prefill(model.definition, positions),
+                              model.params, ids)
+    else:
+      n = max(1, min(steps, (positions - 1) // num_tokens))
+      loop = _build_timed_loop(model.definition, num_tokens, n)
+      run = functools.partial(loop, model.params, cache, start_pos)
     jax.block_until_ready(run())  # compile
     todo[key] = n
     runs.append(run)
@@ -160,10 +167,11 @@ def time_extend(model: Model, input_ids: np.ndarray, *, num_tokens: int = 1,
 
 def cost_requests(target: Model, draft: Model, gamma: int,
                   cache_positions: int) -> list[Request]:
-  """What `measure_costs` times: the target's step, the draft's step and a
-  verification of gamma + 1 tokens."""
+  """What `measure_costs` times: the target's step, the draft's step, a
+  verification of gamma + 1 tokens and both models' prefills."""
   return [(target, 1, cache_positions), (draft, 1, cache_positions),
-          (target, gamma + 1, cache_positions)]
+          (target, gamma + 1, cache_positions),
+          (target, PREFILL, cache_positions), (draft, PREFILL, cache_positions)]
 
 
 def linear_verify_costs(gammas, verify_costs) -> np.ndarray:
@@ -232,9 +240,12 @@ def measure_costs(target: Model, draft: Model, input_ids: np.ndarray, *,
     c: draft_step_s / target_step_s (the paper's c);
     verify_cost: verify_step_s / target_step_s (1 in the paper's model of a
       parallel target; larger where the device is not idle, e.g. CPUs);
-    c_hat: ratio of parameters touched per token (~ arithmetic per token).
+    c_hat: ratio of parameters touched per token (~ arithmetic per token);
+    target_prefill_s, draft_prefill_s: seconds of each model's prefill of
+      `input_ids` (paid once per input; for a cascade, its top model's);
+    target_prefill_cost, draft_prefill_cost: the same in target steps.
   """
-  target_s, draft_s, verify_s = time_extends(
+  target_s, draft_s, verify_s, target_pre_s, draft_pre_s = time_extends(
       cost_requests(target, draft, gamma, cache_positions), input_ids,
       repeats=repeats, timings=timings)
   target_ops = decode_params(target)
@@ -242,7 +253,11 @@ def measure_costs(target: Model, draft: Model, input_ids: np.ndarray, *,
       "target_step_s": target_s,
       "draft_step_s": draft_s,
       "verify_step_s": verify_s,
+      "target_prefill_s": target_pre_s,
+      "draft_prefill_s": draft_pre_s,
       "c": draft_s / target_s,
       "verify_cost": verify_s / target_s,
+      "target_prefill_cost": target_pre_s / target_s,
+      "draft_prefill_cost": draft_pre_s / target_s,
       "c_hat": decode_params(draft) / target_ops if target_ops else float("nan"),
   }

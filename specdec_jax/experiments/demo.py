@@ -67,6 +67,7 @@ SENTENCES, PARAGRAPHS = "ende_sentences", "ende_paragraphs"
 TABLE_COLUMNS = ("task", "draft", "temperature", "gamma", "alpha", "c",
                  "speedup", "predicted_speedup", "predicted_with_verify_cost",
                  "predicted_at_lengths", "predicted_at_lengths_with_verify_cost",
+                 "predicted_with_prefill",
                  "tokens_per_call", "mean_output_length", "quality_baseline",
                  "quality_speculative", "identical", "examples")
 
@@ -285,12 +286,14 @@ def plot_rows(path: str, rows: list[dict]) -> None:
           ("predicted_speedup", "Theorem 3.8 (measured α, c)"),
           ("predicted_at_lengths", "… at these output lengths"),
           ("predicted_at_lengths_with_verify_cost",
-           "… and the measured verification cost")]
+           "… and the measured verification cost"),
+          ("predicted_with_prefill", "… and the measured prefills")]
   width = 0.8 / len(bars)
   fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(rows)), 4.5))
   for i, (key, label) in enumerate(bars):
     ax.bar(x - 0.4 + (i + 0.5) * width,
-           [r.get(key, float("nan")) for r in rows], width, label=label)
+           [float("nan") if r.get(key) is None else r[key] for r in rows],
+           width, label=label)
   for xi, r in zip(x, rows):
     ax.text(xi - 0.4 + 0.5 * width, r["speedup"], f"{r['speedup']:.2f}x",
             ha="center", va="bottom", fontsize=7)

@@ -6,7 +6,7 @@ its shapes are compiled. Results go to the workdir as they are produced, so a
 killed run resumes where it stopped:
 
   examples.jsonl   one line per finished example (flushed and fsynced)
-  costs.json       measured c, c_hat and verification cost per gamma
+  costs.json       measured c, c_hat, verification cost and prefills per gamma
   optimal_gamma.json  the probe behind gamma="optimal" (if used)
   summary.json     pooled alpha, c, speedups, predictions, quality
   table.md/.csv    rows in the paper's Table 2 layout

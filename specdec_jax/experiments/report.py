@@ -26,6 +26,7 @@ from specdec_jax.experiments.records import ExampleRecord
 TABLE_COLUMNS = ("task", "draft", "temperature", "gamma", "alpha", "c",
                  "speedup", "predicted_speedup", "predicted_with_verify_cost",
                  "predicted_at_lengths", "predicted_at_lengths_with_verify_cost",
+                 "predicted_with_prefill",
                  "tokens_per_call", "quality_metric", "quality_baseline",
                  "quality_speculative", "identical", "examples")
 
@@ -65,6 +66,10 @@ def _row(config, records: Sequence[ExampleRecord], gamma: int, costs: dict,
           theory.walltime_improvement_at_lengths(
               alpha, gamma, c, lengths,
               verify_cost=costs.get("verify_cost", 1.0))),
+      # ... and with what each input costs once: both models' prefill (the
+      # encoders), which the baseline and the speculative decode pay and
+      # Theorem 3.8 leaves out (None where the costs predate its timing).
+      "predicted_with_prefill": _with_prefill(alpha, gamma, c, lengths, costs),
       "tokens_per_call": tokens / max(calls, 1),
       "expected_tokens_per_call": float(theory.expected_tokens(alpha, gamma)),
       # Accepted draft tokens + 1 per call, before outputs are cut at EOS:
@@ -90,6 +95,17 @@ def _row(config, records: Sequence[ExampleRecord], gamma: int, costs: dict,
                quality_speculative=spec_q[key], quality_all_baseline=base_q,
                quality_all_speculative=spec_q)
   return row
+
+
+def _with_prefill(alpha, gamma, c, lengths, costs) -> float | None:
+  """Theorem 3.8 at these output lengths with the measured verification
+  cost and prefills (`theory.walltime_improvement_at_lengths`)."""
+  if costs.get("target_prefill_cost") is None:
+    return None
+  return float(theory.walltime_improvement_at_lengths(
+      alpha, gamma, c, lengths, verify_cost=costs.get("verify_cost", 1.0),
+      target_prefill=costs["target_prefill_cost"],
+      draft_prefill=costs["draft_prefill_cost"]))
 
 
 def summarize(config, records: Sequence[ExampleRecord], costs_by_gamma: dict,
@@ -168,6 +184,9 @@ def plot_speedup_vs_gamma(path: str, rows: list[dict], title: str = "") -> None:
   if all("predicted_at_lengths_with_verify_cost" in r for r in rows):
     ax.plot(gammas, [r["predicted_at_lengths_with_verify_cost"] for r in rows],
             "x:", label="with each γ's verify cost, at the output lengths")
+  if all(r.get("predicted_with_prefill") is not None for r in rows):
+    ax.plot(gammas, [r["predicted_with_prefill"] for r in rows], "+:",
+            label="... and the measured prefills")
   ax.plot(gammas, [r["speedup"] for r in rows], "o", color="black",
           label="measured")
   ax.axhline(1.0, color="gray", lw=0.5)
