@@ -14,8 +14,11 @@ $(STAMP): setup.py
 
 venv: $(STAMP)
 
+# Extra flags, e.g. make demo DEMO_FLAGS="--gin.demo.DemoConfig.variant=\"'default'\""
+DEMO_FLAGS ?=
+
 demo: $(STAMP)
-	$(PY) scripts/demo.py --workdir=results/demo
+	$(PY) scripts/demo.py --workdir=results/demo $(DEMO_FLAGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -17,6 +17,11 @@ on a shared 2-core machine one timing of v(gamma) moves by 0.2-0.4 steps
 from run to run, more than v changes from one gamma to the next, so the
 argmax over raw timings jumped between gamma 1 and 7 for the same draft
 (printed too, for comparison). Needs ../shared/data.
+
+  --matmuls=eigen   times the costs with XLA's Eigen matmuls
+                    (`api.CPU_EIGEN_MATMULS`) instead of YNNPACK. Eigen's v
+                    is not a line in gamma (on one machine flat from 2 to 7
+                    tokens, lower from 8), so read the raw-timing choice.
 """
 
 from absl import app
@@ -27,6 +32,7 @@ import specdec_jax as sd
 from specdec_jax import theory
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
+from specdec_jax.decoding import api
 from specdec_jax.experiments import costs
 
 flags.DEFINE_string("target", "demo:target", "Target model spec.")
@@ -38,6 +44,9 @@ flags.DEFINE_string("task", "multi30k_ende_local",
 flags.DEFINE_integer("examples", 128, "Validation examples used.")
 flags.DEFINE_integer("max_decode_len", 64, "Most tokens per output.")
 flags.DEFINE_integer("max_gamma", 8, "Largest gamma considered.")
+flags.DEFINE_enum("matmuls", "default", ["default", "eigen"],
+                  "XLA:CPU's matmul library for the cost timings: its "
+                  "default (YNNPACK for two or more rows) or Eigen.")
 args = flags.FLAGS
 
 
@@ -49,6 +58,7 @@ def main(argv):
                                   max_examples=args.examples)
   batches = list(batching.batches(examples, batch_size=32, max_length=128))
   one = next(batching.batches(examples[:1], batch_size=1, max_length=128))
+  options = api.CPU_EIGEN_MATMULS if args.matmuls == "eigen" else None
   for spec in args.drafts:
     draft = sd.load_model(spec)
     alphas = {}
@@ -67,11 +77,11 @@ def main(argv):
     costs.time_extends(
         [r for g in gammas for r in costs.cost_requests(
             target, draft, int(g), args.max_decode_len + int(g) + 1)],
-        one.input_ids, timings=timings)
+        one.input_ids, timings=timings, compiler_options=options)
     measured = [costs.measure_costs(
         target, draft, one.input_ids, gamma=int(g),
-        cache_positions=args.max_decode_len + int(g) + 1, timings=timings)
-                for g in gammas]
+        cache_positions=args.max_decode_len + int(g) + 1, timings=timings,
+        compiler_options=options) for g in gammas]
     c = float(np.median([m["c"] for m in measured]))
     verify = np.array([m["verify_cost"] for m in measured])
     fitted = costs.linear_verify_costs(gammas, verify)

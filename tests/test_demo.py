@@ -14,6 +14,7 @@ import gin
 import numpy as np
 import pytest
 
+import specdec_jax as sd
 from specdec_jax import checkpoints
 from specdec_jax.data import text
 from specdec_jax.experiments import costs
@@ -191,3 +192,67 @@ def test_demo_gin_options_parse(gin_file):
   gin.clear_config()
   assert config.draft_stop is not None or config.cascades
 
+
+
+def test_fastest_variant_is_the_one_theorem_3_8_predicts_faster(monkeypatch):
+  """choose_variant times the probe row's c and v under each variant's
+  compiler options (each number keeping its fastest round) and picks the
+  larger E[tokens] / (gamma c + v) at the probe's alpha; here the variant's
+  cheaper verification at gamma 8 beats the default's gamma 3, and with its
+  verification made dear, the default wins."""
+  eigen = {"xla_cpu_experimental_ynn_fusion_type": ""}
+  config = demo.DemoConfig(
+      drafts=(("demo:draft_base", 3),),
+      variants={"eigen": {"compiler_options": eigen,
+                          "drafts": (("demo:draft_base", 8),)}},
+      variant="fastest", variant_probe=("demo:draft_base", 0.8))
+  verify = {3: 2.2, 8: 1.8}  # target steps, by gamma
+  calls = []
+
+  def fake_costs(target, draft, ids, *, gamma, compiler_options, **kwargs):
+    del target, draft, ids, kwargs
+    calls.append((gamma, compiler_options))
+    slow = 1.5 if len(calls) <= 2 else 1.0  # the first round is slow
+    return {"target_step_s": 0.005 * slow, "draft_step_s": 0.0001 * slow,
+            "verify_step_s": 0.005 * verify[gamma] * slow}
+
+  monkeypatch.setattr(demo.costs, "measure_costs", fake_costs)
+  monkeypatch.setattr(demo.checkpoints, "load_model", lambda spec: spec)
+  name, numbers = demo.choose_variant(config, np.ones((1, 4), np.int32))
+  assert calls == [(3, None), (8, eigen)] * 2
+  assert name == "eigen"
+  for variant, gamma in (("default", 3), ("eigen", 8)):
+    got = numbers[variant]
+    assert got["c"] == pytest.approx(0.02)
+    assert got["verify_cost"] == pytest.approx(verify[gamma])
+    assert got["predicted"] == pytest.approx(
+        float(sd.theory.expected_tokens(0.8, gamma))
+        / (gamma * 0.02 + verify[gamma]))
+  verify[8] = 3.5
+  calls.clear()
+  assert demo.choose_variant(config, np.ones((1, 4), np.int32))[0] == "default"
+
+
+def test_variants_must_name_demo_fields_and_exist():
+  config = demo.DemoConfig(variants={"typo": {"gama": 3}})
+  with pytest.raises(ValueError, match="not one of"):
+    demo._variant(config, "eigen")
+  with pytest.raises(ValueError, match="gama"):
+    demo._variant(config, "typo")
+  assert demo._variant(config, "default").drafts == config.drafts
+
+
+def test_demo_gin_variants_cover_every_row():
+  """Every variant of configs/demo.gin sets DemoConfig fields only and gives
+  each of its drafts a gamma for every temperature, on both tasks."""
+  gin.clear_config()
+  gin_flags.parse(["demo.gin"], [])
+  config = gin.get_configurable(demo.DemoConfig)()
+  gin.clear_config()
+  assert config.variant == "fastest" and config.variants
+  for name in config.variants:
+    variant = demo._variant(config, name)
+    assert variant.variant is None
+    for task, _, row in demo._rows(variant):
+      assert row.gamma, (name, task)
+    assert dict(variant.drafts)[config.variant_probe[0]]

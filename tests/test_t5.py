@@ -11,6 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_jax import Model
+from specdec_jax import sampling
+from specdec_jax.decoding import api
+from specdec_jax.decoding import engine
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.models import layers
 from specdec_jax.models import registry
@@ -265,3 +269,38 @@ def test_gin_files_bind_the_registry_configs():
       assert ref.scoped_configurable_fn() == registry.get_config(name), name
   finally:
     gin.clear_config()
+
+
+def test_compiler_options_reach_the_loop_and_keep_the_output():
+  """`compiler_options` are given to XLA for the decoding loops and keep
+  programs apart in the engine's cache, and they change how the loop runs,
+  not what it emits. On CPU, XLA hands a verification's matmuls (several
+  rows) to YNNPACK by default; with `CPU_EIGEN_MATMULS` the optimized
+  program has no YNNPACK fusion left, and greedy speculative decoding still
+  returns the target's own greedy output."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("XLA:CPU options")
+  definition = t5.T5Def(registry.get_config("t5_tiny"))
+  target = Model(definition, definition.init_params(jax.random.PRNGKey(0)))
+  draft = Model(definition, definition.init_params(jax.random.PRNGKey(1)))
+  ids = np.array([[5, 6, 7, 8, 1]], np.int32)
+
+  def program_text(options):
+    fn = engine.build_speculative(
+        definition, definition, 3, 8, sampling.SamplingConfig(0.0),
+        compiler_options=api.compiler_options_key(options))
+    seeds, rows = api._seeds(0, 1)  # pylint: disable=protected-access
+    return fn.lower(target.params, draft.params, ids, seeds,
+                    rows).compile().as_text()
+
+  assert "ynn" in program_text(None).lower()
+  assert "ynn" not in program_text(api.CPU_EIGEN_MATMULS).lower()
+  baseline = api.generate(target, ids, max_decode_len=8)
+  for options in (None, api.CPU_EIGEN_MATMULS):
+    spec = api.speculative_generate(target, draft, ids, gamma=3,
+                                    max_decode_len=8,
+                                    compiler_options=options)
+    np.testing.assert_array_equal(spec.tokens, baseline.tokens)
+  with pytest.raises(TypeError, match="compiler_options"):
+    api.speculative_generate(target, draft, ids, gamma=3, max_decode_len=8,
+                             compiler_options=["eigen"])

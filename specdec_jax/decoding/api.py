@@ -35,6 +35,15 @@ from specdec_jax.models import t5
 from specdec_jax.tokens import EOS_ID
 
 NONFINITE_CHOICES = ("error", "warn", "ignore")
+
+# XLA:CPU runs a matmul of one row (a decoding step) itself and, by default,
+# hands those of two or more rows (a verification, an encoder) to YNNPACK.
+# These options of a program send the latter to Eigen instead. Which is
+# faster depends on the CPU and the number of rows: on one 2-core AMD EPYC
+# Eigen verified 9 tokens in 1.9 target steps against YNNPACK's 2.9, but 2-6
+# tokens more slowly; on another it was slower throughout. Time both
+# (`costs.time_extends(..., compiler_options=...)`, docs/benchmarks.md).
+CPU_EIGEN_MATMULS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 _INT32 = np.iinfo(np.int32)
 
 
@@ -67,6 +76,22 @@ def _check_model(name: str, model: Any, cascade_ok: bool = False) -> Model:
         f"sd.horizontal), which can only be the draft of "
         f"speculative_generate; pass its top model here instead.")
   return model
+
+
+def compiler_options_key(options: Any) -> tuple:
+  """XLA compiler options {name: value} as sorted (name, value) pairs, the
+  hashable form the engine's program caches key on; None -> ()."""
+  if options is None:
+    return ()
+  if not isinstance(options, dict) and not hasattr(options, "items"):
+    raise TypeError(f"compiler_options must be a mapping of XLA option names "
+                    f"to values (e.g. CPU_EIGEN_MATMULS), got {options!r}")
+  for name, value in options.items():
+    if not isinstance(name, str) or not isinstance(
+        value, (str, bool, int, float)):
+      raise TypeError(f"compiler_options: {name!r}: {value!r} is not an XLA "
+                      "option (a name and a string, bool or number)")
+  return tuple(sorted(options.items()))
 
 
 def _check_positive_int(name: str, value: Any, hint: str) -> int:
@@ -355,7 +380,8 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: Any = 0,
              mesh: jax.sharding.Mesh | None = None,
-             on_nonfinite: str = "error") -> DecodeResult:
+             on_nonfinite: str = "error",
+             compiler_options: Any = None) -> DecodeResult:
   """Plain autoregressive decoding: one target call per token.
 
   Args:
@@ -369,11 +395,14 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
     on_nonfinite: a NaN or inf logit raises FloatingPointError naming the
       model ("error", default), warns ("warn"; see `target_nonfinite` in
       the stats), or is not checked ("ignore").
+    compiler_options: XLA options of the compiled loop, e.g.
+      `CPU_EIGEN_MATMULS` (None: XLA's defaults).
 
   Returns:
     A `DecodeResult`.
   """
   model = _check_model("model", model)
+  options = compiler_options_key(compiler_options)
   on_nonfinite = _check_on_nonfinite(on_nonfinite)
   max_decode_len = _check_positive_int("max_decode_len", max_decode_len,
                                        "It bounds the generated tokens.")
@@ -383,7 +412,8 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
   _check_memory([model], ids.shape, 0, max_decode_len, False,
                 f"max_decode_len={max_decode_len}")
   check = on_nonfinite != "ignore"
-  fn = engine.build_generate(model.definition, max_decode_len, sampler, check)
+  fn = engine.build_generate(model.definition, max_decode_len, sampler, check,
+                             options)
   result = _run(fn, [model.params], [ids, seeds, rows], mesh)
   _check_nonfinite(result.stats, on_nonfinite, [("target_nonfinite", "target")])
   return result
@@ -397,7 +427,8 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
                          draft_stop: Any = None,
                          record_trace: bool = False,
                          mesh: jax.sharding.Mesh | None = None,
-                         on_nonfinite: str = "error") -> DecodeResult:
+                         on_nonfinite: str = "error",
+                         compiler_options: Any = None) -> DecodeResult:
   """Speculative decoding (Algorithm 1): exact samples from the target.
 
   Args:
@@ -424,11 +455,14 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
       FloatingPointError naming the model ("error", default), warns
       ("warn"; see `target_nonfinite`, `draft_nonfinite`), or is not
       checked ("ignore").
+    compiler_options: XLA options of the compiled loop, e.g.
+      `CPU_EIGEN_MATMULS` (None: XLA's defaults).
 
   Returns:
     A `DecodeResult`.
   """
   target = _check_model("target", target)
+  options = compiler_options_key(compiler_options)
   draft = _check_model("draft", draft, cascade_ok=True)
   stopping.check_rule(draft_stop)
   on_nonfinite = _check_on_nonfinite(on_nonfinite)
@@ -448,7 +482,8 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
   fn = engine.build_speculative(target.definition, draft.definition, gamma,
                                 max_decode_len, sampler, lenience,
                                 bool(record_trace), check_finite=check,
-                                draft_stop=draft_stop)
+                                draft_stop=draft_stop,
+                                compiler_options=options)
   result = _run(fn, [target.params, draft.params], [ids, seeds, rows], mesh)
   _check_nonfinite(result.stats, on_nonfinite,
                    [("target_nonfinite", "target"),

@@ -121,13 +121,21 @@ def _new_stream(batch: int, width: int) -> Stream:
 # Autoregressive baseline.
 
 
+def _jit(fn: Callable, compiler_options: tuple) -> Callable:
+  """jax.jit with XLA compiler options given as sorted (name, value) pairs
+  (hashable, so the builders' caches tell programs apart by them)."""
+  return jax.jit(fn, compiler_options=dict(compiler_options) or None)
+
+
 @functools.lru_cache(maxsize=64)
 def build_generate(model: ModelDef, max_decode_len: int,
                    sampler: sampling.SamplingConfig,
-                   check_finite: bool = True) -> Callable:
+                   check_finite: bool = True,
+                   compiler_options: tuple = ()) -> Callable:
   """The jitted baseline: (params, input_ids, seeds, rows) -> (tokens, stats).
 
   With `check_finite`, stats has `target_nonfinite` (bool [B]).
+  `compiler_options`: XLA options of the program, ((name, value), ...).
   """
 
   def run(params, input_ids, seeds, rows):
@@ -163,7 +171,7 @@ def build_generate(model: ModelDef, max_decode_len: int,
                         target_nonfinite=state.model.nonfinite, **state.stats)
     return _finish(state.stream, max_decode_len), stats
 
-  return jax.jit(run)
+  return _jit(run, compiler_options)
 
 
 # ----------------------------------------------------------------------------
@@ -189,7 +197,8 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
                       lenience: float = 1.0, record_trace: bool = False,
                       draft_sample: Callable = sampling.sample,
                       check_finite: bool = True,
-                      draft_stop: Any = None) -> Callable:
+                      draft_stop: Any = None,
+                      compiler_options: tuple = ()) -> Callable:
   """The jitted speculative loop, cached by its (normalised) settings.
 
   Returns `run(target_params, draft_params, input_ids, seeds, rows) ->
@@ -202,17 +211,19 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
   `verify_widths(gamma)` covering the longest proposal, chosen on device).
   `draft_sample(key, q) -> token` exists so tests can plug in a deliberately
   wrong drafter (negative controls); everything else must use
-  `sampling.sample`, which draws from exactly q.
+  `sampling.sample`, which draws from exactly q. `compiler_options`: XLA
+  options of the program, ((name, value), ...).
   """
   return _build_speculative(target, draft, gamma, max_decode_len, sampler,
                             float(lenience), bool(record_trace), draft_sample,
-                            bool(check_finite), draft_stop)
+                            bool(check_finite), draft_stop,
+                            tuple(compiler_options))
 
 
 @functools.lru_cache(maxsize=64)
 def _build_speculative(target, draft, gamma, max_decode_len, sampler,
                        lenience, record_trace, draft_sample, check_finite,
-                       draft_stop):
+                       draft_stop, compiler_options):
   positions = jnp.arange(gamma + 1)
   rule = draft_stop
 
@@ -383,7 +394,7 @@ def _build_speculative(target, draft, gamma, max_decode_len, sampler,
         **st)
     return _finish(state.stream, max_decode_len), stats
 
-  return jax.jit(run)
+  return _jit(run, compiler_options)
 
 
 build_speculative.cache_info = _build_speculative.cache_info

@@ -18,30 +18,31 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import sampling
+from specdec_jax.decoding import api
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import timing
 
 
 @functools.lru_cache(maxsize=32)
-def _build_prefill(definition: ModelDef, num_positions: int):
+def _build_prefill(definition: ModelDef, num_positions: int,
+                   compiler_options: tuple = ()):
   """jit(params, input_ids) -> (cache, start_pos) with `num_positions`
   decoder positions: one program per model and cache size, shared by all
   its timed loops."""
 
-  @jax.jit
   def prefill(params, input_ids):
     pre = definition.prefill(params, input_ids, num_positions)
     return pre.cache, pre.start_pos
 
-  return prefill
+  return jax.jit(prefill, compiler_options=dict(compiler_options) or None)
 
 
 @functools.lru_cache(maxsize=32)
-def _build_timed_loop(definition: ModelDef, num_tokens: int, steps: int):
+def _build_timed_loop(definition: ModelDef, num_tokens: int, steps: int,
+                      compiler_options: tuple = ()):
   """jit(params, cache, start_pos) -> scalar: `steps` extends of K tokens."""
 
-  @jax.jit
   def loop(params, cache, start_pos):
     batch = start_pos.shape[0]
 
@@ -60,7 +61,7 @@ def _build_timed_loop(definition: ModelDef, num_tokens: int, steps: int):
                                (cache, jnp.zeros((batch,), jnp.int32)))
     return acc
 
-  return loop
+  return jax.jit(loop, compiler_options=dict(compiler_options) or None)
 
 
 # Timed caches hold a multiple of this many positions.
@@ -88,19 +89,21 @@ Request = tuple[Model, int, int]
 PREFILL = 0
 
 
-def _timing_key(request: Request, input_ids, steps: int, repeats: int):
+def _timing_key(request: Request, input_ids, steps: int, repeats: int,
+                options: tuple):
   model, num_tokens, cache_positions = request
   # A model by its definition and the identity of its parameters, which live
   # as long as the run: `Model` wrappers are rebuilt per call (a cascade's
   # top model), and a freed wrapper's id may come back for another model.
   return (model.definition, id(model.params), num_tokens,
           padded_positions(cache_positions), tuple(np.shape(input_ids)),
-          steps, repeats)
+          steps, repeats, options)
 
 
 def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
                  steps: int = 16, repeats: int = 5,
-                 timings: dict | None = None) -> list[float]:
+                 timings: dict | None = None,
+                 compiler_options: Any = None) -> list[float]:
   """Seconds of one cached `extend` call for each request, timed together.
 
   Every request's loop is compiled and run once untimed, then all are timed
@@ -118,14 +121,18 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
     steps: extend calls per timed loop (capped so the positions fit).
     repeats: timed rounds.
     timings: a dict of earlier results to reuse and extend, keyed by model,
-      tokens per call, padded positions, input shape, steps and repeats
-      (see `measure_costs`).
+      tokens per call, padded positions, input shape, steps, repeats and
+      compiler options (see `measure_costs`).
+    compiler_options: XLA options of the timed programs, as decoding gets
+      them (`speculative_generate(compiler_options=...)`).
 
   Returns:
     Seconds per extend call, one per request.
   """
   timings = {} if timings is None else timings
-  keys = [_timing_key(r, input_ids, steps, repeats) for r in requests]
+  options = api.compiler_options_key(compiler_options)
+  keys = [_timing_key(r, input_ids, steps, repeats, options)
+          for r in requests]
   ids = jnp.asarray(input_ids, jnp.int32)
   todo, runs, prefilled = {}, [], {}
   for key, (model, num_tokens, cache_positions) in zip(keys, requests):
@@ -137,15 +144,16 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
     cache_key = (model.definition, id(model.params), positions)
     if cache_key not in prefilled:
       prefilled[cache_key] = jax.block_until_ready(_build_prefill(
-          model.definition, positions)(model.params, ids))
+          model.definition, positions, options)(model.params, ids))
     cache, start_pos = prefilled[cache_key]
     if num_tokens == PREFILL:
       n = 1
-      run = functools.partial(_build_prefill(model.definition, positions),
-                              model.params, ids)
+      run = functools.partial(
+          _build_prefill(model.definition, positions, options),
+          model.params, ids)
     else:
       n = max(1, min(steps, (positions - 1) // num_tokens))
-      loop = _build_timed_loop(model.definition, num_tokens, n)
+      loop = _build_timed_loop(model.definition, num_tokens, n, options)
       run = functools.partial(loop, model.params, cache, start_pos)
     jax.block_until_ready(run())  # compile
     todo[key] = n
@@ -218,7 +226,8 @@ def decode_params(model: Model) -> int:
 
 def measure_costs(target: Model, draft: Model, input_ids: np.ndarray, *,
                   gamma: int, cache_positions: int, repeats: int = 5,
-                  timings: dict | None = None) -> dict[str, float]:
+                  timings: dict | None = None,
+                  compiler_options: Any = None) -> dict[str, float]:
   """c, c_hat and the verification cost for one input shape.
 
   Args:
@@ -233,6 +242,7 @@ def measure_costs(target: Model, draft: Model, input_ids: np.ndarray, *,
       and v of the run divides by the same target step. Fill it first with
       one `time_extends` of every call's `cost_requests` to time them all
       in the same rounds.
+    compiler_options: XLA options of the timed programs (`time_extends`).
 
   Returns:
     target_step_s, draft_step_s: seconds per one-token step;
@@ -247,7 +257,7 @@ def measure_costs(target: Model, draft: Model, input_ids: np.ndarray, *,
   """
   target_s, draft_s, verify_s, target_pre_s, draft_pre_s = time_extends(
       cost_requests(target, draft, gamma, cache_positions), input_ids,
-      repeats=repeats, timings=timings)
+      repeats=repeats, timings=timings, compiler_options=compiler_options)
   target_ops = decode_params(target)
   return {
       "target_step_s": target_s,

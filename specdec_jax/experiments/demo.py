@@ -52,9 +52,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import theory
+from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.data import text
 from specdec_jax.decoding.protocol import Model
+from specdec_jax.experiments import costs
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import report
 from specdec_jax.experiments import timing
@@ -132,6 +135,25 @@ class DemoConfig:
   # as in ExperimentConfig.cascade, gammas as in `drafts`; e.g.
   # (('demo:draft_base', (('demo:draft_small', 3),), 7),).
   cascades: Sequence[tuple[str, Sequence[tuple[str, int]], Any]] = ()
+  # XLA options of every decoding loop and cost timing (None: XLA's
+  # defaults), e.g. {'xla_cpu_experimental_ynn_fusion_type': ''}
+  # (`api.CPU_EIGEN_MATMULS`) where Eigen verifies faster than YNNPACK;
+  # choose the gammas for them (benchmarks/choose_gamma.py
+  # --compiler_options=eigen).
+  compiler_options: dict | None = None
+  # Alternative settings, {name: {DemoConfig field: value}}, e.g. Eigen's
+  # matmuls with the gammas chosen for them (configs/demo.gin). `variant`
+  # runs the settings above (None), one variant by name, or "fastest": the
+  # one (the settings above included, as "default") under which this
+  # machine is predicted to run `variant_probe` fastest. The probe is a
+  # sentence row (draft, validation alpha at temperature 0): Theorem 3.8
+  # at that alpha, the row's gamma and the c and v timed here, before any
+  # decoding (`choose_variant`). Which matmul library verifies faster
+  # depends on the CPU, and the gammas with it.
+  variants: Mapping[str, Mapping[str, Any]] = dataclasses.field(
+      default_factory=dict)
+  variant: str | None = None
+  variant_probe: tuple[str, float] = ("demo:draft_base", 0.73)
 
 
 def _vocab_path(config: DemoConfig) -> str:
@@ -174,7 +196,7 @@ def _row_config(config: DemoConfig, task: str, draft: str, gamma,
                     else config.max_examples),
       repeats=config.repeats, cost_repeats=config.cost_repeats,
       trace_examples=config.trace_examples if traced else 0, seed=0,
-      name=name,
+      name=name, compiler_options=config.compiler_options,
       overwrite=config.overwrite)
 
 
@@ -207,8 +229,93 @@ def _rows(config: DemoConfig) -> list[tuple[str, str, Any]]:
   return rows
 
 
+def _variant(config: DemoConfig, name: str) -> DemoConfig:
+  if name == "default":
+    return dataclasses.replace(config, variant=None)
+  if name not in config.variants:
+    raise ValueError(f"DemoConfig.variant={name!r}: not one of "
+                     f"{sorted(config.variants)}, 'default' or 'fastest'")
+  fields = {f.name for f in dataclasses.fields(DemoConfig)}
+  unknown = sorted(set(config.variants[name]) - fields)
+  if unknown:
+    raise ValueError(f"DemoConfig.variants[{name!r}] sets {unknown}, which "
+                     "are not DemoConfig fields")
+  return dataclasses.replace(config, variant=None, **config.variants[name])
+
+
+def choose_variant(config: DemoConfig, input_ids: np.ndarray,
+                   rounds: int = 2) -> tuple[str, dict]:
+  """The variant (or "default") with the best predicted probe row.
+
+  For each candidate: the probe draft's gamma at temperature 0 on the
+  sentences, and c, v of that gamma timed with the candidate's compiler
+  options on `input_ids` (`costs.measure_costs`; `rounds` rounds over all
+  candidates, each number keeping its fastest, so a slow stretch of the
+  machine touches every candidate). Returns (name, {name: {gamma, c,
+  verify_cost, predicted}}).
+  """
+  draft_spec, alpha = config.variant_probe
+  target = checkpoints.load_model(config.target)
+  draft = checkpoints.load_model(draft_spec)
+  candidates = {}
+  for name in ["default", *config.variants]:
+    variant = _variant(config, name)
+    gammas = dict(variant.drafts).get(draft_spec)
+    if gammas is None:
+      raise ValueError(f"DemoConfig.variant_probe drafts with {draft_spec}, "
+                       f"which variant {name!r} has no row for")
+    candidates[name] = (variant.compiler_options,
+                        _gamma_for(gammas, 0.0, draft_spec))
+  best: dict[str, dict] = {}
+  for _ in range(rounds):
+    for name, (options, gamma) in candidates.items():
+      m = costs.measure_costs(target, draft, input_ids, gamma=gamma,
+                              cache_positions=config.max_decode_len + gamma + 1,
+                              repeats=2, compiler_options=options)
+      seen = best.setdefault(name, m)
+      for key in ("target_step_s", "draft_step_s", "verify_step_s"):
+        seen[key] = min(seen[key], m[key])
+  report_ = {}
+  for name, (_, gamma) in candidates.items():
+    m = best[name]
+    c = m["draft_step_s"] / m["target_step_s"]
+    v = m["verify_step_s"] / m["target_step_s"]
+    report_[name] = {"gamma": gamma, "c": c, "verify_cost": v,
+                     "predicted": float(theory.expected_tokens(alpha, gamma)
+                                        / (gamma * c + v))}
+  chosen = max(report_, key=lambda n: report_[n]["predicted"])
+  return chosen, report_
+
+
+def _resolve_variant(config: DemoConfig, workdir: str) -> DemoConfig:
+  """The config to run: `variant` applied, "fastest" measured and recorded
+  in <workdir>/variant.json."""
+  if config.variant is None:
+    return config
+  if config.variant != "fastest":
+    return _variant(config, config.variant)
+  with tasks.override_config(vocab_path=_vocab_path(config),
+                             local_data_dir=config.data_dir,
+                             wmt_ende_files={"test": config.sentences}):
+    example = batching.load_examples("wmt14_ende_local", "test",
+                                     max_examples=1)
+  ids = next(batching.batches(example, batch_size=1, buckets=config.buckets,
+                              max_length=128)).input_ids
+  name, numbers = choose_variant(config, ids)
+  for n, m in numbers.items():
+    logging.info("variant %s: gamma %d, c %.4f, v %.2f, predicted %.2fx", n,
+                 m["gamma"], m["c"], m["verify_cost"], m["predicted"])
+  logging.info("running variant %s", name)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "variant.json"), "w") as f:
+    json.dump({"chosen": name, "probe": list(config.variant_probe),
+               "candidates": numbers}, f, indent=1)
+  return _variant(config, name)
+
+
 def run(config: DemoConfig, workdir: str) -> list[dict]:
   """Runs (or resumes) every demo row; returns the table rows."""
+  config = _resolve_variant(config, workdir)
   rows_to_run = _rows(config)
   for _, _, row in rows_to_run:
     experiment.validate(row)  # every row's config, before the first decode

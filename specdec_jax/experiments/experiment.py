@@ -268,7 +268,7 @@ def write_json(path: str, obj: Any) -> None:
 def _spec_kwargs(config: ExperimentConfig) -> dict:
   return dict(max_decode_len=config.max_decode_len,
               temperature=config.temperature, top_k=config.top_k,
-              top_p=config.top_p)
+              top_p=config.top_p, compiler_options=config.compiler_options)
 
 
 def choose_gamma(config, target, draft, batches, workdir) -> int:
@@ -294,11 +294,14 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
   costs.time_extends(
       [r for g in gammas for r in costs.cost_requests(
           target, cost_model(draft), g, positions)],
-      ids, repeats=config.cost_repeats, timings=timings)
+      ids, repeats=config.cost_repeats, timings=timings,
+      compiler_options=config.compiler_options)
   measured = {g: costs.measure_costs(target, cost_model(draft), ids,
                                      gamma=g, cache_positions=positions,
                                      repeats=config.cost_repeats,
-                                     timings=timings) for g in gammas}
+                                     timings=timings,
+                                     compiler_options=config.compiler_options)
+              for g in gammas}
   c = measured[gammas[0]]["c"]
   verify_costs = None
   if config.optimal_gamma_verify_cost:
@@ -535,7 +538,8 @@ def _measure_costs_together(configs, workdirs, target, drafts, batches,
             target, cost_model(draft), g, config.max_decode_len + g + 1)
   for repeats, some in requests.items():
     costs.time_extends(some, _shape_batch(batches).input_ids,
-                       repeats=repeats, timings=timings)
+                       repeats=repeats, timings=timings,
+                       compiler_options=configs[0].compiler_options)
 
 
 def _load_or_measure_costs(config, target, draft, batches, gammas, path,
@@ -547,7 +551,8 @@ def _load_or_measure_costs(config, target, draft, batches, gammas, path,
       g: costs.measure_costs(target, cost_model(draft),
                              _shape_batch(batches).input_ids, gamma=g,
                              cache_positions=config.max_decode_len + g + 1,
-                             repeats=config.cost_repeats, timings=timings)
+                             repeats=config.cost_repeats, timings=timings,
+                             compiler_options=config.compiler_options)
       for g in gammas}
   if primary:
     write_json(path, {str(g): v for g, v in measured.items()})

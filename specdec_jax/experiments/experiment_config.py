@@ -12,6 +12,7 @@ import dataclasses
 from typing import Sequence
 
 from specdec_jax import sampling
+from specdec_jax.decoding import api
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding.stopping import StopRule
 
@@ -62,6 +63,10 @@ class ExperimentConfig:
       naming the model config where the checkpoint needs one (t5x:).
       (('demo:draft_small', 3),) drafts with
       `sd.cascade(draft, draft_small, gamma=3)`.
+    compiler_options: XLA options of every decoding loop and cost timing
+      of the run (None: XLA's defaults), e.g. `api.CPU_EIGEN_MATMULS`:
+      {'xla_cpu_experimental_ynn_fusion_type': ''} on CPUs where Eigen runs
+      a verification's matmuls faster than YNNPACK.
     mesh_shape: (data, model) devices, or None for one device.
     replicate_draft: replicate the draft's parameters on every device
       instead of sharding them over `model`; None: only when its heads, MLP
@@ -90,6 +95,7 @@ class ExperimentConfig:
   probe_examples: int = 5
   optimal_gamma_verify_cost: bool = False
   max_decode_len: int = 128
+  compiler_options: dict | None = None
   max_input_len: int | None = None
   buckets: Sequence[int] | None = None
   max_examples: int | None = None
@@ -138,6 +144,10 @@ def validate(config: ExperimentConfig) -> None:
       problems.append("max_gamma and probe_gamma must be >= 1")
   elif not gammas or any(g < 1 for g in gammas):
     problems.append(f"gamma={config.gamma!r}: every gamma must be >= 1")
+  try:
+    api.compiler_options_key(config.compiler_options)
+  except TypeError as e:
+    problems.append(str(e))
   if config.max_decode_len < 1:
     problems.append(f"max_decode_len={config.max_decode_len} must be >= 1")
   try:

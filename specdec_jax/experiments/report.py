@@ -259,7 +259,7 @@ def write_traces(workdir, config, target, draft, batches, vocab, gamma,
         max_decode_len=config.max_decode_len, temperature=config.temperature,
         top_k=config.top_k, top_p=config.top_p, seed=config.seed,
         draft_stop=getattr(config, "draft_stop", None), record_trace=True,
-        mesh=mesh)
+        mesh=mesh, compiler_options=getattr(config, "compiler_options", None))
     traces.append((batch.inputs_text[0], trace_steps(res.stats, 0, gamma)))
   _write_trace_html(os.path.join(workdir, "trace.html"), traces, vocab, gamma)
   _write_trace_png(os.path.join(workdir, "trace.png"), traces, vocab)
