@@ -8,6 +8,7 @@ that need them (tasks, experiments, training).
 from specdec_jax import sampling
 from specdec_jax import theory
 from specdec_jax.checkpoints import load_model
+from specdec_jax.decoding.api import CPU_EIGEN_MATMULS
 from specdec_jax.decoding.api import DecodeResult
 from specdec_jax.decoding.api import generate
 from specdec_jax.decoding.api import speculative_generate

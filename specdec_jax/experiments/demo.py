@@ -34,6 +34,9 @@ draft). The demo writes:
                                   speedup-vs-gamma plot
   <workdir>/timing.json           each group's wall time and how much of
                                   it went to compiling
+  <workdir>/variant.json          with variant='fastest': each variant's
+                                  timed c, v and predicted speedup, and
+                                  the one run (see DemoConfig.variants)
 
 Nothing is downloaded: models, vocabulary and sentences ship in the package.
 """
