@@ -256,3 +256,28 @@ def test_demo_gin_variants_cover_every_row():
     for task, _, row in demo._rows(variant):
       assert row.gamma, (name, task)
     assert dict(variant.drafts)[config.variant_probe[0]]
+
+
+def test_a_rerun_keeps_the_recorded_variant(tmp_path, monkeypatch):
+  """variant='fastest' records its choice in variant.json; a rerun in the
+  same workdir runs that variant without timing again (its finished rows
+  then resume), and times again when the variants changed."""
+  config = demo.DemoConfig(
+      drafts=(("demo:draft_base", 3),),
+      variants={"eigen": {"drafts": (("demo:draft_base", 8),)}},
+      variant="fastest")
+  (tmp_path / "variant.json").write_text(json.dumps(
+      {"chosen": "eigen", "probe": list(config.variant_probe),
+       "candidates": {"default": {}, "eigen": {}}}))
+
+  def no_timing(*args, **kwargs):
+    raise AssertionError("timed again")
+
+  monkeypatch.setattr(demo, "choose_variant", no_timing)
+  chosen = demo._resolve_variant(config, str(tmp_path))
+  assert chosen.drafts == (("demo:draft_base", 8),)
+  changed = demo.DemoConfig(
+      drafts=config.drafts, variant="fastest",
+      variants={"other": {"drafts": (("demo:draft_base", 5),)}})
+  with pytest.raises(AssertionError, match="timed again"):
+    demo._resolve_variant(changed, str(tmp_path))

@@ -292,11 +292,30 @@ def choose_variant(config: DemoConfig, input_ids: np.ndarray,
 
 def _resolve_variant(config: DemoConfig, workdir: str) -> DemoConfig:
   """The config to run: `variant` applied, "fastest" measured and recorded
-  in <workdir>/variant.json."""
+  in <workdir>/variant.json.
+
+  Every variant's rows are validated first. A rerun in the same workdir
+  keeps the recorded choice (so its finished rows resume rather than
+  being started over under the other variant) unless the probe or the
+  variants' names changed.
+  """
   if config.variant is None:
     return config
   if config.variant != "fastest":
     return _variant(config, config.variant)
+  for name in ["default", *config.variants]:
+    for _, _, row in _rows(_variant(config, name)):
+      experiment.validate(row)
+  path = os.path.join(workdir, "variant.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      recorded = json.load(f)
+    if (recorded.get("probe") == list(config.variant_probe)
+        and sorted(recorded.get("candidates", {})) == sorted(
+            ["default", *config.variants])):
+      logging.info("running variant %s, chosen by an earlier run (%s)",
+                   recorded["chosen"], path)
+      return _variant(config, recorded["chosen"])
   with tasks.override_config(vocab_path=_vocab_path(config),
                              local_data_dir=config.data_dir,
                              wmt_ende_files={"test": config.sentences}):
@@ -310,7 +329,7 @@ def _resolve_variant(config: DemoConfig, workdir: str) -> DemoConfig:
                  m["gamma"], m["c"], m["verify_cost"], m["predicted"])
   logging.info("running variant %s", name)
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "variant.json"), "w") as f:
+  with open(path, "w") as f:
     json.dump({"chosen": name, "probe": list(config.variant_probe),
                "candidates": numbers}, f, indent=1)
   return _variant(config, name)
