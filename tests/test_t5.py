@@ -293,7 +293,6 @@ def test_compiler_options_reach_the_loop_and_keep_the_output():
     return fn.lower(target.params, draft.params, ids, seeds,
                     rows).compile().as_text()
 
-  assert "ynn" in program_text(None).lower()
   assert "ynn" not in program_text(api.CPU_EIGEN_MATMULS).lower()
   baseline = api.generate(target, ids, max_decode_len=8)
   for options in (None, api.CPU_EIGEN_MATMULS):
@@ -304,3 +303,7 @@ def test_compiler_options_reach_the_loop_and_keep_the_output():
   with pytest.raises(TypeError, match="compiler_options"):
     api.speculative_generate(target, draft, ids, gamma=3, max_decode_len=8,
                              compiler_options=["eigen"])
+  # The control: without the option the same program uses YNNPACK (on CPUs
+  # XLA builds it for; elsewhere the option's effect cannot be seen).
+  if "ynn" not in program_text(None).lower():
+    pytest.skip("XLA:CPU uses no YNNPACK on this CPU: nothing to route")
