@@ -114,9 +114,9 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
   Args:
     requests: (model, num_tokens, cache_positions) triples. num_tokens: K
       tokens fed per call (1 for a decoding step, gamma + 1 for a
-      verification; PREFILL for the prefill). cache_positions: decoder positions the cache holds
-      (decoding uses max_decode_len + gamma + 1), since attention cost grows
-      with it; rounded up by `padded_positions`.
+      verification; PREFILL for the prefill). cache_positions: decoder
+      positions the cache holds (decoding uses max_decode_len + gamma + 1),
+      since attention cost grows with it; rounded up by `padded_positions`.
     input_ids: int32 [B, L] inputs (as in decoding).
     steps: extend calls per timed loop (capped so the positions fit).
     repeats: timed rounds.
@@ -139,19 +139,19 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
     if key in timings or key in todo:
       continue
     positions = padded_positions(cache_positions)
-    # One prefill per model and cache size; the loops start from its cache
-    # (each loop's updates are to its own copy: jit does not donate it).
-    cache_key = (model.definition, id(model.params), positions)
-    if cache_key not in prefilled:
-      prefilled[cache_key] = jax.block_until_ready(_build_prefill(
-          model.definition, positions, options)(model.params, ids))
-    cache, start_pos = prefilled[cache_key]
+    prefill = functools.partial(
+        _build_prefill(model.definition, positions, options), model.params,
+        ids)
     if num_tokens == PREFILL:
-      n = 1
-      run = functools.partial(
-          _build_prefill(model.definition, positions, options),
-          model.params, ids)
+      n, run = 1, prefill
     else:
+      # One prefill per model and cache size; the loops start from its
+      # cache (each loop's updates are to its own copy: jit does not
+      # donate it).
+      cache_key = (model.definition, id(model.params), positions)
+      if cache_key not in prefilled:
+        prefilled[cache_key] = jax.block_until_ready(prefill())
+      cache, start_pos = prefilled[cache_key]
       n = max(1, min(steps, (positions - 1) // num_tokens))
       loop = _build_timed_loop(model.definition, num_tokens, n, options)
       run = functools.partial(loop, model.params, cache, start_pos)

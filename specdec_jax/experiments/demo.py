@@ -142,7 +142,7 @@ class DemoConfig:
   # defaults), e.g. {'xla_cpu_experimental_ynn_fusion_type': ''}
   # (`api.CPU_EIGEN_MATMULS`) where Eigen verifies faster than YNNPACK;
   # choose the gammas for them (benchmarks/choose_gamma.py
-  # --compiler_options=eigen).
+  # --matmuls=eigen).
   compiler_options: dict | None = None
   # Alternative settings, {name: {DemoConfig field: value}}, e.g. Eigen's
   # matmuls with the gammas chosen for them (configs/demo.gin). `variant`
@@ -284,8 +284,8 @@ def choose_variant(config: DemoConfig, input_ids: np.ndarray,
     c = m["draft_step_s"] / m["target_step_s"]
     v = m["verify_step_s"] / m["target_step_s"]
     report_[name] = {"gamma": gamma, "c": c, "verify_cost": v,
-                     "predicted": float(theory.expected_tokens(alpha, gamma)
-                                        / (gamma * c + v))}
+                     "predicted": float(theory.walltime_improvement_measured(
+                         alpha, gamma, c, v))}
   chosen = max(report_, key=lambda n: report_[n]["predicted"])
   return chosen, report_
 
