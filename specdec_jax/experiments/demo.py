@@ -156,7 +156,7 @@ class DemoConfig:
   variants: Mapping[str, Mapping[str, Any]] = dataclasses.field(
       default_factory=dict)
   variant: str | None = None
-  variant_probe: tuple[str, float] = ("demo:draft_base", 0.73)
+  variant_probe: tuple[str, float] = ("demo:draft_base", 0.71)
 
 
 def _vocab_path(config: DemoConfig) -> str:
