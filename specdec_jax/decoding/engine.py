@@ -121,9 +121,10 @@ def _new_stream(batch: int, width: int) -> Stream:
 # Autoregressive baseline.
 
 
-def _jit(fn: Callable, compiler_options: tuple) -> Callable:
+def jit_with_options(fn: Callable, compiler_options: tuple) -> Callable:
   """jax.jit with XLA compiler options given as sorted (name, value) pairs
-  (hashable, so the builders' caches tell programs apart by them)."""
+  (hashable, so the builders' caches tell programs apart by them; the cost
+  timings compile theirs the same way)."""
   return jax.jit(fn, compiler_options=dict(compiler_options) or None)
 
 
@@ -171,7 +172,7 @@ def build_generate(model: ModelDef, max_decode_len: int,
                         target_nonfinite=state.model.nonfinite, **state.stats)
     return _finish(state.stream, max_decode_len), stats
 
-  return _jit(run, compiler_options)
+  return jit_with_options(run, compiler_options)
 
 
 # ----------------------------------------------------------------------------
@@ -394,7 +395,7 @@ def _build_speculative(target, draft, gamma, max_decode_len, sampler,
         **st)
     return _finish(state.stream, max_decode_len), stats
 
-  return _jit(run, compiler_options)
+  return jit_with_options(run, compiler_options)
 
 
 build_speculative.cache_info = _build_speculative.cache_info

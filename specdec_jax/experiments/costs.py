@@ -19,6 +19,7 @@ import numpy as np
 
 from specdec_jax import sampling
 from specdec_jax.decoding import api
+from specdec_jax.decoding import engine
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import timing
@@ -35,7 +36,7 @@ def _build_prefill(definition: ModelDef, num_positions: int,
     pre = definition.prefill(params, input_ids, num_positions)
     return pre.cache, pre.start_pos
 
-  return jax.jit(prefill, compiler_options=dict(compiler_options) or None)
+  return engine.jit_with_options(prefill, compiler_options)
 
 
 @functools.lru_cache(maxsize=32)
@@ -61,7 +62,7 @@ def _build_timed_loop(definition: ModelDef, num_tokens: int, steps: int,
                                (cache, jnp.zeros((batch,), jnp.int32)))
     return acc
 
-  return jax.jit(loop, compiler_options=dict(compiler_options) or None)
+  return engine.jit_with_options(loop, compiler_options)
 
 
 # Timed caches hold a multiple of this many positions.
