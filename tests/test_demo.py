@@ -160,6 +160,40 @@ def test_demo_runs_on_one_sentence_and_one_paragraph(tmp_path):
   assert 0 < timing["compile_seconds"] <= timing["seconds"]
   assert all(0 < g["compile_seconds"] <= g["seconds"] and g["programs"] > 0
              for g in timing["groups"])
+  lines = demo.summary(rows).splitlines()
+  assert [line.split()[:4] for line in lines[1:5]] == [
+      ["sentences", "draft_small", "0", "3"],
+      ["sentences", "draft_small", "1", "2"],
+      ["paragraphs", "draft_small", "0", "4"],
+      ["paragraphs", "draft_small", "1", "4"]]
+  assert lines[-1].startswith("Best greedy: sentences ")
+
+
+def _summary_row(task, draft, temperature, speedup, identical):
+  return dict(task=task, draft=draft, temperature=temperature, gamma=3,
+              alpha=0.8, speedup=speedup,
+              predicted_at_lengths_with_verify_cost=2.0,
+              quality_baseline=30.0, quality_speculative=None,
+              identical=identical)
+
+
+def test_summary_names_each_tasks_fastest_greedy_row():
+  """The printed summary: one line per row, a greedy output that differs
+  from the target's is shouted (NO), and "best greedy" per task ignores
+  faster sampled rows."""
+  rows = [_summary_row("ende_sentences", "draft_a", 0.0, 1.5, True),
+          _summary_row("ende_sentences", "draft_b", 0.0, 1.7, False),
+          _summary_row("ende_sentences", "draft_b", 1.0, 2.5, None),
+          _summary_row("ende_paragraphs", "draft_a", 0.0, 1.9, True),
+          _summary_row("ende_paragraphs", "draft_b", 0.0, 1.2, True)]
+  lines = demo.summary(rows, "eigen").splitlines()
+  assert len(lines) == 1 + len(rows) + 3
+  assert lines[2].split()[-1] == "NO" and lines[1].split()[-1] == "yes"
+  assert "0.85" in lines[2].split()  # ratio 1.7 / 2.0
+  assert "30.0 / —" in lines[1]
+  assert lines[-2] == ("Best greedy: sentences 1.70x (draft_b, γ 3, α 0.80); "
+                       "paragraphs 1.90x (draft_a, γ 3, α 0.80).")
+  assert lines[-1] == "Variant run: eigen (variant.json)."
 
 
 def test_traces_only_for_the_listed_drafts_and_never_the_sweep():

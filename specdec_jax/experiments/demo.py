@@ -392,6 +392,51 @@ def run(config: DemoConfig, workdir: str) -> list[dict]:
   return table
 
 
+def summary(rows: Sequence[Mapping[str, Any]],
+            variant: str | None = None) -> str:
+  """The table rows as a few readable lines for the terminal.
+
+  One line per row (task, draft, temperature, gamma, alpha, the measured
+  speedup, Theorem 3.8 at the measured output lengths and verification
+  cost, their ratio, BLEU of both decodes, whether greedy outputs are
+  identical), then the best greedy speedup of each task and, if given,
+  the variant that ran. Every column is in table.md and table.csv.
+  """
+  header = ("task", "draft", "T", "γ", "α", "speedup", "predicted", "ratio",
+            "BLEU target / spec", "identical")
+  lines = [header]
+  for r in rows:
+    predicted = r.get("predicted_at_lengths_with_verify_cost")
+    identical = r.get("identical")
+    lines.append((
+        str(r.get("task", SENTENCES)).replace("ende_", ""), str(r["draft"]),
+        f"{r['temperature']:g}", str(r["gamma"]), f"{r['alpha']:.2f}",
+        f"{r['speedup']:.2f}x",
+        "—" if predicted is None else f"{predicted:.2f}x",
+        "—" if not predicted else f"{r['speedup'] / predicted:.2f}",
+        " / ".join("—" if r.get(k) is None else f"{r[k]:.1f}"
+                   for k in ("quality_baseline", "quality_speculative")),
+        "—" if identical is None else ("yes" if identical else "NO")))
+  widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+  out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
+         for line in lines]
+  out.append("predicted: Theorem 3.8 at the measured alpha, c, output "
+             "lengths and verification cost.")
+  best = {}
+  for r in rows:
+    if r["temperature"] == 0 and r["speedup"] > best.get(
+        r.get("task", SENTENCES), {}).get("speedup", 0):
+      best[r.get("task", SENTENCES)] = r
+  if best:
+    out.append("Best greedy: " + "; ".join(
+        f"{task.replace('ende_', '')} {r['speedup']:.2f}x ({r['draft']}, "
+        f"γ {r['gamma']}, α {r['alpha']:.2f})" for task, r in best.items())
+               + ".")
+  if variant:
+    out.append(f"Variant run: {variant} (variant.json).")
+  return "\n".join(out)
+
+
 def _write_timing(path: str, groups: list[dict], seconds: float) -> None:
   """Where the demo's time went: each group's wall and compile seconds (a
   resumed row costs neither, so a rerun's file describes the rerun)."""
