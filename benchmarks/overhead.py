@@ -8,9 +8,11 @@ r"""How much the decoding loop itself costs, against Theorem 3.8.
 
 For each gamma it decodes the same inputs with the target alone and with
 speculative decoding (compile excluded, results fetched to the host, the
-fastest of --repeats), and prints: alpha, c, the measured speedup, Theorem 3.8's
-prediction and their ratio, and the prediction with the measured
-verification cost priced in (`theory.walltime_improvement_measured`).
+fastest of --repeats rounds, each round timing the target alone, the
+speculative decode and both prefills in turn), and prints: alpha, c, the
+measured speedup, Theorem 3.8's prediction and their ratio, and the
+prediction with the measured verification cost priced in
+(`theory.walltime_improvement_measured`).
 
 Then it splits the time. Both decoders first run the encoders once per
 input (`prefill`, timed on its own: the target's for the baseline, target's
@@ -58,11 +60,6 @@ def _inputs(model, batch, length, seed=0):
                    for _ in range(batch)], np.int32)
 
 
-def _timed(fn, repeats):
-  fn()  # compile
-  return timing.best_time(fn, repeats)
-
-
 def _prefill_timer(model, num_positions):
   fn = jax.jit(lambda params, ids: model.definition.prefill(
       params, ids, num_positions).cache)
@@ -103,11 +100,16 @@ def main(argv):
     per_row = []  # (base s, spec s, tokens, target calls) of each sentence
     for i in range(len(rows)):
       ids = rows[i:i + 1]
-      _, b = _timed(lambda: sd.generate(target, ids, **kw), args.repeats)
-      res, s = _timed(lambda: sd.speculative_generate(
-          target, draft, ids, gamma=gamma, **kw), args.repeats)
-      _, pt = _timed(lambda: prefill_t(ids), args.repeats)
-      _, pd = _timed(lambda: prefill_d(ids), args.repeats)
+      # The four timings of this sentence in interleaved rounds
+      # (`timing.best_runs`), so a slow stretch of the machine touches all
+      # of them, not one.
+      fns = [lambda: sd.generate(target, ids, **kw),  # pylint: disable=cell-var-from-loop
+             lambda: sd.speculative_generate(target, draft, ids,  # pylint: disable=cell-var-from-loop
+                                             gamma=gamma, **kw),
+             lambda: prefill_t(ids), lambda: prefill_d(ids)]  # pylint: disable=cell-var-from-loop
+      for fn in fns:
+        fn()  # compile
+      (_, b), (res, s), (_, pt), (_, pd) = timing.best_runs(fns, args.repeats)
       base_s, spec_s = base_s + b, spec_s + s
       pre_t, pre_d = pre_t + pt, pre_d + pd
       alpha_sums.append(float(res.stats.alpha_sum[0]))
