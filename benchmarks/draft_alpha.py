@@ -27,8 +27,9 @@ _TARGET = flags.DEFINE_string("target", "demo:target", "Target model spec.")
 _DRAFTS = flags.DEFINE_list(
     "drafts", ["demo:draft_large", "demo:draft_base", "demo:draft_small"],
     "Draft model specs.")
-_EXAMPLES = flags.DEFINE_integer("examples", 128,
-                                 "Multi30k validation sentences.")
+_EXAMPLES = flags.DEFINE_integer(
+    "examples", 128, "Examples measured: the first of the Multi30k "
+    "validation sentences, or of --task's --split.")
 _GAMMA = flags.DEFINE_integer("gamma", 4, "Draft tokens per iteration.")
 _TASK = flags.DEFINE_string(
     "task", None, "A local task (e.g. multi30k_ende_local, "

@@ -27,6 +27,8 @@ over a few iterations, a second line fits time = fixed + per-iteration *
 iterations (and the same for plain steps) across the sentences.
 """
 
+import functools
+
 from absl import app
 from absl import flags
 import jax
@@ -103,10 +105,11 @@ def main(argv):
       # The four timings of this sentence in interleaved rounds
       # (`timing.best_runs`), so a slow stretch of the machine touches all
       # of them, not one.
-      fns = [lambda: sd.generate(target, ids, **kw),  # pylint: disable=cell-var-from-loop
-             lambda: sd.speculative_generate(target, draft, ids,  # pylint: disable=cell-var-from-loop
-                                             gamma=gamma, **kw),
-             lambda: prefill_t(ids), lambda: prefill_d(ids)]  # pylint: disable=cell-var-from-loop
+      fns = [functools.partial(sd.generate, target, ids, **kw),
+             functools.partial(sd.speculative_generate, target, draft, ids,
+                               gamma=gamma, **kw),
+             functools.partial(prefill_t, ids),
+             functools.partial(prefill_d, ids)]
       for fn in fns:
         fn()  # compile
       (_, b), (res, s), (_, pt), (_, pd) = timing.best_runs(fns, args.repeats)

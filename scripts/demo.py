@@ -4,7 +4,8 @@ r"""The main job on its embedded default: `make demo`.
       [--gin.demo.DemoConfig.max_examples=5]
 
 Runs the scaled Table 2 EnDe rows with the shipped demo models and prints
-a summary of the table (`demo.summary`; every column is in table.md); see specdec_jax/experiments/demo.py and configs/demo.gin.
+a summary of the table (`demo.summary`; every column is in table.md); see
+specdec_jax/experiments/demo.py and configs/demo.gin.
 """
 
 import dataclasses

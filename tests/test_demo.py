@@ -193,7 +193,7 @@ def test_summary_names_each_tasks_fastest_greedy_row():
   assert "30.0 / —" in lines[1]
   assert lines[-2] == ("Best greedy: sentences 1.70x (draft_b, γ 3, α 0.80); "
                        "paragraphs 1.90x (draft_a, γ 3, α 0.80).")
-  assert lines[-1] == "Variant run: eigen (variant.json)."
+  assert lines[-1] == "Variant run: eigen."
 
 
 def test_traces_only_for_the_listed_drafts_and_never_the_sweep():

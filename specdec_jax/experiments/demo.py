@@ -433,7 +433,7 @@ def summary(rows: Sequence[Mapping[str, Any]],
         f"γ {r['gamma']}, α {r['alpha']:.2f})" for task, r in best.items())
                + ".")
   if variant:
-    out.append(f"Variant run: {variant} (variant.json).")
+    out.append(f"Variant run: {variant}.")
   return "\n".join(out)
 
 
