@@ -16,6 +16,9 @@ each option set below, all of one set in interleaved rounds
   xnnpack_dot     XNNPACK for each dot, YNNPACK off
   bfloat16        default options, the models' weights and compute in
                   bfloat16
+  bfloat16_onednn bfloat16 with oneDNN dots (AMX on CPUs that have it)
+  bfloat16_xnnpack bfloat16 with XNNPACK dots
+  bf16_weights    weights stored in bfloat16, compute in float32
 
 A set XLA rejects (an option this build lacks) prints its error and the
 script goes on. Sets are timed one after another, so compare them on a
@@ -49,6 +52,11 @@ OPTION_SETS = {
     "xnnpack_dot": {"xla_cpu_experimental_xnn_fusion_type":
                     "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT", **_NO_YNN},
     "bfloat16": None,
+    "bfloat16_onednn": {"xla_cpu_experimental_onednn_fusion_type":
+                        "LIBRARY_FUSION_TYPE_DOT", **_NO_YNN},
+    "bfloat16_xnnpack": {"xla_cpu_experimental_xnn_fusion_type":
+                         "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT", **_NO_YNN},
+    "bf16_weights": None,
 }
 
 
@@ -61,8 +69,11 @@ def main(argv):
                for name in ("target", "draft_base"))
   ids = np.asarray(text.encode(f32[0].vocab,
                                text.demo_sentences(1, name=_INPUTS.value)))
+  bf16_weights = tuple(sd.load_model(f"demo:{name}", param_dtype="bfloat16")
+                       for name in ("target", "draft_base"))
   for name, options in OPTION_SETS.items():
-    target, draft = bf16 if name == "bfloat16" else f32
+    target, draft = (bf16_weights if name == "bf16_weights"
+                     else bf16 if name.startswith("bfloat16") else f32)
     requests = ([(target, 1, _POSITIONS.value)]
                 + [(target, w, _POSITIONS.value) for w in widths]
                 + [(draft, 1, _POSITIONS.value),
@@ -70,11 +81,11 @@ def main(argv):
     try:
       seconds = costs.time_extends(requests, ids, compiler_options=options)
     except Exception as e:  # pylint: disable=broad-except
-      print(f"{name:12s} rejected: {str(e).splitlines()[0][:160]}")
+      print(f"{name:16s} rejected: {str(e).splitlines()[0][:160]}")
       continue
     step, rest = seconds[0], seconds[1:]
     vs = "  ".join(f"v({w}) {s / step:.2f}" for w, s in zip(widths, rest))
-    print(f"{name:12s} step {step * 1e3:.2f} ms  {vs}  "
+    print(f"{name:16s} step {step * 1e3:.2f} ms  {vs}  "
           f"c {rest[-2] / step:.3f}  prefill {rest[-1] / step:.2f} "
           f"({rest[-1] * 1e3:.1f} ms)", flush=True)
 
