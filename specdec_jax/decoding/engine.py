@@ -285,26 +285,8 @@ def _build_speculative(target, draft, gamma, max_decode_len, sampler,
   def run(target_params, draft_params, input_ids, seeds, rows):
     batch = input_ids.shape[0]
     keys = row_keys(seeds, rows)
-    zeros = jnp.zeros((batch,), jnp.int32)
-    depth = drafter.depth
-    stats = {
-        "target_calls": zeros, "draft_calls": zeros,
-        "accepted_tokens": zeros, "target_tokens": zeros,
-        "accepted_histogram": jnp.zeros((batch, gamma + 1), jnp.int32),
-        "proposal_histogram": jnp.zeros((batch, gamma + 1), jnp.int32),
-        "alpha_sum": jnp.zeros((batch,), jnp.float32),
-        "alpha_count": zeros,
-        "level_calls": jnp.zeros((batch, depth + 1), jnp.int32),
-        "level_alpha_sum": jnp.zeros((batch, depth), jnp.float32),
-        "level_alpha_count": jnp.zeros((batch, depth), jnp.int32),
-    }
-    if record_trace:
-      stats["trace_draft"] = jnp.zeros((batch, max_decode_len, gamma),
-                                       jnp.int32)
-      stats["trace_accepted"] = jnp.full((batch, max_decode_len), -1,
-                                         jnp.int32)
-      stats["trace_next"] = jnp.zeros((batch, max_decode_len), jnp.int32)
-      stats["trace_proposed"] = jnp.zeros((batch, max_decode_len), jnp.int32)
+    stats = _initial_stats(batch, gamma, drafter.depth, max_decode_len,
+                           record_trace)
     state = SpeculativeState(
         step=jnp.int32(0), stream=_new_stream(batch, width),
         target=_cursor(target, target_params, input_ids, width, check_finite),
@@ -342,38 +324,16 @@ def _build_speculative(target, draft, gamma, max_decode_len, sampler,
       new = jnp.where(positions[None] == accepted[:, None], nxt[:, None], new)
       stream, emitted = _advance(s.stream, new, accepted + 1, max_decode_len)
 
-      active = (~s.stream.done).astype(jnp.int32)
+      active = ~s.stream.done
       # alpha: beta at every verified position whose prefix was accepted.
       counted = positions[None, :gamma] < jnp.minimum(accepted + 1,
                                                       k)[:, None]
-      st = dict(s.stats)
-      st["target_calls"] += active
-      st["draft_calls"] += active * level["calls"][:, 0]
-      st["accepted_tokens"] += jnp.minimum(accepted, emitted)
-      st["target_tokens"] += (emitted > accepted).astype(jnp.int32)
-      st["accepted_histogram"] += active[:, None] * jax.nn.one_hot(
-          accepted, gamma + 1, dtype=jnp.int32)
-      st["proposal_histogram"] += active[:, None] * jax.nn.one_hot(
-          k, gamma + 1, dtype=jnp.int32)
-      beta_sum = jnp.sum(jnp.where(counted, beta, 0.0), 1)
-      st["alpha_sum"] += active * beta_sum
-      st["alpha_count"] += active * jnp.sum(counted, axis=1)
-      st["level_calls"] += active[:, None] * jnp.concatenate(
-          [jnp.ones((batch, 1), jnp.int32), level["calls"]], axis=1)
-      st["level_alpha_sum"] += active[:, None] * jnp.concatenate(
-          [beta_sum[:, None], level["alpha_sum"]], axis=1)
-      st["level_alpha_count"] += active[:, None] * jnp.concatenate(
-          [jnp.sum(counted, axis=1)[:, None], level["alpha_count"]], axis=1)
+      st = _count_iteration(s.stats, s.step, active, prop, accepted, nxt,
+                            emitted, beta, counted, level)
       stop_state = s.stop_state
       if rule is not None:
         stop_state = rule.update(stop_state, prop.conf, accept_prob,
-                                 counted & (active[:, None] > 0))
-      if record_trace:
-        at = jnp.where(active > 0, s.step, max_decode_len)  # OOB: dropped.
-        rows_ = jnp.arange(batch)
-        for name, value in (("trace_draft", xs), ("trace_accepted", accepted),
-                            ("trace_next", nxt), ("trace_proposed", k)):
-          st[name] = st[name].at[rows_, at].set(value, mode="drop")
+                                 counted & active[:, None])
       return SpeculativeState(step=s.step + 1, stream=stream,
                               target=target_cursor, draft=draft_state,
                               stats=st, stop_state=stop_state)
@@ -396,6 +356,90 @@ def _build_speculative(target, draft, gamma, max_decode_len, sampler,
     return _finish(state.stream, max_decode_len), stats
 
   return jit_with_options(run, compiler_options)
+
+
+def _initial_stats(batch: int, gamma: int, depth: int, max_decode_len: int,
+                   record_trace: bool) -> dict[str, jax.Array]:
+  """The per-row counters of the speculative loop, at zero: the fields of
+  `DecodeStats` it accumulates (depth: draft levels below the target), and
+  with `record_trace` the per-iteration trace (-1: no iteration)."""
+  zeros = jnp.zeros((batch,), jnp.int32)
+  stats = {
+      "target_calls": zeros, "draft_calls": zeros,
+      "accepted_tokens": zeros, "target_tokens": zeros,
+      "accepted_histogram": jnp.zeros((batch, gamma + 1), jnp.int32),
+      "proposal_histogram": jnp.zeros((batch, gamma + 1), jnp.int32),
+      "alpha_sum": jnp.zeros((batch,), jnp.float32),
+      "alpha_count": zeros,
+      "level_calls": jnp.zeros((batch, depth + 1), jnp.int32),
+      "level_alpha_sum": jnp.zeros((batch, depth), jnp.float32),
+      "level_alpha_count": jnp.zeros((batch, depth), jnp.int32),
+  }
+  if record_trace:
+    stats["trace_draft"] = jnp.zeros((batch, max_decode_len, gamma),
+                                     jnp.int32)
+    stats["trace_accepted"] = jnp.full((batch, max_decode_len), -1, jnp.int32)
+    stats["trace_next"] = jnp.zeros((batch, max_decode_len), jnp.int32)
+    stats["trace_proposed"] = jnp.zeros((batch, max_decode_len), jnp.int32)
+  return stats
+
+
+def _count_iteration(stats: dict[str, jax.Array], step: jax.Array,
+                     active: jax.Array, prop: drafters.Proposal,
+                     accepted: jax.Array, nxt: jax.Array, emitted: jax.Array,
+                     beta: jax.Array, counted: jax.Array,
+                     level: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """`stats` after one iteration, counted for the rows still decoding.
+
+  Args:
+    stats: the counters so far (`_initial_stats`).
+    step: int32 scalar, this iteration's index.
+    active: bool [B], rows not done before this iteration.
+    prop: the draft's proposal (tokens [B, G], length [B]).
+    accepted: int [B], draft tokens accepted; nxt: int [B], the token the
+      target added.
+    emitted: int [B], tokens the row's output grew by (fewer than
+      accepted + 1 where it reached EOS or the length limit).
+    beta: float [B, G], sum_x min(p, q) at each draft position.
+    counted: bool [B, G], positions whose beta enters alpha.
+    level: the drafter's per-level "calls", "alpha_sum" and "alpha_count"
+      (cascades; [B, depth]).
+  """
+  gamma = prop.tokens.shape[1]
+  act = active.astype(jnp.int32)
+  ones = jnp.ones_like(act)[:, None]
+  beta_sum = jnp.sum(jnp.where(counted, beta, 0.0), 1)
+  num_counted = jnp.sum(counted, axis=1)
+  increments = {
+      "target_calls": act,
+      "draft_calls": act * level["calls"][:, 0],
+      "accepted_tokens": act * jnp.minimum(accepted, emitted),
+      "target_tokens": act * (emitted > accepted).astype(jnp.int32),
+      "accepted_histogram": act[:, None] * jax.nn.one_hot(
+          accepted, gamma + 1, dtype=jnp.int32),
+      "proposal_histogram": act[:, None] * jax.nn.one_hot(
+          prop.length, gamma + 1, dtype=jnp.int32),
+      "alpha_sum": act * beta_sum,
+      "alpha_count": act * num_counted,
+      "level_calls": act[:, None] * jnp.concatenate(
+          [ones, level["calls"]], axis=1),
+      "level_alpha_sum": act[:, None] * jnp.concatenate(
+          [beta_sum[:, None], level["alpha_sum"]], axis=1),
+      "level_alpha_count": act[:, None] * jnp.concatenate(
+          [num_counted[:, None], level["alpha_count"]], axis=1),
+  }
+  stats = dict(stats)
+  for name, increment in increments.items():
+    stats[name] = stats[name] + increment
+  if "trace_draft" in stats:
+    max_decode_len = stats["trace_next"].shape[1]
+    at = jnp.where(active, step, max_decode_len)  # Out of bounds: dropped.
+    rows = jnp.arange(act.shape[0])
+    for name, value in (("trace_draft", prop.tokens),
+                        ("trace_accepted", accepted), ("trace_next", nxt),
+                        ("trace_proposed", prop.length)):
+      stats[name] = stats[name].at[rows, at].set(value, mode="drop")
+  return stats
 
 
 build_speculative.cache_info = _build_speculative.cache_info
