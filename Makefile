@@ -20,8 +20,13 @@ DEMO_FLAGS ?=
 demo: $(STAMP)
 	$(PY) scripts/demo.py --workdir=results/demo $(DEMO_FLAGS)
 
+# Two worker processes (pytest-xdist), each test module in one of them: XLA
+# compiles on one core at a time, so two processes keep both busy (7.4 min
+# against 10.2 for one process on 2 cores). TEST_FLAGS="-n 0" runs in one.
+TEST_FLAGS ?= -n 2 --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(TEST_FLAGS) tests
 
 clean:
 	rm -rf $(VENV)
