@@ -46,6 +46,7 @@ from specdec_jax.decoding.drafters import ModelDrafter
 from specdec_jax.decoding.drafters import Proposal
 from specdec_jax.decoding.drafters import level_stats
 from specdec_jax.decoding.drafters import slice_rows
+from specdec_jax.decoding.drafters import verified_level
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.tokens import EOS_ID
 
@@ -332,18 +333,8 @@ class CascadeDrafter:
       produced = produced + count
       new_stopped = stopped | stopped_rows(produced, eos, out_tokens, out_conf)
       counted = pos[:, :g] < jnp.minimum(accepted + 1, prop.length)[:, None]
-      act = active.astype(jnp.int32)
-      calls = jnp.concatenate(
-          [act[:, None], act[:, None] * inner_stats["calls"]], axis=1)
-      a_sum = jnp.concatenate(
-          [(act * jnp.sum(jnp.where(counted, beta, 0.0), 1))[:, None],
-           act[:, None] * inner_stats["alpha_sum"]], axis=1)
-      a_cnt = jnp.concatenate(
-          [(act * jnp.sum(counted, 1))[:, None],
-           act[:, None] * inner_stats["alpha_count"]], axis=1)
-      stats = {"calls": stats["calls"] + calls,
-               "alpha_sum": stats["alpha_sum"] + a_sum,
-               "alpha_count": stats["alpha_count"] + a_cnt}
+      increments = verified_level(active, beta, counted, inner_stats)
+      stats = {name: stats[name] + increments[name] for name in stats}
       state = CascadeState(middle=middle, inner=inner_state)
       return (it + 1, local, produced, new_stopped, eos, state, out_tokens,
               out_conf, out_probs, stats)

@@ -76,6 +76,26 @@ def level_stats(calls, alpha_sum=None, alpha_count=None) -> dict:
                           else alpha_count.astype(jnp.int32))}
 
 
+
+def verified_level(active, beta, counted, inner: dict) -> dict:
+  """One verification's level counters, on top of its drafter's.
+
+  The verifier (the target, or a cascade's middle model) ran once for each
+  active row [B] and its alpha takes beta [B, G] at the `counted` [B, G]
+  positions; `inner` are the counters of the drafter that proposed
+  (`level_stats`, depth D). Returns calls [B, D + 1] and alpha_sum /
+  alpha_count [B, D], the verifier's level first, zero for inactive rows.
+  """
+  act = active.astype(jnp.int32)[:, None]
+  own_sum = jnp.sum(jnp.where(counted, beta, 0.0), axis=1)[:, None]
+  own_count = jnp.sum(counted, axis=1)[:, None]
+  return {"calls": act * jnp.concatenate([jnp.ones_like(act),
+                                          inner["calls"]], axis=1),
+          "alpha_sum": act * jnp.concatenate([own_sum, inner["alpha_sum"]],
+                                             axis=1),
+          "alpha_count": act * jnp.concatenate(
+              [own_count, inner["alpha_count"]], axis=1)}
+
 class ModelDrafter:
   """One draft model run autoregressively for up to G tokens per row."""
 

@@ -407,26 +407,21 @@ def _count_iteration(stats: dict[str, jax.Array], step: jax.Array,
   """
   gamma = prop.tokens.shape[1]
   act = active.astype(jnp.int32)
-  ones = jnp.ones_like(act)[:, None]
-  beta_sum = jnp.sum(jnp.where(counted, beta, 0.0), 1)
-  num_counted = jnp.sum(counted, axis=1)
+  levels = drafters.verified_level(active, beta, counted, level)
   increments = {
       "target_calls": act,
-      "draft_calls": act * level["calls"][:, 0],
+      "draft_calls": levels["calls"][:, 1],
       "accepted_tokens": act * jnp.minimum(accepted, emitted),
       "target_tokens": act * (emitted > accepted).astype(jnp.int32),
       "accepted_histogram": act[:, None] * jax.nn.one_hot(
           accepted, gamma + 1, dtype=jnp.int32),
       "proposal_histogram": act[:, None] * jax.nn.one_hot(
           prop.length, gamma + 1, dtype=jnp.int32),
-      "alpha_sum": act * beta_sum,
-      "alpha_count": act * num_counted,
-      "level_calls": act[:, None] * jnp.concatenate(
-          [ones, level["calls"]], axis=1),
-      "level_alpha_sum": act[:, None] * jnp.concatenate(
-          [beta_sum[:, None], level["alpha_sum"]], axis=1),
-      "level_alpha_count": act[:, None] * jnp.concatenate(
-          [num_counted[:, None], level["alpha_count"]], axis=1),
+      "alpha_sum": levels["alpha_sum"][:, 0],
+      "alpha_count": levels["alpha_count"][:, 0],
+      "level_calls": levels["calls"],
+      "level_alpha_sum": levels["alpha_sum"],
+      "level_alpha_count": levels["alpha_count"],
   }
   stats = dict(stats)
   for name, increment in increments.items():
