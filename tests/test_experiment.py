@@ -19,6 +19,7 @@ from specdec_jax import Model
 from specdec_jax import checkpoints
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import reproduce
+from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.data import tasks
 from specdec_jax import theory
 from specdec_jax.models import registry
@@ -125,7 +126,7 @@ def test_killed_run_resumes_without_loss_or_duplicates(setup, tmp_path,
   _, models, task_config = setup
   workdir = str(tmp_path / "run")
   config = _config(models, gamma=2, trace_examples=0)
-  real_append = experiment.append_line
+  real_append = workdir_lib.append_line
   calls = []
 
   def dying_append(path, record):
@@ -137,10 +138,10 @@ def test_killed_run_resumes_without_loss_or_duplicates(setup, tmp_path,
     real_append(path, record)
 
   with tasks.override_config(**task_config):
-    monkeypatch.setattr(experiment, "append_line", dying_append)
+    monkeypatch.setattr(workdir_lib, "append_line", dying_append)
     with pytest.raises(KeyboardInterrupt):
       experiment.run(config, workdir)
-    monkeypatch.setattr(experiment, "append_line", real_append)
+    monkeypatch.setattr(workdir_lib, "append_line", real_append)
     first = _lines_lenient(workdir)
     assert [r["id"] for r in first] == ["0", "1"]
     experiment.run(config, workdir)
@@ -368,7 +369,6 @@ def test_a_second_run_on_a_locked_workdir_stops_at_once_naming_the_pid(
   twice in examples.jsonl). A run holding the workdir's lock (here another
   process) makes a second run stop before loading anything, naming the pid
   and the workdir; once the holder is gone the workdir is free again."""
-  from specdec_jax.experiments import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   _, models, task_config = setup
   workdir = tmp_path / "run"
   workdir.mkdir()
@@ -405,7 +405,6 @@ def test_rerun_with_other_settings_is_refused_and_more_examples_extend(
   and the fix; more examples extend the workdir; fewer report fewer;
   overwrite=True starts over when the settings differ and resumes when they
   do not."""
-  from specdec_jax.experiments import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   _, models, task_config = setup
   workdir = str(tmp_path / "run")
   base = dict(gamma=2, trace_examples=0, max_examples=2)
@@ -445,9 +444,9 @@ def test_a_damaged_line_inside_examples_jsonl_names_file_and_line(tmp_path):
   path = str(tmp_path / "examples.jsonl")
   with open(path, "w") as f:
     f.write('{"id": "0"}\n{"id": "1", "bas\n{"id": "2"}\n')
-  with pytest.raises(experiment.ConfigError,
+  with pytest.raises(workdir_lib.ConfigError,
                      match=f"{path} line 2 is not a JSON record.*Delete that line"):
-    experiment.read_done(path)
+    workdir_lib.read_done(path)
   with open(path, "w") as f:
     f.write('{"id": "0"}\n{"id": "1"}\n{"id": "2", "bas')
-  assert [r["id"] for r in experiment.read_done(path)] == ["0", "1"]
+  assert [r["id"] for r in workdir_lib.read_done(path)] == ["0", "1"]

@@ -8,12 +8,9 @@ T5 vocabulary or the shared dev data read them from SPECDEC_SHARED_DATA or
 ../shared/data and are skipped when it is absent.
 """
 
-import io
 import json
 import os
 from pathlib import Path
-import random
-import string
 
 import gin
 import numpy as np

@@ -212,56 +212,6 @@ def task_vocabulary(config: ExperimentConfig, target: Model):
 
 
 # ----------------------------------------------------------------------------
-# Results that survive a kill.
-
-
-def read_done(path: str, truncate: bool = True) -> list[dict]:
-  """Complete lines of `path`; a torn last line (killed mid-write) is cut.
-
-  Every process reads (all must run the same decode calls); only the
-  primary one, which writes, truncates. A damaged line before the last one
-  cannot come from a kill (each line is fsynced before the next starts): it
-  is refused, naming the file and line, rather than skipped.
-  """
-  if not os.path.exists(path):
-    return []
-  with open(path, "rb") as f:
-    raw = f.read()
-  keep = raw[:raw.rfind(b"\n") + 1]
-  if truncate and len(keep) != len(raw):
-    with open(path, "wb") as f:
-      f.write(keep)
-  records = []
-  for number, line in enumerate(keep.decode(errors="replace").splitlines(),
-                                start=1):
-    if not line:
-      continue
-    try:
-      records.append(json.loads(line))
-    except json.JSONDecodeError as e:
-      raise ConfigError(
-          f"{path} line {number} is not a JSON record ({e.msg}): the file was "
-          "edited or damaged. Delete that line to keep the other results "
-          "(its example is decoded again), or delete the workdir to start "
-          "over.") from None
-  return records
-
-
-def append_line(path: str, record: dict) -> None:
-  with open(path, "a") as f:
-    f.write(json.dumps(record) + "\n")
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def write_json(path: str, obj: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
-
-
-# ----------------------------------------------------------------------------
 # The run.
 
 
@@ -308,7 +258,7 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
     verify_costs = [measured[g]["verify_cost"] for g in gammas]
   gamma = int(theory.optimal_gamma(alpha, c, config.max_gamma,
                                    verify_costs=verify_costs))
-  write_json(path, {"gamma": gamma, "alpha": alpha, "c": c,
+  workdir_lib.write_json(path, {"gamma": gamma, "alpha": alpha, "c": c,
                     "verify_costs": verify_costs,
                     "probe_gamma": config.probe_gamma,
                     "probe_examples": config.probe_examples})
@@ -396,8 +346,35 @@ def run_side_by_side(configs: Sequence[ExperimentConfig],
     return _run_locked(configs, workdirs)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Arms:
+  """What the arms of one side-by-side run share, and what is each arm's.
+
+  Every arm decodes the same `batches` with the same `target` (whose
+  decodes are timed once for all); arm i has its own configs[i],
+  workdirs[i], drafts[i] and gammas[i].
+  """
+
+  configs: Sequence[ExperimentConfig]
+  workdirs: Sequence[str]
+  target: Model
+  drafts: Sequence[Model]
+  gammas: Sequence[tuple[int, ...]]
+  batches: Sequence[batching.Batch]
+  mesh: Any
+  vocab: Any
+  primary: bool  # this process writes the results
+
+
 def _run_locked(configs: Sequence[ExperimentConfig],
                 workdirs: Sequence[str]) -> list[dict]:
+  arms = _prepare_arms(configs, workdirs)
+  done = _decode_missing_examples(arms)
+  return _summarize_arms(arms, done)
+
+
+def _prepare_arms(configs, workdirs) -> _Arms:
+  """Loads the models and the task's batches; fixes each arm's gammas."""
   first = configs[0]
   mesh = sharding.make_mesh(*first.mesh_shape) if first.mesh_shape else None
   target, draft = load_models(first, mesh)
@@ -413,89 +390,110 @@ def _run_locked(configs: Sequence[ExperimentConfig],
     g = config.gammas()
     gammas.append((choose_gamma(config, target, draft, batches, workdir),)
                   if g == "optimal" else g)
-  vocab = task_vocabulary(first, target)
-  primary = sharding.is_primary()
+  return _Arms(configs=configs, workdirs=workdirs, target=target,
+               drafts=drafts, gammas=gammas, batches=batches, mesh=mesh,
+               vocab=task_vocabulary(first, target),
+               primary=sharding.is_primary())
 
-  paths = [os.path.join(w, "examples.jsonl") for w in workdirs]
+
+def _decode_missing_examples(arms: _Arms) -> list[list[records.ExampleRecord]]:
+  """Each arm's finished examples: those its examples.jsonl holds, then the
+  missing ones decoded (the target alone once, every arm that lacks the
+  example at each of its gammas) and appended as they finish."""
+  first, target, mesh = arms.configs[0], arms.target, arms.mesh
+  paths = [os.path.join(w, "examples.jsonl") for w in arms.workdirs]
   done = [[records.ExampleRecord.from_json(r)
-           for r in read_done(path, truncate=primary)] for path in paths]
+           for r in workdir_lib.read_done(path, truncate=arms.primary)]
+          for path in paths]
   done_ids = [{r.id for r in d} for d in done]
   kwargs = _spec_kwargs(first)
-  arms = range(len(configs))
+
+  def decode_target(ids):
+    return generate(target, ids, seed=first.seed, mesh=mesh, **kwargs)
 
   def decode_spec(arm, ids, gamma):
     return speculative_generate(
-        target, drafts[arm], ids, gamma=gamma, seed=first.seed,
-        draft_stop=configs[arm].draft_stop, mesh=mesh, **kwargs)
+        target, arms.drafts[arm], ids, gamma=gamma, seed=first.seed,
+        draft_stop=arms.configs[arm].draft_stop, mesh=mesh, **kwargs)
 
   warmed: set = set()
   started, new = time.perf_counter(), 0
   with timing.compile_clock() as decode_clock:
-    todo = [b for b in batches if any(b.ids[0] not in d for d in done_ids)]
+    todo = [b for b in arms.batches
+            if any(b.ids[0] not in d for d in done_ids)]
     for batch in todo:
       ids = batch.input_ids
-      needed = [a for a in arms if batch.ids[0] not in done_ids[a]]
+      needed = [a for a in range(len(arms.configs))
+                if batch.ids[0] not in done_ids[a]]
       for arm in [None] + needed:  # compile outside the timed calls
         if (ids.shape, arm) not in warmed:
           if arm is None:
-            generate(target, ids, seed=first.seed, mesh=mesh, **kwargs)
-          for g in () if arm is None else gammas[arm]:
+            decode_target(ids)
+          for g in () if arm is None else arms.gammas[arm]:
             decode_spec(arm, ids, g)
           warmed.add((ids.shape, arm))
       # The target alone and every arm's decodes in interleaved rounds
       # (`timing.best_runs`): a slow stretch of the machine touches the
       # baseline and the speculative decodes alike, not only one side of
       # the speedup.
-      runs = [(None, None)] + [(a, g) for a in needed for g in gammas[a]]
+      runs = [(None, None)] + [(a, g) for a in needed for g in arms.gammas[a]]
       timed = timing.best_runs(
-          [functools.partial(generate, target, ids, seed=first.seed,
-                             mesh=mesh, **kwargs) if arm is None
+          [functools.partial(decode_target, ids) if arm is None
            else functools.partial(decode_spec, arm, ids, g)
            for arm, g in runs], first.repeats)
-      by_run = {run: records.DecodeRecord.of(out, seconds, vocab)
+      by_run = {run: records.DecodeRecord.of(out, seconds, arms.vocab)
                 for run, (out, seconds) in zip(runs, timed)}
       baseline = by_run[(None, None)]
       for arm in needed:
-        speculative = {g: by_run[(arm, g)] for g in gammas[arm]}
+        speculative = {g: by_run[(arm, g)] for g in arms.gammas[arm]}
         record = records.ExampleRecord(
             id=batch.ids[0], input_length=int(batch.input_lengths[0]),
             target_text=batch.targets_text[0], baseline=baseline,
             speculative=speculative)
-        if primary:
-          append_line(paths[arm], record.to_json())
+        if arms.primary:
+          workdir_lib.append_line(paths[arm], record.to_json())
         done[arm].append(record)
       new += 1
-      _log_progress(configs, done, gammas, new, len(todo), started)
+      _log_progress(arms.configs, done, arms.gammas, new, len(todo), started)
   if todo:
     logging.info("decoding %d examples: %.1f s, %.1f s of it compiling %d "
                  "programs", len(todo), time.perf_counter() - started,
                  decode_clock.seconds, decode_clock.programs)
+  return done
 
+
+def _summarize_arms(arms: _Arms,
+                    done: Sequence[Sequence[records.ExampleRecord]]
+                    ) -> list[dict]:
+  """Measures (or reloads) the costs, then writes each arm's summary,
+  tables, plots and traces; returns the summaries."""
   summaries = []
   # One timing of each model step for all the arms, all taken in the same
   # rounds (`costs.time_extends`).
   timings = {}
   with _logged_time("costs of all arms"):
-    _measure_costs_together(configs, workdirs, target, drafts, batches,
-                            gammas, timings)
-  for arm, (config, workdir) in enumerate(zip(configs, workdirs)):
+    _measure_costs_together(arms.configs, arms.workdirs, arms.target,
+                            arms.drafts, arms.batches, arms.gammas, timings)
+  for arm, (config, workdir) in enumerate(zip(arms.configs, arms.workdirs)):
     # The examples of this run only: a rerun with fewer max_examples
     # reports fewer, and lines of ids outside this run stay in the file
     # unreported.
     by_id = {r.id: r for r in done[arm]}
-    records_ = [by_id[b.ids[0]] for b in batches if b.ids[0] in by_id]
+    records_ = [by_id[b.ids[0]] for b in arms.batches if b.ids[0] in by_id]
     with _logged_time(f"{config.name or config.draft}: costs"):
       costs_by_gamma = _load_or_measure_costs(
-          config, target, drafts[arm], batches, gammas[arm],
-          os.path.join(workdir, "costs.json"), primary, timings)
-    summary = report.summarize(config, records_, costs_by_gamma, gammas[arm],
-                               task_metric(config))
-    if primary:
+          config, arms.target, arms.drafts[arm], arms.batches,
+          arms.gammas[arm], os.path.join(workdir, "costs.json"),
+          arms.primary, timings)
+    summary = report.summarize(config, records_, costs_by_gamma,
+                               arms.gammas[arm], task_metric(config))
+    if arms.primary:
       report.write_outputs(workdir, config, summary, records_)
       if config.trace_examples:
         with _logged_time(f"{config.name or config.draft}: traces"):
-          report.write_traces(workdir, config, target, drafts[arm], batches[
-              :config.trace_examples], vocab, gammas[arm][0], mesh)
+          report.write_traces(workdir, config, arms.target, arms.drafts[arm],
+                              arms.batches[:config.trace_examples],
+                              arms.vocab, arms.gammas[arm][0], arms.mesh)
     summaries.append(summary)
   return summaries
 
@@ -555,7 +553,7 @@ def _load_or_measure_costs(config, target, draft, batches, gammas, path,
                              compiler_options=config.compiler_options)
       for g in gammas}
   if primary:
-    write_json(path, {str(g): v for g, v in measured.items()})
+    workdir_lib.write_json(path, {str(g): v for g, v in measured.items()})
   return measured
 
 

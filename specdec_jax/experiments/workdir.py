@@ -13,6 +13,11 @@ An experiment's workdir accumulates results across resumed runs
    fingerprint differs, listing the differences and the fix. Settings that
    only extend or display a run (`EXTENDING_FIELDS`) are left out: a rerun
    with more examples extends the workdir, one with fewer reports fewer.
+
+Results are written so that a kill loses at most the example in flight:
+`append_line` fsyncs each JSONL record before the next starts, `read_done`
+cuts a torn last line (and refuses a damaged one elsewhere), and
+`write_json` replaces a file whole.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from absl import logging
 
 import specdec_jax
 from specdec_jax.checkpoints import native
+from specdec_jax.experiments.experiment_config import ConfigError
 
 
 FINGERPRINT = "fingerprint.json"
@@ -178,4 +184,54 @@ def check_fingerprint(workdir: str, config: Any, overwrite: bool) -> None:
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     json.dump(now, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------
+# Results that survive a kill.
+
+
+def read_done(path: str, truncate: bool = True) -> list[dict]:
+  """Complete lines of `path`; a torn last line (killed mid-write) is cut.
+
+  Every process reads (all must run the same decode calls); only the
+  primary one, which writes, truncates. A damaged line before the last one
+  cannot come from a kill (each line is fsynced before the next starts): it
+  is refused, naming the file and line, rather than skipped.
+  """
+  if not os.path.exists(path):
+    return []
+  with open(path, "rb") as f:
+    raw = f.read()
+  keep = raw[:raw.rfind(b"\n") + 1]
+  if truncate and len(keep) != len(raw):
+    with open(path, "wb") as f:
+      f.write(keep)
+  records = []
+  for number, line in enumerate(keep.decode(errors="replace").splitlines(),
+                                start=1):
+    if not line:
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      raise ConfigError(
+          f"{path} line {number} is not a JSON record ({e.msg}): the file was "
+          "edited or damaged. Delete that line to keep the other results "
+          "(its example is decoded again), or delete the workdir to start "
+          "over.") from None
+  return records
+
+
+def append_line(path: str, record: dict) -> None:
+  with open(path, "a") as f:
+    f.write(json.dumps(record) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def write_json(path: str, obj: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
   os.replace(tmp, path)
