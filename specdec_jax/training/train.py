@@ -337,6 +337,18 @@ def restore_latest_intact(make_manager: Callable[[], Any],
   return None, manager
 
 
+def _log_window(last: dict[str, float], total: int) -> None:
+  """One progress line: where the run is, its speed, the window's metrics
+  and the time left at this window's speed."""
+  logging.info(
+      "step %d/%d (epoch %.2f) | %.1f ex/s %.0f tok/s %.3f s/step | "
+      "loss %.4f nll %.4f kl %.4f acc %.3f | lr %.2e | ETA %.0f s",
+      last["step"], total, last["epoch"], last["examples_per_s"],
+      last["tokens_per_s"], last["step_s"], last["loss"], last["nll"],
+      last["kl"], last["accuracy"], last["lr"],
+      last["step_s"] * (total - last["step"]))
+
+
 def train(config: TrainConfig) -> dict[str, Any]:
   """Trains, resuming from the workdir's latest checkpoint if there is one.
 
@@ -393,7 +405,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("%s: %.3fM parameters", model_config, num_params / 1e6)
   train_step = steps.make_train_step(definition, tx, config,
-                               teacher.definition if teacher else None)
+                                     teacher.definition if teacher else None)
   metrics_path = os.path.join(config.workdir, "metrics.jsonl")
 
   def record(row):
@@ -401,8 +413,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
       f.write(json.dumps(row) + "\n")
 
   def run_eval(step):
-    result = steps.evaluate(Model(definition, state.params, vocab), eval_data,
-                      examples, config)
+    result = steps.evaluate(Model(definition, state.params, vocab),
+                            eval_data, examples, config)
     logging.info("eval at step %d: %s", step, result)
     record({"kind": "eval", "step": step, **result})
     return result
@@ -425,17 +437,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
       window.update(steps=1, examples=len(indices), input_tokens=sum(
           len(train_data.inputs[i]) for i in indices))
       if step % config.log_every == 0 or step == total:
-        window = {k: float(v) for k, v in window.items()}
         last = {"step": step, "epoch": step / per_epoch,
                 "lr": float(schedule(step - 1)),
-                **_window_metrics(window, time.time() - window_start)}
-        eta = last["step_s"] * (total - step)
-        logging.info(
-            "step %d/%d (epoch %.2f) | %.1f ex/s %.0f tok/s %.3f s/step | "
-            "loss %.4f nll %.4f kl %.4f acc %.3f | lr %.2e | ETA %.0f s",
-            step, total, last["epoch"], last["examples_per_s"],
-            last["tokens_per_s"], last["step_s"], last["loss"], last["nll"],
-            last["kl"], last["accuracy"], last["lr"], eta)
+                **_window_metrics({k: float(v) for k, v in window.items()},
+                                  time.time() - window_start)}
+        _log_window(last, total)
         record({"kind": "train", **last})
         window, window_start = collections.Counter(), time.time()
       if config.checkpoint_every and step % config.checkpoint_every == 0:
