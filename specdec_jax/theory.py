@@ -1,4 +1,4 @@
-"""The paper's analysis: acceptance rate, expected tokens, speedup, optimal gamma.
+"""The paper's analysis: alpha, expected tokens, speedup, optimal gamma.
 
 Notation (Leviathan et al. 2023, Section 3): alpha is the expected acceptance
 rate E[beta] with beta = sum_x min(p(x), q(x)); gamma the number of draft
@@ -50,7 +50,7 @@ def lk_divergence(p, q):
 
 
 def expected_tokens(alpha, gamma):
-  """Theorem 3.1: E[tokens per target run] = (1 - alpha^(gamma+1)) / (1 - alpha).
+  """Theorem 3.1: E[tokens per target run] = (1 - alpha^(gamma+1)) / (1-alpha).
 
   Equals gamma + 1 at alpha = 1 and 1 at alpha = 0.
   """

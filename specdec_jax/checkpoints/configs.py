@@ -30,7 +30,7 @@ FAMILIES = (("t5", T5Config), ("gpt", GPTConfig))
 
 
 def config_from_fields(fields: Mapping[str, Any], family: str | None,
-                        where: str) -> T5Config | GPTConfig:
+                       where: str) -> T5Config | GPTConfig:
   """Our config from T5X-named fields (unknown ones are an error)."""
   fields = {k: v for k, v in fields.items() if k not in _IGNORED_FIELDS}
   if family is None:
@@ -109,7 +109,7 @@ def _config_from_gin(path: str) -> T5Config | GPTConfig:
 
   family = "t5" if selector.endswith("T5Config") else "gpt"
   return config_from_fields({k: resolve(v) for k, v in fields.items()},
-                             family, path)
+                            family, path)
 
 
 def resolve_config(config: Any) -> T5Config | GPTConfig:

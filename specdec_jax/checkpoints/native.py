@@ -91,7 +91,7 @@ SPEC_PREFIXES = ("hf", "t5x", "demo")
 def _expected(definition: Any) -> dict[str, jax.ShapeDtypeStruct]:
   """Name -> shape and dtype of every parameter `definition` needs."""
   return flatten_tree(jax.eval_shape(definition.init_params,
-                                 jax.random.PRNGKey(0)))
+                                     jax.random.PRNGKey(0)))
 
 
 def _check(found: Mapping[str, tuple[int, ...]], definition: Any,
@@ -212,8 +212,8 @@ def _read_manifest(directory: str) -> dict[str, Any]:
         "(write one with checkpoints.save or scripts/convert_checkpoint.py)")
   manifest = json.loads(data)
   if manifest.get("format") != FORMAT:
-    raise CheckpointError(f"{join_path(directory, CONFIG_FILE)} is not a {FORMAT} "
-                          "config (no \"format\": \"specdec_jax\")")
+    raise CheckpointError(f"{join_path(directory, CONFIG_FILE)} is not a "
+                          f"{FORMAT} config (no \"format\": \"specdec_jax\")")
   if manifest.get("format_version", 0) > FORMAT_VERSION:
     raise CheckpointError(
         f"{directory!r} has format_version {manifest['format_version']}, "
@@ -237,7 +237,7 @@ def restore(directory: str, *, mesh: jax.sharding.Mesh | None = None,
   """
   manifest = _read_manifest(directory)
   config = config_from_fields(manifest["config"], manifest["family"],
-                               f"{join_path(directory, CONFIG_FILE)}")
+                              f"{join_path(directory, CONFIG_FILE)}")
   overrides = {k: v for k, v in [("dtype", dtype),
                                   ("param_dtype", param_dtype)] if v}
   config = dataclasses.replace(config, **overrides)
@@ -263,8 +263,8 @@ def _shardings(definition: Any, shapes: dict[str, Any],
   if mesh is None:
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     return {name: device for name in shapes}
-  return flatten_tree(sharding_lib.param_shardings(definition, unflatten_tree(shapes),
-                                               mesh))
+  return flatten_tree(sharding_lib.param_shardings(
+      definition, unflatten_tree(shapes), mesh))
 
 
 def _load_checked(stored: StoredParams, definition: Any,
@@ -307,7 +307,8 @@ def _parse_spec(spec: str) -> tuple[str, str]:
 def _to_devices(params: dict[str, Any], definition: Any,
                 mesh: jax.sharding.Mesh | None) -> dict[str, Any]:
   """Moves host leaves to devices in place, so each host copy dies at once."""
-  for name, sharding in _shardings(definition, flatten_tree(params), mesh).items():
+  shardings = _shardings(definition, flatten_tree(params), mesh)
+  for name, sharding in shardings.items():
     *parents, leaf = name.split("/")
     node = params
     for key in parents:

@@ -199,7 +199,7 @@ def open_orbax(directory: str, prefix: str, where: str) -> StoredParams:
         n: jax.ShapeDtypeStruct(shapes[n], d or leaves[n].dtype)
         for n, (d, _) in placements.items()}))
     args = wrap(unflatten_tree({n: _orbax_restore_args(*p)
-                            for n, p in placements.items()}))
+                                for n, p in placements.items()}))
     with _damaged_orbax_named(directory, where):
       restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
           item=item, restore_args=args, partial_restore=True))

@@ -79,8 +79,8 @@ def _t5x_ts_leaf(ckpt_dir: str, name: str, spec: Mapping[str, Any]):
         "bfloat16); re-save it with a current T5X, which stores bfloat16")
   # Wherever it was written (file, gfile, gcs with a dummy bucket), the
   # array now lives next to the msgpack file.
-  open_spec = {"driver": spec["driver"],
-               "kvstore": kvstore_spec(join_path(ckpt_dir, relative.rstrip("/")))}
+  array_dir = join_path(ckpt_dir, relative.rstrip("/"))
+  open_spec = {"driver": spec["driver"], "kvstore": kvstore_spec(array_dir)}
   shape = spec.get("metadata", {}).get("shape")
   if shape is None:
     shape = ts.open(open_spec, open=True).result().shape

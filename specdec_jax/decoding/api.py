@@ -113,7 +113,8 @@ def _family(model: Model) -> str | None:
   return None
 
 
-def _check_inputs(input_ids: Any, models: list[tuple[str, Model]]) -> np.ndarray:
+def _check_inputs(input_ids: Any,
+                  models: list[tuple[str, Model]]) -> np.ndarray:
   try:
     ids = np.asarray(input_ids)
   except (ValueError, TypeError):  # numpy refuses ragged nested lists

@@ -266,16 +266,16 @@ class CascadeDrafter:
     out_probs = None
     zeros = jnp.zeros((batch,), jnp.int32)
     stats = level_stats(jnp.zeros((batch, self.depth), jnp.int32),
-                         jnp.zeros((batch, self.depth - 1), jnp.float32),
-                         jnp.zeros((batch, self.depth - 1), jnp.int32))
+                        jnp.zeros((batch, self.depth - 1), jnp.float32),
+                        jnp.zeros((batch, self.depth - 1), jnp.int32))
     base_key = keys[:, 0]
 
     def stopped_rows(produced, eos, out_tokens, out_conf):
       done = (produced >= limit) | eos
       if keep is not None:
         said_stop = ~keep(out_tokens[:, :gamma], out_conf[:, :gamma])
-        done |= jnp.any(said_stop & (jnp.arange(gamma)[None] < produced[:, None]),
-                        axis=1)
+        proposed = jnp.arange(gamma)[None] < produced[:, None]
+        done |= jnp.any(said_stop & proposed, axis=1)
       return done
 
     def cond(c):

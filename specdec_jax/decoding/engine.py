@@ -159,7 +159,8 @@ def build_generate(model: ModelDef, max_decode_len: int,
         token = _greedy_token(logits[:, 0])
       else:
         step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, s.step)
-        token = jax.vmap(sampling.sample)(step_keys, sampler.probs(logits[:, 0]))
+        token = jax.vmap(sampling.sample)(step_keys,
+                                          sampler.probs(logits[:, 0]))
       active = ~s.stream.done
       stream, _ = _advance(s.stream, token[:, None], jnp.ones_like(token),
                            max_decode_len)

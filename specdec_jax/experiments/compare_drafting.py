@@ -86,7 +86,7 @@ def fit_bigram(target: Model, max_examples: int = 5000) -> Model:
   with tasks.override_config(
       vocab_path=target.vocab.sentencepiece_model_file):
     examples = batching.load_examples("multi30k_ende_local", "train",
-                                  max_examples=max_examples)
+                                      max_examples=max_examples)
   return ngram.fit_ngram([e.targets for e in examples], target.vocab_size)
 
 
@@ -226,8 +226,8 @@ def run_comparison(target: Model, variants: Sequence[Variant],
         "draft_stop": rule_label(v.draft_stop),
         "draft_stop_repr": repr(v.draft_stop) if v.draft_stop else "",
         "time_s": float(t), "speedup": float(base_t / t),
-        "alpha": float(st["alpha_sum"].sum() / max(st["alpha_count"].sum(),
-                                                    1)),
+        "alpha": float(st["alpha_sum"].sum()
+                       / max(st["alpha_count"].sum(), 1)),
         "level_alpha": (st["level_alpha_sum"].sum(0) / np.maximum(
             st["level_alpha_count"].sum(0), 1)).round(4).tolist(),
         "tokens_per_call": float(st["length"].sum() / calls[0]),
@@ -259,6 +259,13 @@ def compare_to_best(rows: list[dict]) -> list[dict]:
   return out
 
 
+def _identical_mark(row: dict) -> str:
+  """yes / NO for a greedy row's outputs against the target's; — unchecked."""
+  if "identical" not in row:
+    return "—"
+  return "yes" if row["identical"] else "NO"
+
+
 def markdown(rows: list[dict], baseline: dict) -> str:
   """The side-by-side table."""
   head = ("| draft | rule | γ (max) | α per level | mean k | tokens / call | "
@@ -275,7 +282,7 @@ def markdown(rows: list[dict], baseline: dict) -> str:
         f"{r['mean_proposed']:.2f} | {r['tokens_per_call']:.2f} | "
         f"{r['speedup']:.2f}x | {r['vs_best_fixed']:.3f} | "
         f"{r['vs_best_single']:.3f} | "
-        f"{'yes' if r.get('identical') else ('—' if 'identical' not in r else 'NO')} |")
+        f"{_identical_mark(r)} |")
   lines.append(f"\nTarget alone: {baseline['time_s']:.2f} s.")
   return "\n".join(lines)
 
@@ -301,10 +308,10 @@ def load_inputs(target: Model, examples: int, width: int,
   with tasks.override_config(
       vocab_path=target.vocab.sentencepiece_model_file):
     exs = batching.load_examples("multi30k_ende_local", "validation",
-                             max_examples=examples + probe)
+                                 max_examples=examples + probe)
   rows = [b.input_ids for b in batching.batches(exs, batch_size=1,
-                                            buckets=(width,),
-                                            max_length=width)]
+                                                buckets=(width,),
+                                                max_length=width)]
   probe_ids = (np.concatenate(rows[examples:]) if probe
                else np.zeros((0, width), np.int32))
   return rows[:examples], probe_ids

@@ -270,5 +270,6 @@ def measure_costs(target: Model, draft: Model, input_ids: np.ndarray, *,
       "verify_cost": verify_s / target_s,
       "target_prefill_cost": target_pre_s / target_s,
       "draft_prefill_cost": draft_pre_s / target_s,
-      "c_hat": decode_params(draft) / target_ops if target_ops else float("nan"),
+      "c_hat": (decode_params(draft) / target_ops if target_ops
+                else float("nan")),
   }

@@ -179,7 +179,7 @@ def fit_ngram_draft(config: ExperimentConfig, target: Model,
     An n-gram `Model` over the target's vocabulary.
   """
   examples = batching.load_examples(config.task, config.ngram_split,
-                                max_examples=config.ngram_max_examples)
+                                    max_examples=config.ngram_max_examples)
   decoder_only = isinstance(target.definition, gpt.GPTDef)
   sequences = ([np.concatenate([e.inputs, e.targets]) for e in examples]
                if decoder_only else [e.targets for e in examples])
@@ -190,7 +190,8 @@ def fit_ngram_draft(config: ExperimentConfig, target: Model,
 
 def _check_vocabulary_fits(config: ExperimentConfig, target: Model) -> None:
   """Task token ids past the target's embedding would decode as garbage."""
-  # TensorFlow: deferred so plan_run and benchmarks/gpu.py import this module without it.
+  # TensorFlow: deferred, so that plan_run and benchmarks/gpu.py import
+  # this module without it.
   from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   size = tasks.get_task(config.task).output_features["inputs"].vocabulary
   size = size.vocab_size
@@ -206,7 +207,8 @@ def _check_vocabulary_fits(config: ExperimentConfig, target: Model) -> None:
 def task_vocabulary(config: ExperimentConfig, target: Model):
   if target.vocab is not None:
     return target.vocab
-  # TensorFlow: deferred so plan_run and benchmarks/gpu.py import this module without it.
+  # TensorFlow: deferred, so that plan_run and benchmarks/gpu.py import
+  # this module without it.
   from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   return tasks.get_task(config.task).output_features["targets"].vocabulary
 
@@ -259,9 +261,9 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
   gamma = int(theory.optimal_gamma(alpha, c, config.max_gamma,
                                    verify_costs=verify_costs))
   workdir_lib.write_json(path, {"gamma": gamma, "alpha": alpha, "c": c,
-                    "verify_costs": verify_costs,
-                    "probe_gamma": config.probe_gamma,
-                    "probe_examples": config.probe_examples})
+                                "verify_costs": verify_costs,
+                                "probe_gamma": config.probe_gamma,
+                                "probe_examples": config.probe_examples})
   logging.info("optimal gamma %d from probe alpha=%.3f c=%.4f", gamma, alpha, c)
   return gamma
 
@@ -558,7 +560,8 @@ def _load_or_measure_costs(config, target, draft, batches, gammas, path,
 
 
 def task_metric(config: ExperimentConfig):
-  # TensorFlow: deferred so plan_run and benchmarks/gpu.py import this module without it.
+  # TensorFlow: deferred, so that plan_run and benchmarks/gpu.py import
+  # this module without it.
   from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   fns = tasks.get_task(config.task).metric_fns
   return fns[0] if fns else None

@@ -178,7 +178,8 @@ def validate(config: ExperimentConfig) -> None:
           f"Cloud TPU')")
   if config.mesh_shape is not None and len(config.mesh_shape) != 2:
     problems.append(f"mesh_shape={config.mesh_shape!r}: use (data, model)")
-  # TensorFlow: deferred so plan_run and benchmarks/gpu.py import this module without it.
+  # TensorFlow: deferred, so that plan_run and benchmarks/gpu.py import
+  # this module without it.
   from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   try:
     tasks.get_task(config.task)

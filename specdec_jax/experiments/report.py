@@ -268,7 +268,8 @@ def write_traces(workdir, config, target, draft, batches, vocab, gamma,
 def _write_trace_html(path, traces, vocab, gamma) -> None:
   style = ("body{font-family:sans-serif} .a{background:#c8f0c8} "
            ".r{background:#f7c6c6;text-decoration:line-through} "
-           ".t{background:#c6d8f7} div.step{margin:2px 0;font-family:monospace}")
+           ".t{background:#c6d8f7} "
+           "div.step{margin:2px 0;font-family:monospace}")
   parts = [f"<html><head><meta charset='utf-8'><style>{style}</style></head>"
            f"<body><h2>Speculative decoding traces (gamma={gamma})</h2>"
            "<p><span class=a>accepted draft tokens</span> "

@@ -25,9 +25,9 @@ Decoding. `prefill` feeds the whole 0-padded prompt [B, L] at positions
 0..L-1, filling slots 0..L-1 of every layer's cache. A row of l real
 tokens (a prompt to continue, e.g. the lm1b tasks' first words, or a row
 ending in EOS where a task asks for one) then starts at start_pos = l - 1
-with its last real token; slots l..L-1 hold keys of padding, but a query at position t only sees
-slots j <= t and every slot up to t is rewritten with a real token before
-any query reaches it.
+with its last real token; slots l..L-1 hold keys of padding, but a query
+at position t only sees slots j <= t and every slot up to t is rewritten
+with a real token before any query reaches it.
 
 Dimension letters: B batch, L prompt length, T tokens fed now, S cache
 slots, D embed, N heads, H head dim, F mlp hidden, V vocabulary,

@@ -117,7 +117,7 @@ class BucketedData:
 
 
 def load_split(config: Any, split: str, limit: int | None,
-                decoder_only: bool, keep: int | None = None):
+               decoder_only: bool, keep: int | None = None):
   """(examples, BucketedData of the first `keep`) of a split, rows cut.
 
   `config` is a `train.TrainConfig`.

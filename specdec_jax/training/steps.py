@@ -85,8 +85,8 @@ def _dropout_interceptor(rate: float, key: jax.Array):
 
   def interceptor(next_fun, args, kwargs, context):
     out = next_fun(*args, **kwargs)
-    if context.method_name != "__call__" or not isinstance(context.module,
-                                                          sites):
+    if (context.method_name != "__call__"
+        or not isinstance(context.module, sites)):
       return out
     # Tracing visits the sites in a fixed order: each gets its own key.
     keep = jax.random.bernoulli(jax.random.fold_in(key, next(counter)),
@@ -225,7 +225,7 @@ def evaluate(model: Model, eval_data: BucketedData | None, examples,
     chosen = examples[:config.bleu_examples]
     vocab, predictions = model.vocab, []
     for batch in batching.batches(chosen, batch_size=config.eval_batch_size,
-                              max_length=config.max_lengths()[0]):
+                                  max_length=config.max_lengths()[0]):
       tokens = generate(model, batch.input_ids,
                         max_decode_len=config.max_decode_len).tokens
       predictions += [vocabularies.detokenize(vocab, row) for row in tokens]

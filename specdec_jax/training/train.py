@@ -266,8 +266,8 @@ def _window_metrics(window: Mapping[str, float], seconds: float):
           "kl": window["kl"] / tokens, "accuracy": window["correct"] / tokens,
           "grad_norm": window["grad_norm"] / window["steps"],
           "examples_per_s": window["examples"] / seconds,
-          "tokens_per_s": (window["tokens"] + window["input_tokens"])
-                          / seconds,
+          "tokens_per_s": ((window["tokens"] + window["input_tokens"])
+                           / seconds),
           "step_s": seconds / window["steps"]}
 
 
