@@ -9,8 +9,8 @@ measured here), both with gamma = --max_gamma; every --cascades chain
 --cascade_gammas; all side by side on the same Multi30k validation sentences
 (batch 1, one input width, compile excluded, interleaved timing, each
 variant's fastest repeat as in `experiments/timing.best_time`). Needs
-../shared/data. Logic:
-`specdec_jax.experiments.compare_drafting`. Writes table.md and rows.json to --workdir.
+../shared/data. Logic: `specdec_jax.experiments.compare_drafting`. Writes
+table.md and rows.json to --workdir.
 """
 
 import json

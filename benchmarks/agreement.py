@@ -1,4 +1,4 @@
-r"""Where greedy drafts disagree with the target: by its confidence and position.
+r"""Where greedy drafts disagree with the target: by confidence and position.
 
   python benchmarks/agreement.py [--inputs=paragraphs] [--target=demo:target]
       [--drafts=demo:draft_large,demo:draft_base,demo:draft_small]

@@ -55,7 +55,7 @@ def main(argv):
   target = sd.load_model(args.target)
   with tasks.override_config(vocab_path=target.vocab.sentencepiece_model_file):
     examples = batching.load_examples(args.task, "validation",
-                                  max_examples=args.examples)
+                                      max_examples=args.examples)
   batches = list(batching.batches(examples, batch_size=32, max_length=128))
   one = next(batching.batches(examples[:1], batch_size=1, max_length=128))
   options = api.CPU_EIGEN_MATMULS if args.matmuls == "eigen" else None

@@ -40,7 +40,7 @@ def main(argv):
     vocab_path = model.vocab.sentencepiece_model_file
     with tasks.override_config(vocab_path=vocab_path):
       examples = batching.load_examples(args.task, "validation",
-                                    max_examples=args.examples or None)
+                                        max_examples=args.examples or None)
     config = train.TrainConfig(
         task=args.task, workdir="unused", num_steps=1, eval_examples=0,
         bleu_examples=len(examples), eval_batch_size=64,

@@ -48,7 +48,7 @@ def main(argv):
   data_dir = args.data_dir or str(tasks.default_local_data_dir())
   logging.set_verbosity(logging.WARNING)
   en, de = (text.demo_sentences(name="multi30k.val", language=lang,
-                                 data_dir=data_dir) for lang in ("en", "de"))
+                                data_dir=data_dir) for lang in ("en", "de"))
   pairs = sorted(zip(en, de), key=lambda p: (len(p[1].split()), p[1]))
   sets = {"shortest": pairs[:args.examples], "longest": pairs[-args.examples:]}
   data = os.path.join(args.workdir, "data")
@@ -66,13 +66,13 @@ def main(argv):
     for row in rows:
       calls = sum(row["accepted_histogram"])  # one entry per target call
       length = row["tokens_per_call"] * calls / row["examples"]
+      yardstick = row["predicted_at_lengths_with_verify_cost"]
       print(f"{name:9s} {row['draft']:12s} {row['gamma']:2d} {length:5.1f} "
             f"{row['alpha']:6.3f} {row['tokens_per_call']:8.2f} "
             f"{float(theory.expected_tokens(row['alpha'], row['gamma'])):6.2f} "
             f"{row['speedup']:7.2f}x {row['predicted_speedup']:6.2f}x "
             f"{row['speedup'] / row['predicted_speedup']:5.2f} "
-            f"{row['predicted_at_lengths_with_verify_cost']:5.2f}x "
-            f"{row['speedup'] / row['predicted_at_lengths_with_verify_cost']:5.2f}",
+            f"{yardstick:5.2f}x {row['speedup'] / yardstick:5.2f}",
             flush=True)
 
 

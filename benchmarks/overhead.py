@@ -19,8 +19,9 @@ input (`prefill`, timed on its own: the target's for the baseline, target's
 and draft's for speculative decoding), a fixed cost Theorem 3.8 leaves out.
 What remains is divided by the number of target calls: one speculative
 iteration = gamma draft steps + one verification of gamma + 1 tokens (both
-timed in isolation by `specdec_jax.experiments.costs`) + the rest (sampling, acceptance,
-cache and buffer updates inside the while_loop, per-call host work); and one
+timed in isolation by `specdec_jax.experiments.costs`) + the rest
+(sampling, acceptance, cache and buffer updates inside the while_loop,
+per-call host work); and one
 plain step for comparison. Because every call also pays fixed costs beyond
 the prefill (setup, dispatch, fetching results) which that average spreads
 over a few iterations, a second line fits time = fixed + per-iteration *
@@ -142,10 +143,11 @@ def main(argv):
           f"{(iteration - draft_part - verify_part) * 1e3:.3f}", flush=True)
     fit_b, fit_s = _fit(per_row, 0, 2), _fit(per_row, 1, 3)
     if fit_b and fit_s:
-      print(f"      fit over sentences: plain {fit_b[0] * 1e3:.2f} ms per call + "
-            f"{fit_b[1] * 1e3:.3f} per step; speculative "
+      rest = fit_s[1] - draft_part - verify_part
+      print(f"      fit over sentences: plain {fit_b[0] * 1e3:.2f} ms per "
+            f"call + {fit_b[1] * 1e3:.3f} per step; speculative "
             f"{fit_s[0] * 1e3:.2f} ms per call + {fit_s[1] * 1e3:.3f} per "
-            f"iteration (rest {(fit_s[1] - draft_part - verify_part) * 1e3:.3f})",
+            f"iteration (rest {rest * 1e3:.3f})",
             flush=True)
 
 

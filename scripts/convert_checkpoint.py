@@ -52,8 +52,7 @@ def main(argv):
                            "export holds the weights and config only.")
     model = checkpoints.load_model(_INPUT.value, config=_CONFIG.value,
                                    param_dtype=_PARAM_DTYPE.value)
-    output = hf.save_t5(model, _OUTPUT.value,
-                                    overwrite=_OVERWRITE.value)
+    output = hf.save_t5(model, _OUTPUT.value, overwrite=_OVERWRITE.value)
   else:
     output = checkpoints.convert(
         _INPUT.value, _OUTPUT.value, config=_CONFIG.value,
