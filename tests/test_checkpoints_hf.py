@@ -382,8 +382,8 @@ def test_save_t5_live_against_transformers(tmp_path, spec):
                                 rng.integers(3, vocab, (2, 5))], 1)
   with torch.no_grad():
     expected = reference(input_ids=torch.tensor(input_ids),
-                  attention_mask=torch.tensor(input_ids != 0),
-                  decoder_input_ids=torch.tensor(decoder_ids)).logits
+                         attention_mask=torch.tensor(input_ids != 0),
+                         decoder_input_ids=torch.tensor(decoder_ids)).logits
   logits = model.definition.forward(model.params, input_ids.astype(np.int32),
                                     decoder_ids.astype(np.int32))
   assert np.asarray(logits).dtype == np.float32

@@ -16,8 +16,8 @@ from specdec_jax.data import batching
 
 def _example(i, tokens):
   return batching.Example(id=str(i), inputs=np.asarray(tokens, np.int32),
-                      targets=np.asarray([5, 1], np.int32),
-                      inputs_text=f"in {i}", targets_text=f"out {i}")
+                          targets=np.asarray([5, 1], np.int32),
+                          inputs_text=f"in {i}", targets_text=f"out {i}")
 
 
 def test_default_buckets_are_powers_of_two_up_to_max_length():
@@ -55,7 +55,7 @@ def test_batch_examples_truncates_keeping_eos_last():
   """Over-long rows keep their first max_length-1 tokens, then EOS (seqio's
   append_eos_after_trim rule), whether or not they arrived with EOS."""
   ids = batching.batch_examples([list(range(3, 13)) + [1], list(range(3, 20))],
-                            buckets=(4, 6), max_length=5)
+                                buckets=(4, 6), max_length=5)
   np.testing.assert_array_equal(ids, [[3, 4, 5, 6, 1, 0], [3, 4, 5, 6, 1, 0]])
   # Default max_length is the largest bucket.
   ids = batching.batch_examples([list(range(3, 13))], buckets=(4, 6))
@@ -67,10 +67,10 @@ def test_prompts_without_eos_are_kept_as_they_are():
   model the text is over; an over-long one keeps its first max_length tokens
   (seqio's trim of a feature without EOS); flags can differ row by row."""
   ids = batching.batch_examples([[5, 6, 7], [8, 9, 10, 11, 12, 13]], buckets=(4,),
-                            add_eos=False)
+                                add_eos=False)
   np.testing.assert_array_equal(ids, [[5, 6, 7, 0], [8, 9, 10, 11]])
   ids = batching.batch_examples([[5, 6, 7], [5, 6, 7]], buckets=(4, 8),
-                            add_eos=[False, True])
+                                add_eos=[False, True])
   np.testing.assert_array_equal(ids, [[5, 6, 7, 0], [5, 6, 7, 1]])
   with pytest.raises(ValueError, match="2 flags for 1 rows"):
     batching.batch_examples([[5]], buckets=(8,), add_eos=[True, False])
@@ -84,7 +84,7 @@ def test_batches_follow_each_examples_inputs_eos():
   prompts = [dataclasses.replace(_example(i, [3] * n), inputs_eos=False)
              for i, n in enumerate((2, 5, 20))]
   (batch,) = batching.batches(prompts, batch_size=3, buckets=(8, 16),
-                          max_length=16)
+                              max_length=16)
   assert batch.input_ids.shape == (3, 16)
   np.testing.assert_array_equal(batch.input_lengths, [2, 5, 16])
   assert not (batch.input_ids == batching.EOS_ID).any()
@@ -111,7 +111,7 @@ def test_batches_keep_order_sizes_and_metadata():
   examples = [_example(i, [3] * (i + 1) + [1]) for i in range(5)]
   examples.append(_example(5, [4] * 40 + [1]))
   out = list(batching.batches(examples, batch_size=4, buckets=(4, 8, 16),
-                          max_length=16))
+                              max_length=16))
   assert [len(b) for b in out] == [4, 2]
   assert out[0].input_ids.shape == (4, 8)  # Longest row: 4 tokens + EOS = 5.
   assert out[1].input_ids.shape == (2, 16)

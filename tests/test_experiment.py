@@ -120,7 +120,7 @@ def test_complete_run_outputs_are_consistent(setup, tmp_path):
 
 
 def test_killed_run_resumes_without_loss_or_duplicates(setup, tmp_path,
-                                                        monkeypatch):
+                                                       monkeypatch):
   """Kill after two examples (and leave a torn half line): the rerun keeps
   the two finished lines as they were and adds each other example once."""
   _, models, task_config = setup
@@ -223,7 +223,7 @@ def _lines_lenient(workdir):
 
 
 def test_bad_configs_fail_before_any_model_loads(setup, tmp_path,
-                                                  monkeypatch):
+                                                 monkeypatch):
   """gamma < 1, missing models, placeholders, unknown tasks: one ConfigError
   listing the problems, raised before load_model is ever called."""
   _, models, _ = setup

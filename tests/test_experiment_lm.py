@@ -100,7 +100,7 @@ def test_ngram_draft_for_decoder_only_target_learns_across_the_prompt(
 
 
 def test_gpt_table3_row_runs_and_assembles_under_the_gpt_key(lm_setup,
-                                                            tmp_path):
+                                                             tmp_path):
   """A whole lm1b row on a random gpt_tiny target with a bigram draft writes
   every output; prompts decode without EOS; greedy speculative == greedy
   target; no quality columns (lm1b has no metric); and assembly puts it in

@@ -97,7 +97,7 @@ def test_mix_task_holds_singles_then_paragraphs(tmp_path, tiny_vocab):
     mix = batching.load_examples(tasks.MULTI30K_ENDE_MIX_LOCAL, "train")
     val = batching.load_examples(tasks.MULTI30K_ENDE_MIX_LOCAL, "validation")
     par = batching.load_examples(tasks.MULTI30K_ENDE_PARAGRAPHS_LOCAL,
-                             "validation")
+                                 "validation")
   prefix = tasks.TRANSLATE_PREFIX
   assert [e.inputs_text for e in mix] == [prefix + s for s in en + par_en]
   assert [e.targets_text for e in mix] == de + par_de

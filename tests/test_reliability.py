@@ -253,7 +253,7 @@ def test_impossible_sizes_are_refused_with_the_number_before_compiling(
 
 _VALID = {
     "gamma": [2], "max_decode_len": [3], "temperature": [0.0, 1.0,
-                                                          np.float32(1.0)],
+                                                         np.float32(1.0)],
     "top_k": [0], "top_p": [1.0], "seed": [0, 5, np.array([1, 2])],
     "lenience": [1.0], "on_nonfinite": ["error"], "record_trace": [False],
     "input_ids": [IDS, IDS.tolist()],

@@ -228,7 +228,7 @@ def test_lm1b_prompt_truncation_matches_seqio(tmp_path, tiny_vocab):
         {"inputs": 12, "targets": 12}, split="test",
         shuffle=False).as_numpy_iterator()]
     (batch,) = batching.iterate_examples(tasks.LM1B_LOCAL, "test", batch_size=2,
-                                     max_length=12)
+                                         max_length=12)
   for row, length, expected in zip(batch.input_ids, batch.input_lengths,
                                    seqio_rows):
     np.testing.assert_array_equal(row[:length], expected)
@@ -283,7 +283,7 @@ def test_local_jsonl_task(tmp_path, tiny_vocab):
                              cnndm_files={"test": str(path)}):
     examples = batching.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
     first = batching.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test",
-                               max_examples=1)
+                                   max_examples=1)
   assert [e.id for e in examples] == ["x1", "1", "x3"]
   assert examples[0].inputs_text == "summarize: the cat sat"
   assert [e.targets_text for e in examples] == ["cat", "house", "today"]
@@ -371,7 +371,7 @@ def test_batch_truncation_matches_seqio(tmp_path, tiny_vocab):
         {"inputs": 12, "targets": 12}, split="test",
         shuffle=False).as_numpy_iterator()]
     (batch,) = batching.iterate_examples(tasks.WMT14_ENDE_LOCAL, "test",
-                                     batch_size=2, max_length=12)
+                                         batch_size=2, max_length=12)
   for row, length, expected in zip(batch.input_ids, batch.input_lengths,
                                    seqio_rows):
     np.testing.assert_array_equal(row[:length], expected)

@@ -109,8 +109,8 @@ def test_buckets_cover_every_example_once_per_epoch_in_few_shapes():
   inputs = [row(a) for a, _ in lengths]
   targets = [row(b) for _, b in lengths]
   bucketed = batches.BucketedData(inputs, targets, (8, 16, 64),
-                                decoder_only=False, batch_tokens=256,
-                                batch_size=0, seed=3)
+                                  decoder_only=False, batch_tokens=256,
+                                  batch_size=0, seed=3)
   assert bucketed.shapes() == [(3, 64, 16), (8, 16, 16), (10, 8, 16),
                                (10, 16, 8), (16, 8, 8)]
   epochs = [bucketed.epoch(e) for e in (0, 1)]
@@ -131,7 +131,7 @@ def test_buckets_cover_every_example_once_per_epoch_in_few_shapes():
   assert batch["weights"].sum() == sum(len(targets[i]) for i in indices)
   # Decoder-only rows hold inputs + targets; only target tokens are weighed.
   gpt = batches.BucketedData(inputs[:4], targets[:4], (64,), decoder_only=True,
-                           batch_tokens=0, batch_size=4, seed=0)
+                             batch_tokens=0, batch_size=4, seed=0)
   batch = gpt.batch(*gpt.epoch(None)[0])
   a, b = inputs[0], targets[0]
   np.testing.assert_array_equal(batch["decoder_inputs"][0, :len(a) + len(b)],
@@ -164,7 +164,7 @@ def test_training_lowers_loss_and_exports_a_model_that_decodes(corpus,
 
 
 def test_resume_after_kill_matches_an_uninterrupted_run(corpus, trained,
-                                                         tmp_path):
+                                                        tmp_path):
   """Stopping after 4 steps and restarting to 10 (across an epoch boundary,
   with dropout on) continues from the saved step and data position and ends
   with exactly the parameters of the run straight to 10."""
@@ -197,7 +197,7 @@ def test_distillation_kl_is_zero_when_student_is_teacher(corpus, tmp_path):
   inputs = [np.array([5, 6, 7, 1], np.int32), np.array([8, 1], np.int32)]
   targets = [np.array([9, 10, 1], np.int32), np.array([11, 1], np.int32)]
   data = batches.BucketedData(inputs, targets, (8,), decoder_only=False,
-                            batch_tokens=0, batch_size=2, seed=0)
+                              batch_tokens=0, batch_size=2, seed=0)
   batch = data.batch(*data.epoch(None)[0])
   for teacher, zero in ((teacher_params, True),
                         (definition.init_params(jax.random.key(1)), False)):
@@ -220,7 +220,7 @@ def test_decoder_only_model_learns_its_targets():
   step = steps.make_train_step(definition, tx, config)
   rows = [np.array([5, 6, 7, 1], np.int32), np.array([9, 10, 11, 12, 1])]
   data = batches.BucketedData(rows, rows[::-1], (16,), decoder_only=True,
-                            batch_tokens=0, batch_size=2, seed=0)
+                              batch_tokens=0, batch_size=2, seed=0)
   batch = data.batch(*data.epoch(None)[0])
   assert batch["weights"].sum() == 4 + 5  # The targets' tokens, EOS included.
   state = steps.TrainState(np.int32(0), params, tx.init(params))
@@ -232,7 +232,7 @@ def test_decoder_only_model_learns_its_targets():
 
 
 def test_distillation_from_a_saved_teacher_trains(corpus, trained,
-                                                   tmp_path):
+                                                  tmp_path):
   """A teacher given as a saved model directory is loaded and distilled
   from: the KL term is reported, positive and decreasing."""
   result = train.train(_config(
@@ -313,7 +313,7 @@ def test_export_tfds_text_writes_one_value_a_line(tmp_path, monkeypatch):
       tf.data.Dataset.from_tensor_slices(rows)))
   output = tmp_path / "out" / "text.txt"
   lines = vocabularies.export_tfds_text("lm1b", "train", "text",
-                                          str(output), max_examples=4)
+                                        str(output), max_examples=4)
   assert lines == 3
   assert output.read_text("utf-8") == "the red dog\na small cat\nbig tree\n"
   with pytest.raises(ValueError, match=r"no feature 'txt'.*\['id', 'text'\]"):

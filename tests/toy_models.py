@@ -50,7 +50,7 @@ class TableDef:
       tokens = jnp.zeros((batch, slots), jnp.int32).at[:, :width].set(input_ids)
       start = jnp.take_along_axis(input_ids, (lengths - 1)[:, None], 1)[:, 0]
       return Prefill(cache={"tokens": tokens, "h0": jnp.zeros((batch,),
-                                                             jnp.int32)},
+                                                              jnp.int32)},
                      start_token=start.astype(jnp.int32), start_pos=lengths - 1)
     h0 = jnp.sum(input_ids * (jnp.arange(width) + 1), axis=1) % self.states
     tokens = jnp.zeros((batch, num_decode_positions + 1), jnp.int32)
