@@ -24,6 +24,7 @@ import pytest
 
 import specdec_jax as sd
 from specdec_jax import sampling
+from specdec_jax.decoding import drafters
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import ngram
 from specdec_jax.decoding import stopping
@@ -120,6 +121,21 @@ def test_stats_report_proposal_lengths_and_levels():
   np.testing.assert_array_equal(st.level_calls[:, 2],
                                 2 * st.level_calls[:, 1])
   assert np.all((st.level_alpha > 0) & (st.level_alpha < 1))
+
+
+def test_verified_level_stacks_the_verifier_on_its_drafter():
+  """One verification's counters: the verifier's own level comes first
+  (one call; beta summed over the counted positions only), the proposing
+  drafter's levels follow unchanged, and a row already done adds nothing."""
+  active = jnp.array([True, False])
+  beta = jnp.array([[0.5, 0.25, 0.125], [0.9, 0.9, 0.9]])
+  counted = jnp.array([[True, True, False], [True, True, True]])
+  inner = drafters.level_stats(jnp.array([[3], [3]]), jnp.array([[0.7], [0.7]]),
+                               jnp.array([[2], [2]]))
+  got = drafters.verified_level(active, beta, counted, inner)
+  np.testing.assert_array_equal(got["calls"], [[1, 3], [0, 0]])
+  np.testing.assert_allclose(got["alpha_sum"], [[0.75, 0.7], [0.0, 0.0]])
+  np.testing.assert_array_equal(got["alpha_count"], [[2, 2], [0, 0]])
 
 
 @pytest.fixture(scope="module")
