@@ -227,7 +227,6 @@ def test_demo_gin_options_parse(gin_file):
   assert config.draft_stop is not None or config.cascades
 
 
-
 def test_fastest_variant_is_the_one_theorem_3_8_predicts_faster(monkeypatch):
   """choose_variant times the probe row's c and v under each variant's
   compiler options (each number keeping its fastest round) and picks the

@@ -276,7 +276,6 @@ def _load_checked(stored: StoredParams, definition: Any,
       {n: (s.dtype, shardings[n]) for n, s in expected.items()}))
 
 
-
 # --- load_model ---
 
 

@@ -76,7 +76,6 @@ def level_stats(calls, alpha_sum=None, alpha_count=None) -> dict:
                           else alpha_count.astype(jnp.int32))}
 
 
-
 def verified_level(active, beta, counted, inner: dict) -> dict:
   """One verification's level counters, on top of its drafter's.
 
@@ -95,6 +94,7 @@ def verified_level(active, beta, counted, inner: dict) -> dict:
                                              axis=1),
           "alpha_count": act * jnp.concatenate(
               [own_count, inner["alpha_count"]], axis=1)}
+
 
 class ModelDrafter:
   """One draft model run autoregressively for up to G tokens per row."""

@@ -32,6 +32,7 @@ from specdec_jax.decoding.api import generate
 from specdec_jax.decoding.api import speculative_generate
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import costs
+from specdec_jax.experiments import report
 
 # What the literature reports for the same ideas (other models, hardware and
 # tasks: context, not a target this CPU demo can be held to).
@@ -259,13 +260,6 @@ def compare_to_best(rows: list[dict]) -> list[dict]:
   return out
 
 
-def _identical_mark(row: dict) -> str:
-  """yes / NO for a greedy row's outputs against the target's; — unchecked."""
-  if "identical" not in row:
-    return "—"
-  return "yes" if row["identical"] else "NO"
-
-
 def markdown(rows: list[dict], baseline: dict) -> str:
   """The side-by-side table."""
   head = ("| draft | rule | γ (max) | α per level | mean k | tokens / call | "
@@ -282,7 +276,7 @@ def markdown(rows: list[dict], baseline: dict) -> str:
         f"{r['mean_proposed']:.2f} | {r['tokens_per_call']:.2f} | "
         f"{r['speedup']:.2f}x | {r['vs_best_fixed']:.3f} | "
         f"{r['vs_best_single']:.3f} | "
-        f"{_identical_mark(r)} |")
+        f"{report.identical_mark(r.get('identical'))} |")
   lines.append(f"\nTarget alone: {baseline['time_s']:.2f} s.")
   return "\n".join(lines)
 

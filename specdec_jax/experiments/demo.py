@@ -407,7 +407,6 @@ def summary(rows: Sequence[Mapping[str, Any]],
   lines = [header]
   for r in rows:
     predicted = r.get("predicted_at_lengths_with_verify_cost")
-    identical = r.get("identical")
     lines.append((
         str(r.get("task", SENTENCES)).replace("ende_", ""), str(r["draft"]),
         f"{r['temperature']:g}", str(r["gamma"]), f"{r['alpha']:.2f}",
@@ -416,7 +415,7 @@ def summary(rows: Sequence[Mapping[str, Any]],
         "—" if not predicted else f"{r['speedup'] / predicted:.2f}",
         " / ".join("—" if r.get(k) is None else f"{r[k]:.1f}"
                    for k in ("quality_baseline", "quality_speculative")),
-        "—" if identical is None else ("yes" if identical else "NO")))
+        report.identical_mark(r.get("identical"))))
   widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
   out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
          for line in lines]

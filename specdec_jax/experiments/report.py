@@ -131,6 +131,14 @@ def _fmt(value) -> str:
   return "" if value is None else str(value)
 
 
+def identical_mark(identical: bool | None) -> str:
+  """A greedy row's outputs against the target's: yes, NO, or — (not
+  checked: sampled rows)."""
+  if identical is None:
+    return "—"
+  return "yes" if identical else "NO"
+
+
 def write_table(path_stem: str, rows: list[dict],
                 columns: Sequence[str] = TABLE_COLUMNS) -> None:
   """table.md and table.csv with `columns` (missing values left blank)."""
