@@ -160,3 +160,32 @@ def test_time_extends_times_each_step_once_and_keys_models_by_params():
   costs.measure_costs(target, other, ids, gamma=3, cache_positions=12,
                       repeats=1, timings=timings)
   assert len(timings) == 8  # its step and its prefill
+
+
+def test_round_robin_timer_times_loops_in_turn_and_hands_on_the_well_timed(
+    monkeypatch):
+  """Each tick times the next loop, in turn; a loop keeps its fastest tick;
+  `fill` hands on only the loops timed `repeats` times or more, as seconds
+  per extend call, and `time_extends` then times just the others."""
+  target, draft = _tiny(2, 0), _tiny(1, 1)
+  ids = np.array([[5, 6, 7, 1]], np.int32)
+  requests = costs.cost_requests(target, draft, 1, 10)  # 5 distinct loops
+  timer = costs.RoundRobinTimer(requests, ids, repeats=2)
+  ran, readings = [], iter([3.0, 1.0, 1.0, 1.0, 1.0, 2.0, 5.0])
+  monkeypatch.setattr(costs.timing, "best_time", lambda fn, repeats: (
+      ran.append(fn) or (None, next(readings))))
+  for _ in range(7):
+    timer.tick()
+  assert ran[5] is ran[0] and ran[6] is ran[1]
+  assert len({id(fn) for fn in ran}) == 5
+  timings = {}
+  assert timer.fill(timings) == 2
+  # 16 positions: the target's and the draft's one-token loops run 15 steps.
+  assert sorted(timings.values()) == [1.0 / 15, 2.0 / 15]
+  timed = []
+  best_times = costs.timing.best_times
+  monkeypatch.setattr(costs.timing, "best_times", lambda fns, repeats: (
+      timed.append(len(fns)) or best_times(fns, repeats)))
+  seconds = costs.time_extends(requests, ids, repeats=2, timings=timings)
+  assert timed == [3] and len(timings) == 5
+  assert seconds[:2] == [2.0 / 15, 1.0 / 15]

@@ -17,8 +17,10 @@ import pytest
 
 from specdec_jax import Model
 from specdec_jax import checkpoints
+from specdec_jax.experiments import costs
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import reproduce
+from specdec_jax.experiments import timing
 from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.data import tasks
 from specdec_jax import theory
@@ -63,14 +65,27 @@ def _lines(workdir):
     return [json.loads(line) for line in f]
 
 
-def test_complete_run_outputs_are_consistent(setup, tmp_path):
+def test_complete_run_outputs_are_consistent(setup, tmp_path, monkeypatch):
   """Every output exists; speedup = ratio of recorded times; alpha = pooled
   alpha_sum / alpha_count (weighted by verified positions); the prediction
-  is Theorem 3.8 of the recorded alpha and c; greedy outputs identical."""
+  is Theorem 3.8 of the recorded alpha and c; greedy outputs identical.
+  The cost loops are timed between the decoding rounds, one per round,
+  and only those the rounds did not reach are timed after them."""
   _, models, task_config = setup
   workdir = str(tmp_path / "run")
+  ticks, timed_after = [], []
+  tick = costs.RoundRobinTimer.tick
+  monkeypatch.setattr(costs.RoundRobinTimer, "tick",
+                      lambda self: ticks.append(1) or tick(self))
+  best_times = timing.best_times
+  monkeypatch.setattr(timing, "best_times", lambda fns, repeats: (
+      timed_after.append(len(fns)) or best_times(fns, repeats)))
   with tasks.override_config(**task_config):
     summary = experiment.run(_config(models), workdir)
+  # 5 examples, 1 round each: 5 of the 6 loops (target and draft steps,
+  # verifications of 2 and 4 tokens, both prefills) are timed between the
+  # rounds, the sixth after them.
+  assert len(ticks) == len(SENTENCES) and sum(timed_after) == 1
   for name in ["examples.jsonl", "summary.json", "table.md", "table.csv",
                "costs.json", "acceptance.png", "speedup_vs_gamma.png",
                "trace.html", "trace.png"]:

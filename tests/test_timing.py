@@ -66,3 +66,12 @@ def test_best_runs_keep_each_functions_result_and_fastest_round(monkeypatch):
   monkeypatch.setattr(timing.time, "perf_counter", lambda: next(reads))
   assert timing.best_runs([make("a"), make("b")], repeats=2) == [
       ("a2", 2.0), ("b2", 1.0)]
+
+
+def test_best_runs_call_between_once_after_each_round():
+  """`between` (other measurements sharing the rounds) runs after every
+  round, never inside one, and is not timed."""
+  calls = []
+  timing.best_runs([lambda: calls.append("a"), lambda: calls.append("b")],
+                   repeats=2, between=lambda: calls.append("|"))
+  assert calls == ["a", "b", "|", "a", "b", "|"]

@@ -4,6 +4,9 @@ c is the paper's cost coefficient: the time of one draft run over the time of
 one target run, both jitted, on the same inputs and cache length as real
 decoding. We time a `lax.fori_loop` of many cached `extend` calls inside one
 jitted function, so Python dispatch does not inflate the (tiny) draft step.
+An experiment times these loops between its decoding rounds, one per round
+(`RoundRobinTimer`), so that the c and v it predicts with describe the
+machine its decodes met.
 
 Dimension letters: B batch, L input length, K tokens per extend call.
 """
@@ -101,6 +104,40 @@ def _timing_key(request: Request, input_ids, steps: int, repeats: int,
           steps, repeats, options)
 
 
+def _prepare_loops(requests: Sequence[Request], input_ids: np.ndarray, *,
+                   steps: int, repeats: int, options: tuple,
+                   skip) -> tuple[list, dict]:
+  """Each request's key, and a compiled, run-once loop for each key not in
+  `skip`: ({key: (run, extends per run)}); see `time_extends`."""
+  keys = [_timing_key(r, input_ids, steps, repeats, options)
+          for r in requests]
+  ids = jnp.asarray(input_ids, jnp.int32)
+  loops, prefilled = {}, {}
+  for key, (model, num_tokens, cache_positions) in zip(keys, requests):
+    if key in skip or key in loops:
+      continue
+    positions = padded_positions(cache_positions)
+    prefill = functools.partial(
+        _build_prefill(model.definition, positions, options), model.params,
+        ids)
+    if num_tokens == PREFILL:
+      n, run = 1, prefill
+    else:
+      # One prefill per model and cache size; the loops start from its
+      # cache (each loop's updates are to its own copy: jit does not
+      # donate it).
+      cache_key = (model.definition, id(model.params), positions)
+      if cache_key not in prefilled:
+        prefilled[cache_key] = jax.block_until_ready(prefill())
+      cache, start_pos = prefilled[cache_key]
+      n = max(1, min(steps, (positions - 1) // num_tokens))
+      loop = _build_timed_loop(model.definition, num_tokens, n, options)
+      run = functools.partial(loop, model.params, cache, start_pos)
+    jax.block_until_ready(run())  # compile
+    loops[key] = (run, n)
+  return keys, loops
+
+
 def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
                  steps: int = 16, repeats: int = 5,
                  timings: dict | None = None,
@@ -123,7 +160,8 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
     repeats: timed rounds.
     timings: a dict of earlier results to reuse and extend, keyed by model,
       tokens per call, padded positions, input shape, steps, repeats and
-      compiler options (see `measure_costs`).
+      compiler options (see `measure_costs`; `RoundRobinTimer` fills it
+      from timings taken between other work).
     compiler_options: XLA options of the timed programs, as decoding gets
       them (`speculative_generate(compiler_options=...)`).
 
@@ -131,38 +169,62 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
     Seconds per extend call, one per request.
   """
   timings = {} if timings is None else timings
-  options = api.compiler_options_key(compiler_options)
-  keys = [_timing_key(r, input_ids, steps, repeats, options)
-          for r in requests]
-  ids = jnp.asarray(input_ids, jnp.int32)
-  todo, runs, prefilled = {}, [], {}
-  for key, (model, num_tokens, cache_positions) in zip(keys, requests):
-    if key in timings or key in todo:
-      continue
-    positions = padded_positions(cache_positions)
-    prefill = functools.partial(
-        _build_prefill(model.definition, positions, options), model.params,
-        ids)
-    if num_tokens == PREFILL:
-      n, run = 1, prefill
-    else:
-      # One prefill per model and cache size; the loops start from its
-      # cache (each loop's updates are to its own copy: jit does not
-      # donate it).
-      cache_key = (model.definition, id(model.params), positions)
-      if cache_key not in prefilled:
-        prefilled[cache_key] = jax.block_until_ready(prefill())
-      cache, start_pos = prefilled[cache_key]
-      n = max(1, min(steps, (positions - 1) // num_tokens))
-      loop = _build_timed_loop(model.definition, num_tokens, n, options)
-      run = functools.partial(loop, model.params, cache, start_pos)
-    jax.block_until_ready(run())  # compile
-    todo[key] = n
-    runs.append(run)
-  for (key, n), seconds in zip(todo.items(),
-                               timing.best_times(runs, repeats)):
-    timings[key] = seconds / n
+  keys, loops = _prepare_loops(
+      requests, input_ids, steps=steps, repeats=repeats,
+      options=api.compiler_options_key(compiler_options), skip=timings)
+  seconds = timing.best_times([run for run, _ in loops.values()], repeats)
+  for (key, (_, n)), s in zip(loops.items(), seconds):
+    timings[key] = s / n
   return [timings[key] for key in keys]
+
+
+class RoundRobinTimer:
+  """Times the loops of `time_extends`, one per `tick`, between other work.
+
+  A run that times its decodes in interleaved rounds (`timing.best_runs`)
+  calls `tick` once per round: each call times the next loop in turn, so
+  every loop is timed again and again over the whole run, in the same
+  stretches of the machine as the decodes, and keeps its fastest time. The
+  costs divided into a prediction (c, v) then describe the machine the
+  decodes met, not the one of a later minute. `fill` hands the loops timed
+  at least `repeats` times to `time_extends`'s `timings` dict, which then
+  times only the others.
+
+  Args:
+    requests, input_ids, steps, repeats, compiler_options: as in
+      `time_extends`; every loop is compiled here.
+    skip: keys already timed (a `timings` dict): not compiled nor timed.
+  """
+
+  def __init__(self, requests: Sequence[Request], input_ids: np.ndarray, *,
+               steps: int = 16, repeats: int = 5, compiler_options: Any = None,
+               skip=()):
+    _, self._loops = _prepare_loops(
+        requests, input_ids, steps=steps, repeats=repeats,
+        options=api.compiler_options_key(compiler_options), skip=skip)
+    self._order = list(self._loops)
+    self._repeats = repeats
+    self._next = 0
+    self._best = dict.fromkeys(self._order, float("inf"))
+    self._count = dict.fromkeys(self._order, 0)
+
+  def tick(self) -> None:
+    """Times the next loop once (nothing when there are none)."""
+    if not self._order:
+      return
+    key = self._order[self._next % len(self._order)]
+    self._next += 1
+    _, seconds = timing.best_time(self._loops[key][0], 1)
+    self._best[key] = min(self._best[key], seconds)
+    self._count[key] += 1
+
+  def fill(self, timings: dict) -> int:
+    """Puts every loop timed `repeats` times or more into `timings`
+    (seconds per extend call); returns how many."""
+    done = [k for k in self._order if self._count[k] >= self._repeats]
+    for key in done:
+      timings[key] = self._best[key] / self._loops[key][1]
+    return len(done)
 
 
 def time_extend(model: Model, input_ids: np.ndarray, *, num_tokens: int = 1,

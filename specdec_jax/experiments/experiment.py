@@ -7,6 +7,7 @@ killed run resumes where it stopped:
 
   examples.jsonl   one line per finished example (flushed and fsynced)
   costs.json       measured c, c_hat, verification cost and prefills per gamma
+                   (their model steps timed between the decoding rounds)
   optimal_gamma.json  the probe behind gamma="optimal" (if used)
   summary.json     pooled alpha, c, speedups, predictions, quality
   table.md/.csv    rows in the paper's Table 2 layout
@@ -371,8 +372,9 @@ class _Arms:
 def _run_locked(configs: Sequence[ExperimentConfig],
                 workdirs: Sequence[str]) -> list[dict]:
   arms = _prepare_arms(configs, workdirs)
-  done = _decode_missing_examples(arms)
-  return _summarize_arms(arms, done)
+  timings = {}  # costs.time_extends's: the model steps timed so far
+  done = _decode_missing_examples(arms, timings)
+  return _summarize_arms(arms, done, timings)
 
 
 def _prepare_arms(configs, workdirs) -> _Arms:
@@ -398,10 +400,14 @@ def _prepare_arms(configs, workdirs) -> _Arms:
                primary=sharding.is_primary())
 
 
-def _decode_missing_examples(arms: _Arms) -> list[list[records.ExampleRecord]]:
+def _decode_missing_examples(arms: _Arms, timings: dict
+                             ) -> list[list[records.ExampleRecord]]:
   """Each arm's finished examples: those its examples.jsonl holds, then the
   missing ones decoded (the target alone once, every arm that lacks the
-  example at each of its gammas) and appended as they finish."""
+  example at each of its gammas) and appended as they finish.
+
+  The model steps the arms' costs need are timed between the decoding
+  rounds, one per round (`costs.RoundRobinTimer`), into `timings`."""
   first, target, mesh = arms.configs[0], arms.target, arms.mesh
   paths = [os.path.join(w, "examples.jsonl") for w in arms.workdirs]
   done = [[records.ExampleRecord.from_json(r)
@@ -419,6 +425,7 @@ def _decode_missing_examples(arms: _Arms) -> list[list[records.ExampleRecord]]:
         draft_stop=arms.configs[arm].draft_stop, mesh=mesh, **kwargs)
 
   warmed: set = set()
+  timers = None
   started, new = time.perf_counter(), 0
   with timing.compile_clock() as decode_clock:
     todo = [b for b in arms.batches
@@ -438,11 +445,14 @@ def _decode_missing_examples(arms: _Arms) -> list[list[records.ExampleRecord]]:
       # (`timing.best_runs`): a slow stretch of the machine touches the
       # baseline and the speculative decodes alike, not only one side of
       # the speedup.
+      if timers is None:  # after the first decodes' compiles
+        timers = _cost_timers(arms, timings)
       runs = [(None, None)] + [(a, g) for a in needed for g in arms.gammas[a]]
       timed = timing.best_runs(
           [functools.partial(decode_target, ids) if arm is None
            else functools.partial(decode_spec, arm, ids, g)
-           for arm, g in runs], first.repeats)
+           for arm, g in runs], first.repeats,
+          between=lambda: [t.tick() for t in timers])
       by_run = {run: records.DecodeRecord.of(out, seconds, arms.vocab)
                 for run, (out, seconds) in zip(runs, timed)}
       baseline = by_run[(None, None)]
@@ -461,21 +471,26 @@ def _decode_missing_examples(arms: _Arms) -> list[list[records.ExampleRecord]]:
     logging.info("decoding %d examples: %.1f s, %.1f s of it compiling %d "
                  "programs", len(todo), time.perf_counter() - started,
                  decode_clock.seconds, decode_clock.programs)
+  for timer in timers or ():
+    timer.fill(timings)
   return done
 
 
 def _summarize_arms(arms: _Arms,
-                    done: Sequence[Sequence[records.ExampleRecord]]
-                    ) -> list[dict]:
+                    done: Sequence[Sequence[records.ExampleRecord]],
+                    timings: dict) -> list[dict]:
   """Measures (or reloads) the costs, then writes each arm's summary,
-  tables, plots and traces; returns the summaries."""
+  tables, plots and traces; returns the summaries.
+
+  `timings` holds the model steps timed between the decoding rounds; the
+  steps still missing (too few rounds, or none: a resumed run) are timed
+  now, all in the same rounds (`costs.time_extends`)."""
   summaries = []
-  # One timing of each model step for all the arms, all taken in the same
-  # rounds (`costs.time_extends`).
-  timings = {}
   with _logged_time("costs of all arms"):
-    _measure_costs_together(arms.configs, arms.workdirs, arms.target,
-                            arms.drafts, arms.batches, arms.gammas, timings)
+    for repeats, requests in _missing_cost_requests(arms).items():
+      costs.time_extends(requests, _shape_batch(arms.batches).input_ids,
+                         repeats=repeats, timings=timings,
+                         compiler_options=arms.configs[0].compiler_options)
   for arm, (config, workdir) in enumerate(zip(arms.configs, arms.workdirs)):
     # The examples of this run only: a rerun with fewer max_examples
     # reports fewer, and lines of ids outside this run stay in the file
@@ -526,20 +541,26 @@ def _shape_batch(batches):
   return batches[int(np.argsort(lengths)[len(lengths) // 2])]
 
 
-def _measure_costs_together(configs, workdirs, target, drafts, batches,
-                            gammas, timings):
-  """Times every step the arms' costs still need in one `time_extends`
-  (each arm's costs.json may hold them already), into `timings`."""
-  requests = collections.defaultdict(list)  # by cost_repeats
-  for config, workdir, draft, gs in zip(configs, workdirs, drafts, gammas):
+def _missing_cost_requests(arms: _Arms) -> dict[int, list]:
+  """The model steps whose timings the arms' costs.json files lack, by the
+  arms' cost_repeats (`costs.cost_requests`)."""
+  requests = collections.defaultdict(list)
+  for config, workdir, draft, gs in zip(arms.configs, arms.workdirs,
+                                        arms.drafts, arms.gammas):
     if _stored_costs(os.path.join(workdir, "costs.json"), gs) is None:
       for g in gs:
         requests[config.cost_repeats] += costs.cost_requests(
-            target, cost_model(draft), g, config.max_decode_len + g + 1)
-  for repeats, some in requests.items():
-    costs.time_extends(some, _shape_batch(batches).input_ids,
-                       repeats=repeats, timings=timings,
-                       compiler_options=configs[0].compiler_options)
+            arms.target, cost_model(draft), g, config.max_decode_len + g + 1)
+  return requests
+
+
+def _cost_timers(arms: _Arms, timings: dict) -> list:
+  """One `costs.RoundRobinTimer` per cost_repeats of the missing steps."""
+  with _logged_time("cost loops to time between the decodes"):
+    return [costs.RoundRobinTimer(
+        requests, _shape_batch(arms.batches).input_ids, repeats=repeats,
+        compiler_options=arms.configs[0].compiler_options, skip=timings)
+            for repeats, requests in _missing_cost_requests(arms).items()]
 
 
 def _load_or_measure_costs(config, target, draft, batches, gammas, path,

@@ -50,7 +50,10 @@ class ExperimentConfig:
     seed: sampling seed (each example's rows from it).
     repeats, cost_repeats: timed repeats of each decode and of each cost
       measurement (the fastest counts; a run times the target alone and
-      every arm in interleaved rounds, `timing.best_runs`).
+      every arm in interleaved rounds, `timing.best_runs`, and after each
+      round one of the model steps the costs divide, in turn,
+      `costs.RoundRobinTimer`; a step the rounds did not time cost_repeats
+      times is timed again after them).
     ngram_split, ngram_max_examples: data an n-gram drafter is fitted on.
     trace_examples: examples whose per-iteration traces are plotted.
     draft_stop: adaptive draft length: None (exactly gamma draft tokens per

@@ -56,9 +56,15 @@ def best_times(fns: Sequence[Callable[[], Any]],
   return [seconds for _, seconds in best_runs(fns, repeats)]
 
 
-def best_runs(fns: Sequence[Callable[[], Any]],
-              repeats: int = 3) -> list[tuple[Any, float]]:
-  """`best_times`, with each function's last result: [(result, seconds)]."""
+def best_runs(fns: Sequence[Callable[[], Any]], repeats: int = 3,
+              between: Callable[[], None] | None = None
+              ) -> list[tuple[Any, float]]:
+  """`best_times`, with each function's last result: [(result, seconds)].
+
+  `between`, if given, is called once after each round, untimed: other
+  measurements that should share the rounds' stretches of the machine
+  (`costs.RoundRobinTimer.tick`).
+  """
   if repeats < 1:
     raise ValueError(f"repeats must be >= 1, got {repeats}")
   best = [float("inf")] * len(fns)
@@ -68,6 +74,8 @@ def best_runs(fns: Sequence[Callable[[], Any]],
       start = time.perf_counter()
       results[i] = jax.block_until_ready(fn())
       best[i] = min(best[i], time.perf_counter() - start)
+    if between is not None:
+      between()
   return list(zip(results, best))
 
 
