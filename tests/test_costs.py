@@ -162,16 +162,19 @@ def test_time_extends_times_each_step_once_and_keys_models_by_params():
   assert len(timings) == 8  # its step and its prefill
 
 
-def test_round_robin_timer_times_loops_in_turn_and_hands_on_the_well_timed(
+def test_round_robin_timer_times_loops_in_turn_and_tops_up_the_rest(
     monkeypatch):
-  """Each tick times the next loop, in turn; a loop keeps its fastest tick;
-  `fill` hands on only the loops timed `repeats` times or more, as seconds
-  per extend call, and `time_extends` then times just the others."""
+  """Each tick times the next loop, in turn; a loop keeps its fastest
+  timing; `fill` times only the loops still short of `repeats` timings
+  (keeping what the ticks measured) and hands every loop on, as seconds
+  per extend call, so `time_extends` then times none of them again."""
   target, draft = _tiny(2, 0), _tiny(1, 1)
   ids = np.array([[5, 6, 7, 1]], np.int32)
   requests = costs.cost_requests(target, draft, 1, 10)  # 5 distinct loops
   timer = costs.RoundRobinTimer(requests, ids, repeats=2)
-  ran, readings = [], iter([3.0, 1.0, 1.0, 1.0, 1.0, 2.0, 5.0])
+  ran = []
+  # Ticks: loops 0-4, then 0 and 1 again; fill: loops 2, 3 and 4 once more.
+  readings = iter([3.0, 1.0, 4.0, 4.0, 4.0, 2.0, 5.0, 9.0, 6.0, 7.0])
   monkeypatch.setattr(costs.timing, "best_time", lambda fn, repeats: (
       ran.append(fn) or (None, next(readings))))
   for _ in range(7):
@@ -179,13 +182,15 @@ def test_round_robin_timer_times_loops_in_turn_and_hands_on_the_well_timed(
   assert ran[5] is ran[0] and ran[6] is ran[1]
   assert len({id(fn) for fn in ran}) == 5
   timings = {}
-  assert timer.fill(timings) == 2
-  # 16 positions: the target's and the draft's one-token loops run 15 steps.
-  assert sorted(timings.values()) == [1.0 / 15, 2.0 / 15]
+  assert timer.fill(timings) == 3
+  assert ran[7:] == ran[2:5]
+  assert timer.fill({}) == 0  # every loop has its two timings
+  # 16 positions: the target's and the draft's one-token loops run 15
+  # steps, the 2-token verification 7; a prefill runs once.
   timed = []
   best_times = costs.timing.best_times
   monkeypatch.setattr(costs.timing, "best_times", lambda fns, repeats: (
       timed.append(len(fns)) or best_times(fns, repeats)))
   seconds = costs.time_extends(requests, ids, repeats=2, timings=timings)
-  assert timed == [3] and len(timings) == 5
-  assert seconds[:2] == [2.0 / 15, 1.0 / 15]
+  assert timed == [0] and len(timings) == 5
+  assert seconds == [2.0 / 15, 1.0 / 15, 4.0 / 7, 4.0, 4.0]

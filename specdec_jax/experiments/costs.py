@@ -160,8 +160,8 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
     repeats: timed rounds.
     timings: a dict of earlier results to reuse and extend, keyed by model,
       tokens per call, padded positions, input shape, steps, repeats and
-      compiler options (see `measure_costs`; `RoundRobinTimer` fills it
-      from timings taken between other work).
+      compiler options (see `measure_costs`; `RoundRobinTimer.fill` fills
+      it from timings taken between other work).
     compiler_options: XLA options of the timed programs, as decoding gets
       them (`speculative_generate(compiler_options=...)`).
 
@@ -186,9 +186,9 @@ class RoundRobinTimer:
   every loop is timed again and again over the whole run, in the same
   stretches of the machine as the decodes, and keeps its fastest time. The
   costs divided into a prediction (c, v) then describe the machine the
-  decodes met, not the one of a later minute. `fill` hands the loops timed
-  at least `repeats` times to `time_extends`'s `timings` dict, which then
-  times only the others.
+  decodes met, not the one of a later minute. `fill` tops up the loops
+  timed fewer than `repeats` times (in interleaved rounds of their own)
+  and hands every loop's time to `time_extends`'s `timings` dict.
 
   Args:
     requests, input_ids, steps, repeats, compiler_options: as in
@@ -208,23 +208,30 @@ class RoundRobinTimer:
     self._best = dict.fromkeys(self._order, float("inf"))
     self._count = dict.fromkeys(self._order, 0)
 
-  def tick(self) -> None:
-    """Times the next loop once (nothing when there are none)."""
-    if not self._order:
-      return
-    key = self._order[self._next % len(self._order)]
-    self._next += 1
+  def _time(self, key) -> None:
     _, seconds = timing.best_time(self._loops[key][0], 1)
     self._best[key] = min(self._best[key], seconds)
     self._count[key] += 1
 
+  def tick(self) -> None:
+    """Times the next loop once (nothing when there are none)."""
+    if self._order:
+      self._time(self._order[self._next % len(self._order)])
+      self._next += 1
+
   def fill(self, timings: dict) -> int:
-    """Puts every loop timed `repeats` times or more into `timings`
-    (seconds per extend call); returns how many."""
-    done = [k for k in self._order if self._count[k] >= self._repeats]
-    for key in done:
+    """Times each loop until it has been timed `repeats` times, in rounds
+    over the loops still short, then puts every loop's fastest time into
+    `timings` (seconds per extend call). Returns the timings it added."""
+    added = 0
+    while short := [k for k in self._order
+                    if self._count[k] < self._repeats]:
+      for key in short:
+        self._time(key)
+        added += 1
+    for key in self._order:
       timings[key] = self._best[key] / self._loops[key][1]
-    return len(done)
+    return added
 
 
 def time_extend(model: Model, input_ids: np.ndarray, *, num_tokens: int = 1,

@@ -482,9 +482,9 @@ def _summarize_arms(arms: _Arms,
   """Measures (or reloads) the costs, then writes each arm's summary,
   tables, plots and traces; returns the summaries.
 
-  `timings` holds the model steps timed between the decoding rounds; the
-  steps still missing (too few rounds, or none: a resumed run) are timed
-  now, all in the same rounds (`costs.time_extends`)."""
+  `timings` holds the model steps timed between the decoding rounds; when
+  there were none (a resumed run with nothing left to decode), the steps
+  are timed now, all in the same rounds (`costs.time_extends`)."""
   summaries = []
   with _logged_time("costs of all arms"):
     for repeats, requests in _missing_cost_requests(arms).items():
