@@ -20,7 +20,6 @@ positions), i.e. sum(alpha_sum) / sum(alpha_count).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -41,6 +40,7 @@ from specdec_jax.decoding import cascades
 from specdec_jax.decoding import ngram
 from specdec_jax.decoding.api import generate, speculative_generate
 from specdec_jax.decoding.protocol import Model
+from specdec_jax.experiments import arm_costs
 from specdec_jax.experiments import costs
 from specdec_jax.experiments import records
 from specdec_jax.experiments import report
@@ -105,13 +105,6 @@ def load_models(config: ExperimentConfig, mesh=None,
   for model, entry in zip(chain[-2::-1], config.cascade[::-1]):
     draft = cascades.cascade(model, draft, gamma=int(entry[1]))
   return target, draft
-
-
-def cost_model(draft: Model) -> Model:
-  """The model whose per-step cost is the run's c: the draft itself, or for
-  a cascade its top model (the cascade's own cost per token depends on its
-  acceptance; docs/benchmarks.md reports cascades by measured walltime)."""
-  return cascades.top_model(draft)
 
 
 def _place_draft(config: ExperimentConfig, draft: Model, mesh) -> Model:
@@ -244,12 +237,13 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
             if config.optimal_gamma_verify_cost else [config.probe_gamma])
   # Every gamma's costs from one set of interleaved rounds.
   timings = {}
+  top = arm_costs.cost_model(draft)
   costs.time_extends(
       [r for g in gammas for r in costs.cost_requests(
-          target, cost_model(draft), g, positions)],
+          target, top, g, positions)],
       ids, repeats=config.cost_repeats, timings=timings,
       compiler_options=config.compiler_options)
-  measured = {g: costs.measure_costs(target, cost_model(draft), ids,
+  measured = {g: costs.measure_costs(target, top, ids,
                                      gamma=g, cache_positions=positions,
                                      repeats=config.cost_repeats,
                                      timings=timings,
@@ -446,7 +440,10 @@ def _decode_missing_examples(arms: _Arms, timings: dict
       # baseline and the speculative decodes alike, not only one side of
       # the speedup.
       if timers is None:  # after the first decodes' compiles
-        timers = _cost_timers(arms, timings)
+        with _logged_time("cost loops to time between the decodes"):
+          timers = arm_costs.round_robin_timers(
+              _missing_cost_requests(arms), arms.batches, timings,
+              first.compiler_options)
       runs = [(None, None)] + [(a, g) for a in needed for g in arms.gammas[a]]
       timed = timing.best_runs(
           [functools.partial(decode_target, ids) if arm is None
@@ -487,10 +484,8 @@ def _summarize_arms(arms: _Arms,
   are timed now, all in the same rounds (`costs.time_extends`)."""
   summaries = []
   with _logged_time("costs of all arms"):
-    for repeats, requests in _missing_cost_requests(arms).items():
-      costs.time_extends(requests, _shape_batch(arms.batches).input_ids,
-                         repeats=repeats, timings=timings,
-                         compiler_options=arms.configs[0].compiler_options)
+    arm_costs.time_missing(_missing_cost_requests(arms), arms.batches,
+                           timings, arms.configs[0].compiler_options)
   for arm, (config, workdir) in enumerate(zip(arms.configs, arms.workdirs)):
     # The examples of this run only: a rerun with fewer max_examples
     # reports fewer, and lines of ids outside this run stay in the file
@@ -498,7 +493,7 @@ def _summarize_arms(arms: _Arms,
     by_id = {r.id: r for r in done[arm]}
     records_ = [by_id[b.ids[0]] for b in arms.batches if b.ids[0] in by_id]
     with _logged_time(f"{config.name or config.draft}: costs"):
-      costs_by_gamma = _load_or_measure_costs(
+      costs_by_gamma = arm_costs.load_or_measure(
           config, arms.target, arms.drafts[arm], arms.batches,
           arms.gammas[arm], os.path.join(workdir, "costs.json"),
           arms.primary, timings)
@@ -525,59 +520,9 @@ def _logged_time(what: str):
                time.perf_counter() - start, clock.seconds, clock.programs)
 
 
-def _stored_costs(path, gammas):
-  """costs.json's costs by gamma if it holds every one of `gammas`."""
-  if os.path.exists(path):
-    with open(path) as f:
-      stored = json.load(f)
-    if all(str(g) in stored for g in gammas):
-      return {int(g): v for g, v in stored.items()}
-  return None
-
-
-def _shape_batch(batches):
-  """The batch of median input length: representative of the run."""
-  lengths = [b.input_ids.shape[1] for b in batches]
-  return batches[int(np.argsort(lengths)[len(lengths) // 2])]
-
-
 def _missing_cost_requests(arms: _Arms) -> dict[int, list]:
-  """The model steps whose timings the arms' costs.json files lack, by the
-  arms' cost_repeats (`costs.cost_requests`)."""
-  requests = collections.defaultdict(list)
-  for config, workdir, draft, gs in zip(arms.configs, arms.workdirs,
-                                        arms.drafts, arms.gammas):
-    if _stored_costs(os.path.join(workdir, "costs.json"), gs) is None:
-      for g in gs:
-        requests[config.cost_repeats] += costs.cost_requests(
-            arms.target, cost_model(draft), g, config.max_decode_len + g + 1)
-  return requests
-
-
-def _cost_timers(arms: _Arms, timings: dict) -> list:
-  """One `costs.RoundRobinTimer` per cost_repeats of the missing steps."""
-  with _logged_time("cost loops to time between the decodes"):
-    return [costs.RoundRobinTimer(
-        requests, _shape_batch(arms.batches).input_ids, repeats=repeats,
-        compiler_options=arms.configs[0].compiler_options, skip=timings)
-            for repeats, requests in _missing_cost_requests(arms).items()]
-
-
-def _load_or_measure_costs(config, target, draft, batches, gammas, path,
-                           primary, timings=None):
-  stored = _stored_costs(path, gammas)
-  if stored is not None:
-    return stored
-  measured = {
-      g: costs.measure_costs(target, cost_model(draft),
-                             _shape_batch(batches).input_ids, gamma=g,
-                             cache_positions=config.max_decode_len + g + 1,
-                             repeats=config.cost_repeats, timings=timings,
-                             compiler_options=config.compiler_options)
-      for g in gammas}
-  if primary:
-    workdir_lib.write_json(path, {str(g): v for g, v in measured.items()})
-  return measured
+  return arm_costs.missing_requests(arms.configs, arms.workdirs, arms.target,
+                                    arms.drafts, arms.gammas)
 
 
 def task_metric(config: ExperimentConfig):

@@ -1,0 +1,99 @@
+"""The costs an experiment's arms report: c, c_hat and verification costs.
+
+`costs` times model steps; this module decides which steps an experiment
+needs (those its arms' costs.json files lack), hands them to the timers that
+run between the decoding rounds, and turns the timings into each arm's
+costs.json. The steps are timed on the run's median-length input
+(`shape_batch`), the draft's cost on `cost_model(draft)`.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+
+from specdec_jax.decoding import cascades
+from specdec_jax.decoding.protocol import Model
+from specdec_jax.experiments import costs
+from specdec_jax.experiments import workdir as workdir_lib
+
+
+def cost_model(draft: Model) -> Model:
+  """The model whose per-step cost is the run's c: the draft itself, or for
+  a cascade its top model (the cascade's own cost per token depends on its
+  acceptance; docs/benchmarks.md reports cascades by measured walltime)."""
+  return cascades.top_model(draft)
+
+
+def stored_costs(path: str, gammas) -> dict | None:
+  """costs.json's costs by gamma if it holds every one of `gammas`."""
+  if os.path.exists(path):
+    with open(path) as f:
+      stored = json.load(f)
+    if all(str(g) in stored for g in gammas):
+      return {int(g): v for g, v in stored.items()}
+  return None
+
+
+def shape_batch(batches):
+  """The batch of median input length: representative of the run."""
+  lengths = [b.input_ids.shape[1] for b in batches]
+  return batches[int(np.argsort(lengths)[len(lengths) // 2])]
+
+
+def missing_requests(configs: Sequence, workdirs: Sequence[str],
+                     target: Model, drafts: Sequence[Model],
+                     gammas: Sequence[Sequence[int]]) -> dict[int, list]:
+  """The model steps whose timings the arms' costs.json files lack, keyed
+  by the arms' cost_repeats (`costs.cost_requests`)."""
+  requests = collections.defaultdict(list)
+  for config, workdir, draft, gs in zip(configs, workdirs, drafts, gammas):
+    if stored_costs(os.path.join(workdir, "costs.json"), gs) is None:
+      for g in gs:
+        requests[config.cost_repeats] += costs.cost_requests(
+            target, cost_model(draft), g, config.max_decode_len + g + 1)
+  return requests
+
+
+def round_robin_timers(requests: dict[int, list], batches, timings: dict,
+                       compiler_options=None) -> list:
+  """One `costs.RoundRobinTimer` per cost_repeats of `requests`, skipping
+  the steps `timings` already holds."""
+  ids = shape_batch(batches).input_ids
+  return [costs.RoundRobinTimer(reqs, ids, repeats=repeats,
+                                compiler_options=compiler_options,
+                                skip=timings)
+          for repeats, reqs in requests.items()]
+
+
+def time_missing(requests: dict[int, list], batches, timings: dict,
+                 compiler_options=None) -> None:
+  """Times into `timings` the steps of `requests` it lacks, all now, in
+  interleaved rounds (`costs.time_extends`)."""
+  ids = shape_batch(batches).input_ids
+  for repeats, reqs in requests.items():
+    costs.time_extends(reqs, ids, repeats=repeats, timings=timings,
+                       compiler_options=compiler_options)
+
+
+def load_or_measure(config, target: Model, draft: Model, batches, gammas,
+                    path: str, primary: bool, timings=None) -> dict:
+  """The arm's costs by gamma: costs.json's if it holds them all, else
+  measured (from `timings` where it has the steps) and written there."""
+  stored = stored_costs(path, gammas)
+  if stored is not None:
+    return stored
+  measured = {
+      g: costs.measure_costs(target, cost_model(draft),
+                             shape_batch(batches).input_ids, gamma=g,
+                             cache_positions=config.max_decode_len + g + 1,
+                             repeats=config.cost_repeats, timings=timings,
+                             compiler_options=config.compiler_options)
+      for g in gammas}
+  if primary:
+    workdir_lib.write_json(path, {str(g): v for g, v in measured.items()})
+  return measured
