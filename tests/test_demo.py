@@ -197,8 +197,9 @@ def test_summary_names_each_tasks_fastest_greedy_row():
 
 
 def test_traces_only_for_the_listed_drafts_and_never_the_sweep():
-  """trace_drafts picks the rows that pay a compile for traces; the sweep
-  never does (its trace would repeat a row's); None traces every row."""
+  """trace_drafts and trace_temperatures pick the rows that pay a compile
+  for traces; the sweep never does (its trace would repeat a row's); None
+  traces every row."""
   drafts = (("demo:draft_large", 3), ("demo:draft_base", 4))
   listed = demo.DemoConfig(drafts=drafts, sweep_draft="demo:draft_base",
                            trace_drafts=("demo:draft_base",))
@@ -209,6 +210,12 @@ def test_traces_only_for_the_listed_drafts_and_never_the_sweep():
                     "paragraphs_draft_large_t1": 0,
                     "paragraphs_draft_base_t0": 3,
                     "paragraphs_draft_base_t1": 3, "gamma_sweep": 0}
+  greedy = demo.DemoConfig(drafts=drafts, sweep_draft="demo:draft_base",
+                           trace_drafts=("demo:draft_base",),
+                           trace_temperatures=(0,))
+  assert {name for _, name, row in demo._rows(greedy)
+          if row.trace_examples} == {"draft_base_t0",
+                                     "paragraphs_draft_base_t0"}
   every = demo.DemoConfig(drafts=drafts, sweep_draft="demo:draft_base")
   assert {name: row.trace_examples for _, name, row in demo._rows(every)
           if name != "gamma_sweep"} == {name: 3 for name in traced

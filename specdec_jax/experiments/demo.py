@@ -113,6 +113,8 @@ class DemoConfig:
   # row's). Each traced row compiles one more decoding loop, 4-9 s on 2
   # CPU cores.
   trace_drafts: Sequence[str] | None = None
+  # ...and whose temperature is listed here (None: every temperature).
+  trace_temperatures: Sequence[float] | None = None
   data_dir: str = DEMO_DATA
   sentences: str = "sentences"  # <data_dir>/<sentences>.{en,de}
   paragraphs: str | None = "paragraphs"  # <data_dir>/<paragraphs>.{en,de}
@@ -185,8 +187,11 @@ def _row_config(config: DemoConfig, task: str, draft: str, gamma,
                 temperature: float, name: str,
                 cascade=()) -> experiment.ExperimentConfig:
   long = task == PARAGRAPHS
-  traced = name != "gamma_sweep" and (config.trace_drafts is None
-                                      or draft in config.trace_drafts)
+  traced = (name != "gamma_sweep"
+            and (config.trace_drafts is None or draft in config.trace_drafts)
+            and (config.trace_temperatures is None
+                 or float(temperature) in map(float,
+                                              config.trace_temperatures)))
   return experiment.ExperimentConfig(
       draft_stop=config.draft_stop,
       cascade=tuple((str(s), int(g)) for s, g, *_ in cascade),
