@@ -26,6 +26,15 @@ plain step for comparison. Because every call also pays fixed costs beyond
 the prefill (setup, dispatch, fetching results) which that average spreads
 over a few iterations, a second line fits time = fixed + per-iteration *
 iterations (and the same for plain steps) across the sentences.
+
+A third line splits that rest. Three loops run the model calls of an
+iteration and nothing else (no sampling, acceptance or buffer updates),
+timed together in interleaved rounds: the draft's calls (its two-token
+refeed and gamma - 1 steps), the verification, and both in turn. "both"
+minus the two parts is what the models cost each other by sharing the
+machine's caches (each verification streams the target's weights through
+them, evicting the draft's); the fitted iteration minus "both" is the
+loop's own bookkeeping.
 """
 
 import functools
@@ -33,9 +42,11 @@ import functools
 from absl import app
 from absl import flags
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import specdec_jax as sd
+from specdec_jax import sampling
 from specdec_jax import theory
 from specdec_jax.data import text
 from specdec_jax.experiments import costs
@@ -67,6 +78,65 @@ def _prefill_timer(model, num_positions):
   fn = jax.jit(lambda params, ids: model.definition.prefill(
       params, ids, num_positions).cache)
   return lambda ids: jax.block_until_ready(fn(model.params, ids))
+
+
+def _model_call_loops(target, draft, ids, gamma, num_positions, steps=16):
+  """Timed callables of `steps` iterations' model calls: the draft's, the
+  verification's, and both in turn (see the module docstring)."""
+  t, d = target.definition, draft.definition
+
+  def prefill(model):
+    pre = jax.jit(lambda p, i: model.definition.prefill(p, i, num_positions))(
+        model.params, ids)
+    return pre.cache, pre.start_pos
+
+  # Each iteration moves on by about what a good one accepts, so the
+  # positions stay inside the cache for `steps` iterations.
+  advance = max(1, min((gamma + 1) // 2,
+                       (num_positions - gamma - 2) // steps))
+
+  def drafting(params, cache, start, i, token):
+    base = start[:, None] + i * advance
+    logits, cache = d.extend(params, cache, jnp.repeat(token[:, None], 2, 1),
+                             base + jnp.arange(2))
+    token = sampling.argmax(logits[:, -1].astype(jnp.float32))
+    for j in range(1, gamma):
+      logits, cache = d.extend(params, cache, token[:, None], base + 1 + j)
+      token = sampling.argmax(logits[:, 0].astype(jnp.float32))
+    return cache, token
+
+  def verifying(params, cache, start, i, token):
+    positions = start[:, None] + i * advance + jnp.arange(gamma + 1)
+    logits, cache = t.extend(params, cache,
+                             jnp.repeat(token[:, None], gamma + 1, 1),
+                             positions)
+    best = sampling.argmax(logits.astype(jnp.float32))
+    return cache, jnp.max(best, axis=1)
+
+  def looped(parts):
+    def run(params, caches, starts):
+      def body(i, carry):
+        caches, token = carry
+        caches = list(caches)
+        for k, part in enumerate(parts):
+          caches[k], token = part(params[k], caches[k], starts[k], i, token)
+        return tuple(caches), token
+      token = jnp.zeros((ids.shape[0],), jnp.int32)
+      return jax.lax.fori_loop(0, steps, body, (tuple(caches), token))[1]
+    return jax.jit(run)
+
+  (dc, ds), (tc, ts) = prefill(draft), prefill(target)
+  loops = {"draft": ((drafting,), (draft.params,), (dc,), (ds,)),
+           "verify": ((verifying,), (target.params,), (tc,), (ts,)),
+           "both": ((drafting, verifying), (draft.params, target.params),
+                    (dc, tc), (ds, ts))}
+  fns = {}
+  for name, (parts, params, caches, starts) in loops.items():
+    fn = looped(parts)
+    fns[name] = functools.partial(
+        lambda fn, *a: jax.block_until_ready(fn(*a)), fn, params, caches,
+        starts)
+  return fns
 
 
 def _fit(per_row, time_col, count_col):
@@ -149,6 +219,19 @@ def main(argv):
             f"{fit_s[0] * 1e3:.2f} ms per call + {fit_s[1] * 1e3:.3f} per "
             f"iteration (rest {rest * 1e3:.3f})",
             flush=True)
+    steps = 16
+    loops = _model_call_loops(target, draft, rows[:1], gamma, width, steps)
+    for fn in loops.values():
+      fn()  # compile
+    part = dict(zip(loops, (s / steps for s in timing.best_times(
+        list(loops.values()), args.repeats))))
+    fitted = fit_s[1] if fit_b and fit_s else iteration
+    print(f"      model calls alone in one loop: draft "
+          f"{part['draft'] * 1e3:.3f} + verify {part['verify'] * 1e3:.3f}, both "
+          f"{part['both'] * 1e3:.3f} ms: the models cost each other "
+          f"{(part['both'] - part['draft'] - part['verify']) * 1e3:.3f} ms, "
+          f"the loop's bookkeeping {(fitted - part['both']) * 1e3:.3f} ms "
+          f"of a {fitted * 1e3:.3f} ms iteration", flush=True)
 
 
 if __name__ == "__main__":
