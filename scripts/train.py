@@ -7,8 +7,8 @@
 `--gin.NAME=VALUE` is short for `--gin_bindings='NAME = VALUE'` (strings
 need their quotes: --gin.train.TrainConfig.teacher="'dir'"). The workdir gets
 `config.gin` (the operative configuration) and everything `train.train`
-writes. Compiled programs are cached in --compilation_cache_dir, so a resumed
-run does not recompile.
+writes. Compiled programs are cached in --compilation_cache_dir (shared by
+every script), so a resumed run does not recompile.
 """
 
 import dataclasses
@@ -17,23 +17,16 @@ import sys
 from absl import flags
 from absl import logging
 import gin
-import jax
 
 from specdec_jax.experiments import gin_flags
 from specdec_jax.training import train
 
 _WORKDIR = flags.DEFINE_string("workdir", None,
                                "Overrides TrainConfig.workdir.")
-_CACHE_DIR = flags.DEFINE_string(
-    "compilation_cache_dir", "workdir/.jax_cache",
-    "Persistent XLA compilation cache ('' to disable).")
 
 
 def main(argv):
   del argv
-  if _CACHE_DIR.value:
-    jax.config.update("jax_compilation_cache_dir", _CACHE_DIR.value)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   gin_flags.parse(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
   config = gin.get_configurable(train.TrainConfig)()
   if _WORKDIR.value:

@@ -337,7 +337,9 @@ def test_adaptive_draft_length_and_cascade_rows(setup, tmp_path):
 
 def test_run_experiment_script_with_gin(setup, tmp_path):
   """The absl script parses --gin_file and --gin.X=... overrides, writes the
-  config into the workdir and the table; a bad gin value fails clearly."""
+  config into the workdir and the table, and keeps its compiled decoding
+  loops in --compilation_cache_dir (what a rerun loads instead of
+  compiling); a bad gin value fails clearly."""
   _, models, task_config = setup
   gin_file = tmp_path / "exp.gin"
   gin_file.write_text(
@@ -355,7 +357,8 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
          "--gin.experiment.ExperimentConfig.max_examples=2",
          f"--gin.TaskConfig.vocab_path='{task_config['vocab_path']}'",
          f"--gin.TaskConfig.local_data_dir='{task_config['local_data_dir']}'",
-         "--gin.TaskConfig.wmt_ende_files={'test': 'mini'}"]
+         "--gin.TaskConfig.wmt_ende_files={'test': 'mini'}",
+         f"--compilation_cache_dir={tmp_path / 'xla'}"]
   env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="")
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                         timeout=300)
@@ -363,6 +366,8 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
   assert "gamma = 2" in (workdir / "config.gin").read_text()
   assert len(_lines(str(workdir))) == 2
   assert "| wmt14_ende_local |" in (workdir / "table.md").read_text()
+  cached = os.listdir(tmp_path / "xla")
+  assert any(name.startswith("jit_run") for name in cached), cached
   other = subprocess.run(cmd + ["--gin.experiment.ExperimentConfig.gamma=3"],
                          capture_output=True, text=True, env=env, timeout=300)
   assert other.returncode != 0
