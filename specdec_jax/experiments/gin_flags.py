@@ -35,8 +35,8 @@ flags.DEFINE_string(
     "loads them instead of compiling again ('' disables it; the folder "
     "only grows, delete it at will).")
 
-# Every program: on a 2-core CPU even the small ones take a second or two
-# to compile, and a rerun of the tests' tiny models compiles only those.
+# Every program, however quick to compile (JAX's default skips those under
+# a second): the demo compiles about a hundred, and the small ones add up.
 _CACHE_MIN_COMPILE_SECONDS = 0.0
 
 
