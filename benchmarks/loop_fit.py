@@ -17,7 +17,12 @@ model: for each row folder under --workdir that holds `examples.jsonl` and
   verification, and both prefills. The fitted iteration minus the timed one
   is what an iteration of the loop costs beyond its model calls (the
   draft's refeed, acceptance, buffers, caches evicted between the two
-  models), the part Theorem 3.8's cost model leaves out.
+  models), the part Theorem 3.8's cost model leaves out;
+- the alpha a draft would need for the row to reach --goal (default 2.5x)
+  at the same gamma, costs and output lengths (greedy outputs are the
+  target's, whatever the draft): for the yardstick itself, and for the
+  measured speedup if the row kept its efficiency (speedup over
+  `predicted_with_prefill`). "-" where even alpha = 1 falls short.
 
 With few distinct call counts per row (a sentence takes 2-5 iterations) the
 fit is noisy; read it across rows, not one number at a time.
@@ -37,6 +42,7 @@ from specdec_jax.experiments import workdir as workdir_lib
 flags.DEFINE_string("workdir", "results/demo", "A finished run's folder (a "
                     "row folder, or a folder of row folders as the demo "
                     "writes).")
+flags.DEFINE_float("goal", 2.5, "The speedup to solve alpha for.")
 args = flags.FLAGS
 
 
@@ -82,6 +88,13 @@ def _report(row_dir):
         alpha, gamma, cost["c"], lengths, verify_cost=cost["verify_cost"],
         target_prefill=cost["target_prefill_cost"],
         draft_prefill=cost["draft_prefill_cost"])
+    need_yardstick = theory.alpha_for_improvement(
+        args.goal, gamma, cost["c"], cost["verify_cost"], lengths=lengths)
+    need_measured = theory.alpha_for_improvement(
+        args.goal * with_prefill / speedup, gamma, cost["c"],
+        cost["verify_cost"], lengths=lengths,
+        target_prefill=cost["target_prefill_cost"],
+        draft_prefill=cost["draft_prefill_cost"])
     s_fixed, s_iter = _fit([s.target_calls for s in spec],
                            [s.time_s for s in spec])
     timed_iter = (gamma * cost["draft_step_s"] + cost["verify_step_s"]) * 1e3
@@ -92,7 +105,12 @@ def _report(row_dir):
           f" + {cost['target_step_s'] * 1e3:5.2f}) | "
           f"{s_fixed:6.2f} + {s_iter:5.2f} "
           f"({(cost['target_prefill_s'] + cost['draft_prefill_s']) * 1e3:5.2f}"
-          f" + {timed_iter:5.2f}) | {s_iter - timed_iter:5.2f}")
+          f" + {timed_iter:5.2f}) | {s_iter - timed_iter:5.2f} | "
+          f"{_alpha(need_yardstick)} {_alpha(need_measured)}")
+
+
+def _alpha(alpha):
+  return "    -" if np.isnan(alpha) else f"{alpha:5.3f}"
 
 
 def main(argv):
@@ -105,7 +123,8 @@ def main(argv):
         "at_len+v ratio +prefill ratio | target alone: fit fixed + per step "
         "(timed prefill + step), ms | speculative: fit fixed + per "
         "iteration (timed prefills + γ draft steps + verify), ms | "
-        "iteration beyond its timed calls, ms")
+        "iteration beyond its timed calls, ms | alpha for --goal: "
+        "yardstick, measured at the row's efficiency")
   for row_dir in dirs:
     _report(row_dir)
 

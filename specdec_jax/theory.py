@@ -150,6 +150,52 @@ def walltime_improvement_at_lengths(alpha: float, gamma: int, c: float,
       runs * (gamma * c + verify_cost) + once + len(lengths) * draft_prefill)
 
 
+def alpha_for_improvement(improvement: float, gamma: int, c: float,
+                          verify_cost: float = 1.0, lengths=None,
+                          target_prefill: float = 0.0,
+                          draft_prefill: float = 0.0) -> float:
+  """The smallest alpha at which the predicted improvement reaches a goal.
+
+  The inverse of `walltime_improvement_measured` (lengths None: endless
+  outputs, Theorem 3.8 with v = verify_cost) or of
+  `walltime_improvement_at_lengths` (given lengths and prefills), in alpha
+  at fixed gamma and costs. Both rise monotonically with alpha, so the
+  answer is found by bisection to ~1e-12.
+
+  Returns 0.0 when even alpha = 0 reaches the goal, and NaN when alpha = 1
+  does not: then no draft, however good, gets there at this gamma and these
+  costs (ask for a larger gamma, a cheaper draft or a cheaper verification).
+  """
+  if gamma < 1:
+    raise ValueError(f"need gamma >= 1, got {gamma}")
+  if lengths is None:
+    if target_prefill or draft_prefill:
+      raise ValueError("prefill costs need the outputs' lengths")
+
+    def predict(alpha):
+      return float(walltime_improvement_measured(alpha, gamma, c,
+                                                 verify_cost))
+  else:
+    lengths = list(lengths)
+
+    def predict(alpha):
+      return walltime_improvement_at_lengths(
+          alpha, gamma, c, lengths, verify_cost=verify_cost,
+          target_prefill=target_prefill, draft_prefill=draft_prefill)
+  if predict(0.0) >= improvement:
+    return 0.0
+  if predict(1.0) < improvement:
+    return float("nan")
+  low, high = 0.0, 1.0
+  for _ in range(42):  # 2^-42 ~ 2e-13
+    middle = (low + high) / 2
+    if predict(middle) >= improvement:
+      high = middle
+    else:
+      low = middle
+  return high
+
+
 def operations_factor(alpha, gamma, c_hat):
   """Theorem 3.11: (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)).
 

@@ -192,3 +192,33 @@ def test_prediction_with_prefills():
   with pytest.raises(ValueError, match="prefill"):
     theory.walltime_improvement_at_lengths(alpha, gamma, c, [12],
                                            target_prefill=-1.0)
+
+
+def test_alpha_for_improvement_inverts_the_predictions():
+  """alpha_for_improvement is the inverse in alpha of Theorem 3.8 (with v)
+  and of its finite-length form: a closed form (gamma 1, c 0: 1 + alpha),
+  round trips at lengths with prefills, the smallest such alpha, 0 when
+  any draft will do, NaN when even alpha = 1 falls short."""
+  assert theory.alpha_for_improvement(1.7, 1, 0.0) == pytest.approx(0.7)
+  # v = 1.5 at alpha = 1 gives at most (gamma + 1) / (gamma c + v).
+  gamma, c, v = 4, 0.0235, 1.31
+  ceiling = (gamma + 1) / (gamma * c + v)
+  assert np.isnan(theory.alpha_for_improvement(ceiling + 0.01, gamma, c, v))
+  assert theory.alpha_for_improvement(ceiling - 1e-9, gamma, c, v) > 0.999
+  assert theory.alpha_for_improvement(0.5, gamma, c, v) == 0.0
+  lengths = [38, 41, 40, 52, 33]
+  for alpha in (0.3, 0.81, 0.93):
+    goal = theory.walltime_improvement_at_lengths(
+        alpha, gamma, c, lengths, verify_cost=v, target_prefill=2.1,
+        draft_prefill=0.23)
+    found = theory.alpha_for_improvement(
+        goal, gamma, c, v, lengths=lengths, target_prefill=2.1,
+        draft_prefill=0.23)
+    assert found == pytest.approx(alpha, abs=1e-9)
+    assert theory.walltime_improvement_at_lengths(
+        found - 1e-6, gamma, c, lengths, verify_cost=v, target_prefill=2.1,
+        draft_prefill=0.23) < goal
+  with pytest.raises(ValueError, match="lengths"):
+    theory.alpha_for_improvement(2.0, gamma, c, v, target_prefill=1.0)
+  with pytest.raises(ValueError, match="gamma"):
+    theory.alpha_for_improvement(2.0, 0, c, v)
