@@ -81,22 +81,48 @@ def best_runs(fns: Sequence[Callable[[], Any]], repeats: int = 3,
 
 @dataclasses.dataclass(eq=False)  # Clocks are told apart by identity.
 class CompileClock:
-  """Seconds of tracing, lowering and XLA compilation seen so far, and how
-  many programs XLA compiled (see `compile_clock`)."""
+  """Seconds in which JAX was tracing, lowering or compiling, and how many
+  programs XLA compiled (see `compile_clock`).
+
+  `seconds` is wall time covered by at least one compile event since the
+  clock started, not the sum of the events' durations: events that overlap
+  (compiles in other threads, e.g. a library's) count once, so `seconds`
+  never exceeds the block's own time.
+  """
 
   seconds: float = 0.0
   programs: int = 0
+  started: float = dataclasses.field(default_factory=time.perf_counter)
+  # Disjoint (start, end) intervals already counted, in order.
+  _spans: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+
+  def add(self, start: float, end: float) -> None:
+    """Counts the part of [start, end) that no earlier event covered."""
+    start = max(start, self.started)
+    if end <= start:
+      return
+    kept, merged = [], 0.0
+    for a, b in self._spans:
+      if b < start or a > end:
+        kept.append((a, b))
+      else:  # Overlaps or touches [start, end): one span now.
+        merged += b - a
+        start, end = min(start, a), max(end, b)
+    self.seconds += (end - start) - merged
+    self._spans = sorted(kept + [(start, end)])
 
 
-_listening = threading.Lock()
+_listening = threading.RLock()
 _clocks: list[CompileClock] = []
 
 
 def _on_duration(event: str, seconds: float, **_) -> None:
   if event in COMPILE_EVENTS:
-    for clock in _clocks:
-      clock.seconds += seconds
-      clock.programs += event == COMPILE_EVENTS[-1]
+    end = time.perf_counter()
+    with _listening:  # Events may come from any thread.
+      for clock in _clocks:
+        clock.add(end - seconds, end)
+        clock.programs += event == COMPILE_EVENTS[-1]
 
 
 @contextlib.contextmanager
@@ -117,9 +143,10 @@ def compile_clock() -> Iterator[CompileClock]:
     if not getattr(compile_clock, "registered", False):
       monitoring.register_event_duration_secs_listener(_on_duration)
       compile_clock.registered = True
-  clock = CompileClock()
-  _clocks.append(clock)
+    clock = CompileClock()
+    _clocks.append(clock)
   try:
     yield clock
   finally:
-    _clocks.remove(clock)
+    with _listening:
+      _clocks.remove(clock)
