@@ -200,7 +200,7 @@ def test_alpha_for_improvement_inverts_the_predictions():
   round trips at lengths with prefills, the smallest such alpha, 0 when
   any draft will do, NaN when even alpha = 1 falls short."""
   assert theory.alpha_for_improvement(1.7, 1, 0.0) == pytest.approx(0.7)
-  # v = 1.5 at alpha = 1 gives at most (gamma + 1) / (gamma c + v).
+  # At alpha = 1 every run emits gamma + 1 tokens: the ceiling.
   gamma, c, v = 4, 0.0235, 1.31
   ceiling = (gamma + 1) / (gamma * c + v)
   assert np.isnan(theory.alpha_for_improvement(ceiling + 0.01, gamma, c, v))

@@ -1,6 +1,9 @@
 """Tests for specdec_jax.experiments.timing: the timing rule and the compile
 clock that tells a run's compilation apart from its decoding."""
 
+import concurrent.futures
+import time
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -48,9 +51,6 @@ def test_compile_clock_counts_overlapping_events_once():
 def test_compile_clock_never_exceeds_its_block_with_threads():
   """Programs compiled by several threads at once: the clock counts each
   of them and no more seconds than the block took."""
-  import concurrent.futures  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
-
   def compile_one(k):
     f = jax.jit(lambda v: jnp.tanh(v @ v.T) * k + jnp.sum(v) ** 2)
     return f(jnp.ones((64, 64))).block_until_ready()
