@@ -11,7 +11,7 @@ setuptools.setup(
     packages=setuptools.find_namespace_packages(include=["specdec_jax", "specdec_jax.*"]),
     package_data={"specdec_jax": ["demo_models/**/*", "demo_data/*"]},
     include_package_data=True,
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     install_requires=[
         f"jax=={_JAX}",
         f"jaxlib=={_JAX}",

@@ -24,7 +24,10 @@ import json
 import os
 import sys
 
+# The host's CPU whatever the machine: on a TPU VM planning must neither take
+# the chips from a running job nor be limited to the host's few of them.
 # Simulated devices must exist before JAX starts its CPU backend.
+os.environ["JAX_PLATFORMS"] = "cpu"
 _FLAG = "--xla_force_host_platform_device_count"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +

@@ -5,14 +5,20 @@ r"""Runs experiment configs and assembles Table 2 and Table 3.
     --workdir=$WORKDIR/table2
 
 Shared files (checkpoint macros, ende.gin, cnndm.gin, lm1b.gin) are left out
-of the globs. Each experiment resumes where it stopped; --assemble_only
-rebuilds the tables from finished workdirs.
+of the globs. Rows that differ only in their draft run side by side on one
+baseline decode per example. Before the first decode the projected time of
+the whole table is printed (--max_examples caps every row). Each experiment
+resumes where it stopped; --assemble_only rebuilds the tables from finished
+workdirs, e.g. after running rows on separate chips (docs/tpu.md).
 """
 
 import os
 
 from absl import flags
 
+import jax
+
+from specdec_jax.experiments import chips
 from specdec_jax.experiments import gin_flags
 from specdec_jax.experiments import reproduce
 from specdec_jax.data import tasks  # noqa: F401  (registers tasks and TaskConfig)
@@ -24,15 +30,29 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.",
                                required=True)
 _ASSEMBLE_ONLY = flags.DEFINE_bool("assemble_only", False,
                                    "Only rebuild the tables.")
+_MAX_EXAMPLES = flags.DEFINE_integer(
+    "max_examples", None, "Decode the first N examples of every row "
+    "(default: each config's own, the whole split unless it sets one).")
+_CHIP = flags.DEFINE_enum(
+    "chip", None, list(chips.CHIPS), "Chip the projected time is for "
+    "(default: this machine's accelerator, else tpu_v4).")
+
+
+def _chip() -> chips.Chip:
+  if _CHIP.value:
+    return chips.get_chip(_CHIP.value)
+  return (chips.chip_of_device_kind(jax.local_devices()[0].device_kind)
+          or chips.get_chip("tpu_v4"))
 
 
 def main(argv):
   del argv
   if not _ASSEMBLE_ONLY.value:
     files = reproduce.experiment_files(_EXPERIMENTS.value,
-                                       gin_flags.CONFIGS_DIR)
+                                       gin_flags.search_paths())
     reproduce.run_configs(files, _WORKDIR.value, flags.FLAGS.gin_file,
-                          flags.FLAGS.gin_bindings)
+                          flags.FLAGS.gin_bindings, _MAX_EXAMPLES.value,
+                          _chip())
   tables = reproduce.assemble(_WORKDIR.value)
   for name in tables:
     print(open(os.path.join(_WORKDIR.value, f"{name}.md")).read())

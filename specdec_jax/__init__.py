@@ -5,18 +5,23 @@ with jax, flax and numpy alone; TensorFlow, seqio and gin stay in the modules
 that need them (tasks, experiments, training).
 """
 
-from specdec_jax import sampling
-from specdec_jax import theory
-from specdec_jax.checkpoints import load_model
-from specdec_jax.decoding.api import CPU_EIGEN_MATMULS
-from specdec_jax.decoding.api import DecodeResult
-from specdec_jax.decoding.api import generate
-from specdec_jax.decoding.api import speculative_generate
-from specdec_jax.decoding.cascades import cascade
-from specdec_jax.decoding.cascades import horizontal
-from specdec_jax.decoding.stopping import ConfidenceStop
-from specdec_jax.decoding.stopping import ExpectedGainStop
-from specdec_jax.decoding.protocol import Model
-from specdec_jax.sharding import make_mesh
+from specdec_jax import versions as _versions
+
+if _versions.python_problem():
+  raise ImportError(_versions.python_problem())
+
+from specdec_jax import sampling  # noqa: E402
+from specdec_jax import theory  # noqa: E402
+from specdec_jax.checkpoints import load_model  # noqa: E402
+from specdec_jax.decoding.api import CPU_EIGEN_MATMULS  # noqa: E402
+from specdec_jax.decoding.api import DecodeResult  # noqa: E402
+from specdec_jax.decoding.api import generate  # noqa: E402
+from specdec_jax.decoding.api import speculative_generate  # noqa: E402
+from specdec_jax.decoding.cascades import cascade  # noqa: E402
+from specdec_jax.decoding.cascades import horizontal  # noqa: E402
+from specdec_jax.decoding.stopping import ConfidenceStop  # noqa: E402
+from specdec_jax.decoding.stopping import ExpectedGainStop  # noqa: E402
+from specdec_jax.decoding.protocol import Model  # noqa: E402
+from specdec_jax.sharding import make_mesh  # noqa: E402
 
 __version__ = "0.1.0"

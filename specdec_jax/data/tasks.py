@@ -73,6 +73,18 @@ NUM_EXTRA_IDS = 100
 TRANSLATE_PREFIX = text.TRANSLATE_PREFIX
 SUMMARIZE_PREFIX = text.SUMMARIZE_PREFIX
 SHARED_DATA_ENV = local_files.SHARED_DATA_ENV
+# Paths that start with this name files shipped inside the package, e.g.
+# 'package:demo_data/sentences' or 'package:demo_models/target/vocab.model',
+# so a gin file can point at them wherever the package is installed.
+PACKAGE_PREFIX = "package:"
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def resolve_package_path(path: str) -> str:
+  """`package:REL` as a path inside the installed package; others as given."""
+  if path.startswith(PACKAGE_PREFIX):
+    return str(_PACKAGE_DIR / path[len(PACKAGE_PREFIX):])
+  return path
 
 WMT14_ENDE = "wmt14_ende"
 WMT_T2T_ENDE = "wmt_t2t_ende"
@@ -142,7 +154,8 @@ class TaskConfig:
   """Where the tasks find their vocabulary and data.
 
   Relative local paths resolve against `local_data_dir`; absolute paths and
-  `gs://` paths are used as they are.
+  `gs://` paths are used as they are; `package:REL` names a file shipped in
+  the package (`resolve_package_path`), e.g. the demo's data and vocabulary.
 
   Attributes:
     vocab_path: the T5 SentencePiece model (cc_all.32000; the 100 extra ids
@@ -179,9 +192,12 @@ class TaskConfig:
 
   def resolve(self, path: str) -> str:
     """`path` made absolute against `local_data_dir` unless it already is."""
+    if path.startswith(PACKAGE_PREFIX):
+      return resolve_package_path(path)
     if "://" in path or os.path.isabs(path):
       return path
-    base = self.local_data_dir or str(default_local_data_dir())
+    base = (resolve_package_path(self.local_data_dir) if self.local_data_dir
+            else str(default_local_data_dir()))
     return os.path.join(base, path)
 
 
@@ -244,7 +260,8 @@ class _T5Vocabulary(seqio.SentencePieceVocabulary):
 
   @property
   def sentencepiece_model_file(self) -> str:
-    return self._fixed_path or current_config().vocab_path
+    return resolve_package_path(self._fixed_path or
+                                current_config().vocab_path)
 
   def _model_context(self):
     path = self.sentencepiece_model_file

@@ -1,8 +1,10 @@
 """Gin plumbing shared by the absl scripts (T5X-style flags).
 
-`--gin_file=F` (repeatable) parses gin files, searched relative to the
-current directory and to the repository's `configs/` folder, and
-`--gin.NAME=VALUE` is shorthand for `--gin_bindings='NAME = VALUE'`.
+`--gin_file=F` (repeatable) parses gin files, searched in the folders of
+`--gin_search_paths` (T5X's flag, comma-separated), then the current
+directory and the repository's `configs/` folder, and `--gin.NAME=VALUE` is
+shorthand for `--gin_bindings='NAME = VALUE'`. `--tfds_data_dir` (also
+T5X's) is where seqio reads prepared TFDS datasets, e.g. a gs:// folder.
 
 Every script run through `run` also keeps the programs it compiles in a
 persistent XLA compilation cache (`--compilation_cache_dir`), so a rerun
@@ -23,12 +25,22 @@ from absl import flags
 from absl import logging
 import gin
 
+from specdec_jax import versions
+
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "configs")
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config files (repeatable).")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings (repeatable); "
                           "--gin.NAME=VALUE is shorthand.")
+flags.DEFINE_list(
+    "gin_search_paths", [], "Folders gin files and their includes are "
+    "looked up in, before the current directory and configs/ "
+    "(comma-separated, as T5X's flag).")
+flags.DEFINE_string(
+    "tfds_data_dir", None, "Where seqio's TFDS tasks read prepared datasets "
+    "(seqio's data-dir override, as T5X's flag; default: TFDS's own, "
+    "$TFDS_DATA_DIR or ~/tensorflow_datasets).")
 flags.DEFINE_string(
     "compilation_cache_dir", os.path.join("~", ".cache", "specdec_jax", "xla"),
     "Persistent XLA compilation cache of the compiled programs: a rerun "
@@ -54,26 +66,49 @@ def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
   return out
 
 
-def parse(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
-  """Parses files and bindings; missing files name the search path."""
-  for path in (os.getcwd(), CONFIGS_DIR, os.path.dirname(CONFIGS_DIR)):
+def search_paths(extra: Sequence[str] | None = None) -> list[str]:
+  """Where gin files are looked up: `extra` (default --gin_search_paths)
+  first, then the current directory, configs/ and the repository root."""
+  if extra is None:
+    extra = flags.FLAGS.gin_search_paths if flags.FLAGS.is_parsed() else []
+  return [*extra, os.getcwd(), CONFIGS_DIR, os.path.dirname(CONFIGS_DIR)]
+
+
+def parse(gin_files: Sequence[str], bindings: Sequence[str],
+          extra_search_paths: Sequence[str] | None = None) -> None:
+  """Parses files and bindings; missing files name the search path.
+
+  Args:
+    gin_files: paths, absolute or relative to a folder of `search_paths`.
+    bindings: gin bindings, applied after the files.
+    extra_search_paths: folders looked in first (None: --gin_search_paths).
+  """
+  paths = search_paths(extra_search_paths)
+  for path in paths:
     gin.add_config_file_search_path(path)
   resolved = []
   for f in gin_files:
-    candidates = [f, os.path.join(CONFIGS_DIR, f),
-                  os.path.join(os.path.dirname(CONFIGS_DIR), f)]
+    candidates = [f] + [os.path.join(p, f) for p in paths]
     found = [c for c in candidates if os.path.exists(c)]
     if not found:
       raise FileNotFoundError(
-          f"gin file {f!r} not found (looked in {os.getcwd()} and "
-          f"{CONFIGS_DIR}). Pass a path like "
-          f"configs/experiments/table2/ende_small_t0.gin.")
+          f"gin file {f!r} not found (looked in {', '.join(paths)}). Pass a "
+          "path like configs/experiments/table2/ende_small_t0.gin, or add "
+          "its folder with --gin_search_paths.")
     # The path found, not the name: gin would log an error for each place
     # it looked in vain. (Includes inside the files still use the search
     # path added above.)
     resolved.append(found[0])
   gin.parse_config_files_and_bindings(resolved, list(bindings),
                                       finalize_config=False)
+
+
+def use_tfds_data_dir(path: str | None) -> None:
+  """Makes seqio's TFDS tasks read prepared datasets from `path`."""
+  if not path:
+    return
+  import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow: on demand)
+  seqio.set_tfds_data_dir_override(path)
 
 
 def write_config(workdir: str, name: str = "config.gin") -> str:
@@ -115,12 +150,15 @@ def use_compilation_cache(path: str) -> None:
 
 
 def run(main: Callable[[Sequence[str]], None]) -> None:
-  """absl `app.run` with `--gin.NAME=VALUE` support, quiet orbax logs and
-  the compilation cache of `--compilation_cache_dir`."""
+  """absl `app.run` with `--gin.NAME=VALUE` support, quiet orbax logs, a
+  check of the Python and jax versions (`versions.check`), the compilation
+  cache of `--compilation_cache_dir` and seqio's `--tfds_data_dir`."""
   logging.get_absl_logger().addFilter(_QuietOrbax())
 
   def main_with_cache(argv):
+    versions.check()
     use_compilation_cache(flags.FLAGS.compilation_cache_dir)
+    use_tfds_data_dir(flags.FLAGS.tfds_data_dir)
     return main(argv)
 
   app.run(main_with_cache, argv=rewrite_gin_args(sys.argv))

@@ -547,3 +547,16 @@ def plan(config: ExperimentConfig, chip: chips.Chip,
   check_fits(config, chip)
   shape = run_shape(config, input_len)
   return project(config, shape, compile_programs(shape), chip)
+
+
+def decoder_step_bytes(shape: RunShape) -> dict[str, int]:
+  """Weight bytes per device one decoder step of each model reads (no
+  compile): the roofline's numerator, for projections made before a run."""
+  out = {}
+  for role, definition in (("target", shape.target), ("draft", shape.draft)):
+    replicate = role == "draft" and shape.replicate_draft
+    spec = None if replicate else _decoder_weights(
+        param_logical_axes(definition))
+    out[role] = _shard_bytes(_decoder_weights(param_shapes(definition)), spec,
+                             shape.mesh_shape)
+  return out

@@ -12,19 +12,23 @@ the draft's config name or path its M_q (`_draft_key`).
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
 from absl import logging
 import gin
 
+from specdec_jax.data import tasks
+from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import gin_flags
 from specdec_jax.experiments import paper
 from specdec_jax.experiments import report
+from specdec_jax.experiments import table_cost
 
 
 _TASK_KEYS = {"wmt14_ende": "ende", "wmt_t2t_ende": "ende",
@@ -65,34 +69,119 @@ def is_shared_config(path: str) -> bool:
   return name.startswith("checkpoints") or name in _SHARED_CONFIGS
 
 
-def experiment_files(patterns: Sequence[str], configs_dir: str) -> list[str]:
-  """The row configs matching `patterns` (globs, also tried under
-  `configs_dir`), shared files left out, in sorted order per pattern."""
+def experiment_files(patterns: Sequence[str],
+                     search_dirs: str | Sequence[str]) -> list[str]:
+  """The row configs matching `patterns` (globs, as given or under the first
+  of `search_dirs` where they match), shared files left out, in sorted order
+  per pattern."""
+  dirs = [search_dirs] if isinstance(search_dirs, str) else list(search_dirs)
   files = []
   for pattern in patterns:
-    matches = (sorted(glob.glob(pattern)) or
-               sorted(glob.glob(os.path.join(configs_dir, pattern))))
+    matches = sorted(glob.glob(pattern))
+    for d in dirs:
+      matches = matches or sorted(glob.glob(os.path.join(d, pattern)))
     if not matches:
-      raise FileNotFoundError(f"no experiment config matches {pattern!r}")
+      raise FileNotFoundError(
+          f"no experiment config matches {pattern!r} (looked in "
+          f"{', '.join(dirs)})")
     files += [m for m in matches if not is_shared_config(m)]
   return files
 
 
-def run_configs(gin_files: Sequence[str], workdir: str,
-                extra_files: Sequence[str] = (),
-                bindings: Sequence[str] = ()) -> list[dict]:
-  """Runs each experiment gin file (plus shared run files and bindings)."""
-  summaries = []
-  for i, gin_file in enumerate(gin_files):
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One experiment config as parsed: its settings, the task files gin gave
+  it, and where it runs."""
+
+  config: experiment.ExperimentConfig
+  task_config: Any  # tasks.TaskConfig
+  workdir: str
+  gin_config: str = ""  # what gin was told, written to workdir/config.gin
+
+
+def parse_rows(gin_files: Sequence[str], workdir: str,
+               extra_files: Sequence[str] = (),
+               bindings: Sequence[str] = (),
+               max_examples: int | None = None) -> list[Row]:
+  """Parses each experiment gin file (plus shared run files and bindings).
+
+  `max_examples` (when given) replaces every row's. Each row runs into
+  `workdir/<name>` (its config's name, else its file's)."""
+  rows = []
+  for gin_file in gin_files:
     gin.clear_config()
     gin_flags.parse([gin_file, *extra_files], bindings)
     config = gin.get_configurable(experiment.ExperimentConfig)()
+    if max_examples is not None:
+      config = dataclasses.replace(config, max_examples=max_examples)
     name = config.name or os.path.splitext(os.path.basename(gin_file))[0]
-    logging.info("experiment %d/%d: %s", i + 1, len(gin_files), name)
-    run_dir = os.path.join(workdir, name)
-    gin_flags.write_config(run_dir)
-    summaries.append(experiment.run(config, run_dir))
-  return summaries
+    rows.append(Row(config, tasks.current_config(),
+                    os.path.join(workdir, name), gin.config_str()))
+  names = [r.workdir for r in rows]
+  if len(set(names)) != len(names):
+    raise ValueError(f"two experiments would share a workdir: {names}")
+  return rows
+
+
+def share_groups(rows: Sequence[Row]) -> list[list[Row]]:
+  """Rows grouped so that each group can share one baseline decode per
+  example: same task files and every setting but the draft's
+  (`experiment.PER_DRAFT_FIELDS`). Groups keep the rows' order."""
+  groups: list[list[Row]] = []
+  for row in rows:
+    for group in groups:
+      if group[0].task_config == row.task_config:
+        try:
+          experiment.check_side_by_side([group[0].config, row.config])
+        except experiment.ConfigError:
+          continue
+        group.append(row)
+        break
+    else:
+      groups.append([row])
+  return groups
+
+
+def run_rows(rows: Sequence[Row]) -> list[dict]:
+  """Runs the rows, those that can share a baseline side by side
+  (`experiment.run_side_by_side`: each example is decoded by the target
+  alone once, then by every draft of the group, and every row's record
+  holds that one baseline). Returns the summaries in the rows' order."""
+  by_workdir = {}
+  groups = share_groups(rows)
+  for i, group in enumerate(groups):
+    logging.info("experiments %d/%d, side by side: %s", i + 1, len(groups),
+                 ", ".join(os.path.basename(r.workdir) for r in group))
+    previous = tasks.set_config(group[0].task_config)
+    try:
+      summaries = experiment.run_side_by_side(
+          [r.config for r in group], [r.workdir for r in group])
+    finally:
+      tasks.set_config(previous)
+    # After the run: a rerun refused for other settings leaves the
+    # workdir's config as it was.
+    for row in group:
+      with open(os.path.join(row.workdir, "config.gin"), "w") as f:
+        f.write(row.gin_config)
+    by_workdir.update(zip((r.workdir for r in group), summaries))
+  return [by_workdir[r.workdir] for r in rows]
+
+
+def run_configs(gin_files: Sequence[str], workdir: str,
+                extra_files: Sequence[str] = (),
+                bindings: Sequence[str] = (),
+                max_examples: int | None = None,
+                chip: chips.Chip | None = None) -> list[dict]:
+  """Parses the experiment gin files (`parse_rows`), logs the projected
+  time of the whole table on `chip` (`table_cost`; None: not projected),
+  then runs them (`run_rows`)."""
+  rows = parse_rows(gin_files, workdir, extra_files, bindings, max_examples)
+  if chip is not None:
+    _, lines = table_cost.project(
+        [[r.config for r in g] for g in share_groups(rows)], chip)
+    for line in lines:
+      logging.info("%s", line)
+  return run_rows(rows)
 
 
 def load_summaries(workdir: str) -> list[dict]:

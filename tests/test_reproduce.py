@@ -1,0 +1,120 @@
+"""reproduce_tables: rows that share a baseline decode it once; the cost of a
+table is projected before it runs; T5X's flags are accepted."""
+
+import json
+import os
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from specdec_jax.experiments import chips
+from specdec_jax.experiments import experiment
+from specdec_jax.experiments import reproduce
+from specdec_jax.experiments import table_cost
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CONFIGS = os.path.join(REPO, "configs")
+_DEMO_ROWS = "experiments/demo/ende_sentences_draft_*_t0.gin"
+
+
+def _records(path):
+  with open(path) as f:
+    return {r["id"]: r for r in map(json.loads, f)}
+
+
+def test_rows_differing_in_draft_share_each_baseline_decode(tmp_path):
+  """The two demo rows (draft_base, draft_small) run side by side: every
+  example's baseline record (tokens and time_s) is the same object in both
+  rows' results, and both rows and the assembled table exist. Run through
+  the script with T5X's --gin_search_paths (a gin file found only there)
+  and --tfds_data_dir, and with --max_examples capping every row."""
+  extra = tmp_path / "my_configs"
+  extra.mkdir()
+  (extra / "quick.gin").write_text(
+      "from __gin__ import dynamic_registration\n"
+      "from specdec_jax.experiments import experiment\n"
+      "experiment.ExperimentConfig:\n"
+      "  repeats = 1\n  cost_repeats = 1\n  max_decode_len = 24\n")
+  workdir = tmp_path / "rows"
+  cmd = [sys.executable, os.path.join(REPO, "scripts", "reproduce_tables.py"),
+         f"--experiments={_DEMO_ROWS}", "--gin_file=quick.gin",
+         f"--gin_search_paths={extra}", f"--tfds_data_dir={tmp_path / 'tfds'}",
+         "--max_examples=2", f"--workdir={workdir}",
+         "--compilation_cache_dir="]
+  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="")
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "projected decode time on one" in proc.stderr, proc.stderr[-2000:]
+  base = _records(workdir / "ende_sentences_draft_base_t0" / "examples.jsonl")
+  small = _records(workdir / "ende_sentences_draft_small_t0" /
+                   "examples.jsonl")
+  assert len(base) == len(small) == 2 and base.keys() == small.keys()
+  for key in base:
+    assert base[key]["baseline"] == small[key]["baseline"], key
+    assert base[key]["baseline"]["time_s"] > 0
+    # Each row keeps its own speculative decodes (gamma 4 and 3).
+    assert list(base[key]["speculative"]) == ["4"]
+    assert list(small[key]["speculative"]) == ["3"]
+  config = (workdir / "ende_sentences_draft_base_t0" / "config.gin")
+  assert "max_decode_len = 24" in config.read_text()
+  table = (workdir / "table2.md").read_text()
+  assert table.count("| ende |") == 2, table
+
+
+def test_rows_that_cannot_share_a_baseline_run_apart():
+  """Rows at different temperatures, or on different task files, are not
+  grouped: their baselines differ."""
+  files = reproduce.experiment_files(["experiments/table2/ende_*_t*.gin"],
+                                     _CONFIGS)
+  try:
+    rows = reproduce.parse_rows(files, "/tmp/unused")
+  finally:
+    gin.clear_config()
+  groups = reproduce.share_groups(rows)
+  assert sorted(len(g) for g in groups) == [3, 3]
+  for group in groups:
+    assert len({r.config.temperature for r in group}) == 1
+  other_files = rows[0].task_config.__class__(wmt_ende_files={"test": "x"})
+  moved = reproduce.Row(rows[0].config, other_files, "/tmp/elsewhere")
+  assert len(reproduce.share_groups([rows[0], moved])) == 2
+
+
+def test_projection_counts_a_shared_baseline_once():
+  """The projected time of the three T5-XXL EnDe greedy rows on a v4 chip
+  (3,003 newstest2014 sentences each) counts the target's decodes once, not
+  three times; the target step is the roofline of its decoder weights."""
+  files = reproduce.experiment_files(["experiments/table2/ende_*_t0.gin"],
+                                     _CONFIGS)
+  try:
+    rows = reproduce.parse_rows(files, "/tmp/unused")
+  finally:
+    gin.clear_config()
+  configs = [r.config for r in rows]
+  chip = chips.get_chip("tpu_v4")
+  costs = [table_cost.row_cost(c, chip) for c in configs]
+  assert all(c.examples == 3003 for c in costs)
+  # Same target, same baseline: equal for all three rows.
+  assert len({c.baseline_seconds for c in costs}) == 1
+  together, _ = table_cost.project([configs], chip)
+  apart, _ = table_cost.project([[c] for c in configs], chip)
+  baseline = costs[0].baseline_seconds
+  assert together == pytest.approx(apart - 2 * baseline)
+  # XXL's decoder in bfloat16 is ~6.7 GB: ~5.6 ms a step at 1.2 TB/s, so
+  # ~10 minutes for 3,003 x 34 tokens.
+  assert 300 < baseline < 1200, baseline
+  # A speculative row projects faster than its baseline (paper alphas).
+  assert all(c.speculative_seconds < c.baseline_seconds for c in costs)
+
+
+def test_unprojectable_rows_say_why():
+  """A row without an architecture to plan (our own checkpoints) is listed
+  as not projected, with the reason, instead of silently counting zero."""
+  config = experiment.ExperimentConfig(task="wmt14_ende", target="x",
+                                       draft="y", max_examples=5)
+  total, lines = table_cost.project([[config]], chips.get_chip("tpu_v4"))
+  assert total == 0
+  assert any("not projected" in line and "target_config" in line
+             for line in lines), lines
