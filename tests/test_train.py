@@ -260,6 +260,20 @@ def test_init_from_starts_at_the_saved_parameters(corpus, trained,
                         model_overrides=dict(_TINY, emb_dim=16)))
 
 
+def test_init_from_a_t5x_checkpoint_uses_the_models_architecture(
+    corpus, trained, tmp_path):
+  """init_from takes a T5X checkpoint ('t5x:PATH', which records no
+  architecture) and reads it with the model's own config: the first step's
+  loss is the trained model's, as from our own format."""
+  saved = checkpoints.load_model(str(trained[0] / "model"))
+  path = checkpoints.write_t5x(saved.params, str(tmp_path / "t5x"), 10)
+  tuned = train.train(_config(tmp_path / "tuned", corpus, num_steps=1,
+                              init_from="t5x:" + path))
+  ours = train.train(_config(tmp_path / "ours", corpus, num_steps=1,
+                             init_from=str(trained[0] / "model")))
+  assert tuned["nll"] == pytest.approx(ours["nll"], rel=1e-5)
+
+
 def test_train_translations_replace_the_train_split_only(corpus, tmp_path):
   """Sequence-level distillation trains on a teacher's translations: with
   `train_translations`, the train split is exactly those aligned files

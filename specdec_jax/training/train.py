@@ -92,8 +92,12 @@ class TrainConfig:
     workdir: where everything is written; required.
     init_from: a `checkpoints.load_model` spec whose parameters start the
       run instead of a random init (fine-tuning); its shapes must match
-      the model's. Ignored when the workdir already has a checkpoint.
+      the model's. A T5X checkpoint ('t5x:gs://.../checkpoint_1000000') is
+      read with the model's own architecture (`model_config()`). Ignored
+      when the workdir already has a checkpoint.
     teacher: a `checkpoints.load_model` spec (e.g. a directory) to distil.
+    teacher_config: the teacher's architecture when it is a T5X checkpoint
+      (which does not record one), e.g. 't5_1_1_xxl'.
     distill_alpha: weight of the KL term; the cross-entropy gets 1 - alpha.
     distill_temperature: divides both logits in the KL, which is multiplied
       by its square so the gradients keep their scale (Hinton et al.).
@@ -133,6 +137,7 @@ class TrainConfig:
   keep_checkpoints: int = 2
   workdir: str = ""
   init_from: str | None = None
+  teacher_config: Any = None
   teacher: str | None = None
   distill_alpha: float = 0.0
   distill_temperature: float = 1.0
@@ -214,7 +219,8 @@ def _prepare(config: TrainConfig, definition):
         "model_overrides['vocab_size'].")
   teacher = None
   if config.teacher:
-    teacher = checkpoints.load_model(config.teacher)
+    teacher = checkpoints.load_model(config.teacher,
+                                     config=config.teacher_config)
     if teacher.vocab_size != definition.vocab_size:
       raise ValueError(
           f"the teacher {config.teacher!r} has vocab_size "
@@ -250,7 +256,9 @@ def _prepare(config: TrainConfig, definition):
 def _initial_params(config: TrainConfig, definition):
   """`init_from`'s parameters as float32, checked against the model's."""
   expected = jax.eval_shape(definition.init_params, jax.random.key(0))
-  params = checkpoints.load_model(config.init_from).params
+  architecture = (config.model_config()
+                  if config.init_from.startswith("t5x:") else None)
+  params = checkpoints.load_model(config.init_from, config=architecture).params
   shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)
   if shapes(params) != shapes(expected):
     raise ValueError(
