@@ -8,8 +8,10 @@ import gin
 import pytest
 
 from specdec_jax.data import tasks
+from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import gin_flags
+from specdec_jax.experiments import plan
 from specdec_jax.experiments import reproduce
 from specdec_jax.models import registry
 from specdec_jax.training import train
@@ -98,3 +100,30 @@ def test_lm1b_training_configs(name, model):
   assert config.max_lengths() == (64, 128)
   assert max(config.length_buckets) >= sum(config.max_lengths())
   assert config.bleu_examples == 0
+
+
+def test_table2_rows_on_the_public_t5_v1_0_checkpoints():
+  """One extra gin file puts every Table 2 row on the public original T5
+  checkpoints: the row then validates with no placeholder left, its target
+  is t5_11B and its draft the row's size, both T5 v1.0 architectures read
+  from gs://t5-data, and the pair fits one TPU v4 chip in bfloat16 (shape
+  check, nothing loaded)."""
+  files = reproduce.experiment_files(["experiments/table2/*.gin"], _CONFIGS)
+  assert len(files) == 12
+  v1_0 = os.path.join(_CONFIGS, "experiments/table2/checkpoints_t5_v1_0.gin")
+  try:
+    for path in files:
+      _parse(path)
+      gin.parse_config_file(v1_0)
+      config = gin.get_configurable(experiment.ExperimentConfig)()
+      experiment.validate(config)
+      size = os.path.basename(path).split("_")[1]
+      assert config.target_config == "t5_11b"
+      assert config.draft_config == f"t5_{size}"
+      assert config.target.startswith(
+          "t5x:gs://t5-data/pretrained_models/t5x/t5_11B/checkpoint_")
+      assert f"/t5x/t5_{size}/checkpoint_" in config.draft
+      plan.check_fits(config, chips.get_chip("tpu_v4"))
+      gin.clear_config()
+  finally:
+    gin.clear_config()
