@@ -1,8 +1,8 @@
 """Gin plumbing shared by the absl scripts (T5X-style flags).
 
-`--gin_file=F` (repeatable) parses gin files, searched in the folders of
-`--gin_search_paths` (T5X's flag, comma-separated), then the current
-directory and the repository's `configs/` folder, and `--gin.NAME=VALUE` is
+`--gin_file=F` (repeatable) parses gin files: F as given, else found in the
+folders of `--gin_search_paths` (T5X's flag, comma-separated), the
+repository's `configs/` folder or the current directory. `--gin.NAME=VALUE` is
 shorthand for `--gin_bindings='NAME = VALUE'`. `--tfds_data_dir` (also
 T5X's) is where seqio reads prepared TFDS datasets, e.g. a gs:// folder.
 
@@ -68,10 +68,12 @@ def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
 
 def search_paths(extra: Sequence[str] | None = None) -> list[str]:
   """Where gin files are looked up: `extra` (default --gin_search_paths)
-  first, then the current directory, configs/ and the repository root."""
+  first, then configs/, the current directory and the repository root."""
   if extra is None:
     extra = flags.FLAGS.gin_search_paths if flags.FLAGS.is_parsed() else []
-  return [*extra, os.getcwd(), CONFIGS_DIR, os.path.dirname(CONFIGS_DIR)]
+  # configs/ before the current directory: the shipped configs' includes
+  # are found at the first place gin looks (it logs every miss).
+  return [*extra, CONFIGS_DIR, os.getcwd(), os.path.dirname(CONFIGS_DIR)]
 
 
 def parse(gin_files: Sequence[str], bindings: Sequence[str],
@@ -89,6 +91,7 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
   resolved = []
   for f in gin_files:
     candidates = [f] + [os.path.join(p, f) for p in paths]
+    # A path as given (relative to the current directory) comes first.
     found = [c for c in candidates if os.path.exists(c)]
     if not found:
       raise FileNotFoundError(
