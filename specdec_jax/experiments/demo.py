@@ -86,7 +86,7 @@ class DemoConfig:
   or a mapping {temperature: gamma} (the paper's Table 2 also picks gamma per
   row). configs/demo.gin uses the gammas `benchmarks/choose_gamma.py` picks
   from alpha, c and the verification cost measured on Multi30k validation
-  (docs/benchmarks.md). The paragraph rows use `paragraph_drafts` (the same
+  (docs/benchmarks_history.md). The paragraph rows use `paragraph_drafts` (the same
   drafts, with gammas of their own; None: `drafts`), their own decoding
   limit, input buckets and example cap; `paragraphs` None leaves them out.
   """
