@@ -33,6 +33,8 @@ from specdec_jax.data import tasks
 from specdec_jax.training import teacher
 
 flags.DEFINE_string("model", "demo:target", "The teacher (load_model spec).")
+flags.DEFINE_string("model_config", None, "The teacher's architecture when "
+                    "--model is a T5X checkpoint (t5x:PATH), e.g. t5_1_1_xxl.")
 flags.DEFINE_string("task", tasks.MULTI30K_ENDE_MIX_LOCAL,
                     "A translation task (inputs 'translate English to "
                     "German: ...').")
@@ -55,7 +57,7 @@ def main(argv):
   settings = {"model": args.model, "task": args.task, "split": args.split,
               "max_decode_len": args.max_decode_len,
               "max_examples": args.max_examples}
-  model = sd.load_model(args.model)
+  model = sd.load_model(args.model, config=args.model_config)
   with tasks.override_config(vocab_path=model.vocab.sentencepiece_model_file):
     examples = batching.load_examples(args.task, args.split,
                                       max_examples=args.max_examples or None)
