@@ -15,10 +15,12 @@ workdirs, e.g. after running rows on separate chips (docs/tpu.md).
 import os
 
 from absl import flags
+import gin
 
 import jax
 
 from specdec_jax.experiments import chips
+from specdec_jax.experiments import experiment
 from specdec_jax.experiments import gin_flags
 from specdec_jax.experiments import reproduce
 from specdec_jax.data import tasks  # noqa: F401  (registers tasks and TaskConfig)
@@ -47,12 +49,19 @@ def _chip() -> chips.Chip:
 
 def main(argv):
   del argv
+  # Before anything touches a device (the projection asks the chip): the
+  # run files (--gin_file) say whether this is a multi-host job.
+  gin_flags.parse(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
+  gin_flags.initialize_distributed(
+      gin.get_configurable(experiment.ExperimentConfig)().distributed)
   if not _ASSEMBLE_ONLY.value:
     files = reproduce.experiment_files(_EXPERIMENTS.value,
                                        gin_flags.search_paths())
     reproduce.run_configs(files, _WORKDIR.value, flags.FLAGS.gin_file,
                           flags.FLAGS.gin_bindings, _MAX_EXAMPLES.value,
                           _chip())
+  if not gin_flags.is_primary():  # process 0 of a multi-host job writes
+    return
   tables = reproduce.assemble(_WORKDIR.value)
   for name in tables:
     print(open(os.path.join(_WORKDIR.value, f"{name}.md")).read())

@@ -6,7 +6,10 @@ r"""Runs one speculative decoding experiment from gin configs.
     --workdir=/tmp/ende_small_t0
 
 Writes examples.jsonl (resumable), summary.json, table.md/.csv and plots to
-the workdir; see specdec_jax/experiments/experiment.py.
+the workdir; see specdec_jax/experiments/experiment.py. On a multi-host job
+(`--coordinator_address`, `--process_count`, `--process_index`, or
+`distributed = True` on a TPU slice) every process runs this same command
+and process 0 writes.
 """
 
 import dataclasses
@@ -32,8 +35,13 @@ def main(argv):
   config = gin.get_configurable(experiment.ExperimentConfig)()
   if _OVERWRITE.value:
     config = dataclasses.replace(config, overwrite=True)
-  gin_flags.write_config(_WORKDIR.value)
+  gin_flags.initialize_distributed(config.distributed)
+  primary = gin_flags.is_primary()
+  if primary:
+    gin_flags.write_config(_WORKDIR.value)
   summary = experiment.run(config, _WORKDIR.value)
+  if not primary:
+    return
   gin_flags.write_operative_config(_WORKDIR.value)
   logging.info("alpha=%.3f c=%.4f speedup=%.2fx (Theorem 3.8 predicts %.2fx)",
                summary["alpha"], summary["c"], summary["speedup"],

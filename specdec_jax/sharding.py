@@ -166,19 +166,3 @@ def gather(tree: Any) -> Any:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     tree = multihost_utils.process_allgather(tree, tiled=True)
   return jax.tree.map(np.asarray, jax.device_get(tree))
-
-
-def maybe_initialize_distributed(enabled: bool = False, **kwargs) -> None:
-  """Calls `jax.distributed.initialize(**kwargs)` once, for multi-host pods.
-
-  On Cloud TPU the coordinator, process count and id are discovered
-  automatically, so no arguments are needed there.
-  """
-  if enabled and not getattr(maybe_initialize_distributed, "_done", False):
-    jax.distributed.initialize(**kwargs)
-    maybe_initialize_distributed._done = True
-
-
-def is_primary() -> bool:
-  """True on the process that writes results (process 0)."""
-  return jax.process_index() == 0

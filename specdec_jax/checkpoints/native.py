@@ -47,6 +47,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
+from specdec_jax import multihost
 from specdec_jax import sharding as sharding_lib
 from specdec_jax.checkpoints import hf
 from specdec_jax.checkpoints.configs import FAMILIES
@@ -182,7 +183,7 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
   if not is_gcs(params_dir):
     params_dir = os.path.abspath(params_dir)
   ocp.PyTreeCheckpointer().save(params_dir, params, force=overwrite)
-  if not sharding_lib.is_primary():
+  if not multihost.is_primary():
     return directory
   if vocab_data is not None and copy_vocab:
     write_bytes(join_path(directory, VOCAB_FILE), vocab_data)
@@ -222,15 +223,17 @@ def _read_manifest(directory: str) -> dict[str, Any]:
 
 
 def restore(directory: str, *, mesh: jax.sharding.Mesh | None = None,
-            dtype: str | None = None,
-            param_dtype: str | None = None) -> Model:
+            dtype: str | None = None, param_dtype: str | None = None,
+            replicate: Any = False) -> Model:
   """Loads a directory written by `save`.
 
   Args:
     directory: the checkpoint directory (local or gs://).
-    mesh: place the parameters sharded over this mesh; None: default device.
+    mesh: place the parameters sharded over this mesh; None: this
+      process's first device.
     dtype: override the compute dtype of the stored config.
     param_dtype: override the parameter dtype (cast as they load).
+    replicate: a whole copy on every device of `mesh` instead of shards.
 
   Returns:
     The `Model` (with its vocabulary when one was saved).
@@ -246,7 +249,7 @@ def restore(directory: str, *, mesh: jax.sharding.Mesh | None = None,
   if not is_gcs(params_dir):
     params_dir = os.path.abspath(params_dir)
   stored = open_orbax(params_dir, "", f"checkpoint {directory}")
-  params = _load_checked(stored, definition, mesh)
+  params = _load_checked(stored, definition, mesh, replicate)
   vocab = None
   if manifest.get("vocab"):
     vocab_path = manifest["vocab"]
@@ -257,21 +260,27 @@ def restore(directory: str, *, mesh: jax.sharding.Mesh | None = None,
 
 
 def _shardings(definition: Any, shapes: dict[str, Any],
-               mesh: jax.sharding.Mesh | None) -> dict[str, Any]:
-  """Name -> sharding: over `mesh` by the logical axis rules, else the
-  default device."""
+               mesh: jax.sharding.Mesh | None,
+               replicate: Any = False) -> dict[str, Any]:
+  """Name -> sharding: over `mesh` by the logical axis rules (or replicated
+  on it), else this process's first device (`jax.devices()[0]` is process
+  0's, which other hosts cannot address)."""
   if mesh is None:
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     return {name: device for name in shapes}
+  if callable(replicate):
+    replicate = replicate(definition)
   return flatten_tree(sharding_lib.param_shardings(
-      definition, unflatten_tree(shapes), mesh))
+      definition, unflatten_tree(shapes), mesh, replicate=replicate))
 
 
 def _load_checked(stored: StoredParams, definition: Any,
-                  mesh: jax.sharding.Mesh | None) -> dict[str, Any]:
-  """Checks names and shapes, then reads every leaf in place."""
+                  mesh: jax.sharding.Mesh | None,
+                  replicate: Any = False) -> dict[str, Any]:
+  """Checks names and shapes, then reads every leaf in place (each host
+  only the index ranges of its own devices' shards)."""
   expected = _check(stored.shapes, definition, stored.where)
-  shardings = _shardings(definition, expected, mesh)
+  shardings = _shardings(definition, expected, mesh, replicate)
   return unflatten_tree(stored.load(
       {n: (s.dtype, shardings[n]) for n, s in expected.items()}))
 
@@ -304,9 +313,10 @@ def _parse_spec(spec: str) -> tuple[str, str]:
 
 
 def _to_devices(params: dict[str, Any], definition: Any,
-                mesh: jax.sharding.Mesh | None) -> dict[str, Any]:
+                mesh: jax.sharding.Mesh | None,
+                replicate: Any = False) -> dict[str, Any]:
   """Moves host leaves to devices in place, so each host copy dies at once."""
-  shardings = _shardings(definition, flatten_tree(params), mesh)
+  shardings = _shardings(definition, flatten_tree(params), mesh, replicate)
   for name, sharding in shardings.items():
     *parents, leaf = name.split("/")
     node = params
@@ -319,7 +329,8 @@ def _to_devices(params: dict[str, Any], definition: Any,
 def load_model(spec: str, *, config: Any = None,
                mesh: jax.sharding.Mesh | None = None,
                dtype: str | None = None, param_dtype: str | None = None,
-               seed: int = 0, check_finite: bool = True) -> Model:
+               seed: int = 0, check_finite: bool = True,
+               replicate: Any = False) -> Model:
   """Loads (or randomly initialises) a model; see the module docstring.
 
   Args:
@@ -327,8 +338,9 @@ def load_model(spec: str, *, config: Any = None,
       or a config name (random parameters).
     config: for "t5x:" only, and required there: the architecture, in any
       form `resolve_config` accepts.
-    mesh: place the parameters sharded over this mesh (leaf by leaf);
-      None: on the default device.
+    mesh: place the parameters sharded over this mesh (leaf by leaf; each
+      host reads only its devices' shards); None: on this process's first
+      device.
     dtype: compute dtype override, e.g. "bfloat16".
     param_dtype: parameter dtype override (parameters are cast to it as
       they load), e.g. "bfloat16" to hold T5 XXL in 22 GB.
@@ -336,6 +348,9 @@ def load_model(spec: str, *, config: Any = None,
     check_finite: check every floating-point parameter for NaN/inf after
       loading (one reduction per tensor on its device: docs/reliability.md);
       False skips it.
+    replicate: with `mesh`, a whole copy on every device instead of shards
+      (a small draft next to a model-parallel target); or a function of the
+      model definition deciding it (from shapes, before anything is read).
 
   Returns:
     A `Model`.
@@ -348,7 +363,7 @@ def load_model(spec: str, *, config: Any = None,
     NonFiniteParameterError: a parameter holds NaN or inf.
   """
   model = _load_model(spec, config=config, mesh=mesh, dtype=dtype,
-                      param_dtype=param_dtype, seed=seed)
+                      param_dtype=param_dtype, seed=seed, replicate=replicate)
   if check_finite:
     check_finite_params(model, spec)
   return model
@@ -370,7 +385,7 @@ def check_finite_params(model: Model, where: str) -> None:
 
 def _load_model(spec: str, *, config: Any, mesh: jax.sharding.Mesh | None,
                 dtype: str | None, param_dtype: str | None,
-                seed: int) -> Model:
+                seed: int, replicate: Any = False) -> Model:
   kind, rest = _parse_spec(os.fspath(spec))
   if kind == "t5x" and config is None:
     raise SpecError(
@@ -387,17 +402,20 @@ def _load_model(spec: str, *, config: Any, mesh: jax.sharding.Mesh | None,
     definition = registry.make_def(model_config)
     init = definition.init_params
     if mesh is not None:
-      shardings = _shardings(definition, _expected(definition), mesh)
+      shardings = _shardings(definition, _expected(definition), mesh,
+                             replicate)
       init = jax.jit(init, out_shardings=unflatten_tree(shardings))
     return Model(definition, init(jax.random.PRNGKey(seed)))
   if kind == "t5x":
     model_config = dataclasses.replace(resolve_config(config), **overrides)
     definition = registry.make_def(model_config)
-    return Model(definition, _load_checked(open_t5x(rest), definition, mesh))
+    return Model(definition, _load_checked(open_t5x(rest), definition, mesh,
+                                           replicate))
   if kind == "hf":
     model_config, params = hf.load_t5(rest, **overrides)
     definition = registry.make_def(model_config)
-    return Model(definition, _to_devices(params, definition, mesh))
+    return Model(definition, _to_devices(params, definition, mesh,
+                                         replicate))
   if kind == "demo":
     shipped = sorted(list_dir(DEMO_DIR)) if os.path.isdir(DEMO_DIR) else []
     if rest not in shipped:  # also keeps demo:../x inside the shipped models
@@ -411,8 +429,8 @@ def _load_model(spec: str, *, config: Any, mesh: jax.sharding.Mesh | None,
       raise CheckpointNotFoundError(
           f"demo model {rest!r} is not shipped: no {directory}/{CONFIG_FILE}; "
           f"shipped: {', '.join(shipped) or 'none'}")
-    return restore(directory, mesh=mesh, **overrides)
-  return restore(rest, mesh=mesh, **overrides)
+    return restore(directory, mesh=mesh, replicate=replicate, **overrides)
+  return restore(rest, mesh=mesh, replicate=replicate, **overrides)
 
 
 def convert(spec: str, output: str, *, config: Any = None,

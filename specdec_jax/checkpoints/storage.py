@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import posixpath
+import time
 from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
 
+from specdec_jax import multihost
 from specdec_jax import sharding as sharding_lib
 from specdec_jax.checkpoints.errors import CheckpointError
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
@@ -132,6 +135,52 @@ def place_leaf(value: np.ndarray, placement: _Placement) -> Any:
   return jax.device_put(value, sharding)
 
 
+def place_read(shape: tuple[int, ...], read: Callable[[tuple], Any],
+               placement: _Placement) -> Any:
+  """Reads and places one leaf; `read(index)` reads the slices `index`.
+
+  With a NamedSharding only the index ranges of this process's own devices
+  are read, each distinct range once: on a slice of several hosts every
+  byte of a sharded checkpoint leaves the bucket about once, not once per
+  host. Without one the whole leaf is read.
+  """
+  dtype, sharding = placement
+  if not isinstance(sharding, jax.sharding.NamedSharding):
+    return place_leaf(np.asarray(read(())), placement)
+  shards = {}
+
+  def shard(index):
+    key = tuple((s.start, s.stop, s.step) for s in index)
+    if key not in shards:
+      value = np.asarray(read(tuple(index)))
+      if dtype is not None and value.dtype != dtype:
+        value = value.astype(dtype)
+      shards[key] = value
+    return shards[key]
+
+  return jax.make_array_from_callback(tuple(shape), sharding, shard)
+
+
+def progress(where: str, total: int,
+             every_s: float = 30.0) -> Callable[[], None]:
+  """A counter to call once per leaf read: process 0 logs how far it got
+  every `every_s` seconds and at the end (XXL takes minutes to read)."""
+  start = last = time.perf_counter()
+  done = 0
+
+  def tick():
+    nonlocal done, last
+    done += 1
+    now = time.perf_counter()
+    if multihost.is_primary() and (now - last >= every_s or done == total):
+      logging.getLogger(__name__).info(
+          "%s: %d of %d tensors read (%.0f s)", where, done, total,
+          now - start)
+      last = now
+
+  return tick
+
+
 @dataclasses.dataclass
 class StoredParams:
   """Parameters found in a checkpoint, not read yet.
@@ -200,6 +249,9 @@ def open_orbax(directory: str, prefix: str, where: str) -> StoredParams:
         for n, (d, _) in placements.items()}))
     args = wrap(unflatten_tree({n: _orbax_restore_args(*p)
                                 for n, p in placements.items()}))
+    if multihost.is_primary():
+      logging.getLogger(__name__).info("%s: reading %d tensors", where,
+                                       len(placements))
     with _damaged_orbax_named(directory, where):
       restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
           item=item, restore_args=args, partial_restore=True))

@@ -48,7 +48,8 @@ from specdec_jax.checkpoints.storage import join_path
 from specdec_jax.checkpoints.storage import kvstore_spec
 from specdec_jax.checkpoints.storage import list_dir
 from specdec_jax.checkpoints.storage import open_orbax
-from specdec_jax.checkpoints.storage import place_leaf
+from specdec_jax.checkpoints.storage import place_read
+from specdec_jax.checkpoints.storage import progress
 from specdec_jax.checkpoints.storage import read_bytes
 from specdec_jax.checkpoints.storage import split_path
 from specdec_jax.checkpoints.storage import unflatten_tree
@@ -84,8 +85,9 @@ def _t5x_ts_leaf(ckpt_dir: str, name: str, spec: Mapping[str, Any]):
   shape = spec.get("metadata", {}).get("shape")
   if shape is None:
     shape = ts.open(open_spec, open=True).result().shape
-  return tuple(shape), lambda: ts.open(open_spec, open=True).result().read(
-  ).result()
+  # Read by index domain: a host reads only the slices its devices hold.
+  return tuple(shape), lambda index: ts.open(open_spec, open=True).result()[
+      index].read().result()
 
 
 def _open_t5x_msgpack(ckpt_dir: str, data: bytes) -> StoredParams:
@@ -106,13 +108,15 @@ def _open_t5x_msgpack(ckpt_dir: str, data: bytes) -> StoredParams:
     else:
       # A copy: writable, and it frees the msgpack buffer it points into.
       value = np.array(leaf)
-      leaves[name] = (value.shape, lambda value=value: value)
+      leaves[name] = (value.shape, lambda index, value=value: value[index])
 
   def load(placements):
     out = {}
+    tick = progress(where, len(placements))
     for name, placement in placements.items():
       # Read, cast and place one leaf; its host copy dies with this frame.
-      out[name] = place_leaf(np.asarray(leaves[name][1]()), placement)
+      out[name] = place_read(*leaves[name], placement)
+      tick()
     return out
 
   return StoredParams(where, {n: s for n, (s, _) in leaves.items()}, load)

@@ -5,6 +5,11 @@ needs (those its arms' costs.json files lack), hands them to the timers that
 run between the decoding rounds, and turns the timings into each arm's
 costs.json. The steps are timed on the run's median-length input
 (`shape_batch`), the draft's cost on `cost_model(draft)`.
+
+On a multi-host run what is stored is read on process 0 and broadcast
+(`read_stored`), every host times the same missing steps (their programs'
+collectives need all of them), and process 0's measured costs are everyone's
+and the ones written.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from specdec_jax import multihost
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import costs
@@ -39,20 +45,32 @@ def stored_costs(path: str, gammas) -> dict | None:
   return None
 
 
+def read_stored(workdirs: Sequence[str], gammas) -> list[dict | None]:
+  """Each arm's `stored_costs` (of its gammas), read on process 0 alone."""
+  def read():
+    stored = [stored_costs(os.path.join(w, "costs.json"), gs)
+              for w, gs in zip(workdirs, gammas)]
+    return [None if s is None else {str(g): v for g, v in s.items()}
+            for s in stored]
+  return [None if s is None else {int(g): v for g, v in s.items()}
+          for s in multihost.on_primary(read)]
+
+
 def shape_batch(batches):
   """The batch of median input length: representative of the run."""
   lengths = [b.input_ids.shape[1] for b in batches]
   return batches[int(np.argsort(lengths)[len(lengths) // 2])]
 
 
-def missing_requests(configs: Sequence, workdirs: Sequence[str],
+def missing_requests(configs: Sequence, stored: Sequence[dict | None],
                      target: Model, drafts: Sequence[Model],
                      gammas: Sequence[Sequence[int]]) -> dict[int, list]:
-  """The model steps whose timings the arms' costs.json files lack, keyed
-  by the arms' cost_repeats (`costs.cost_requests`)."""
+  """The model steps whose timings the arms' costs.json files lack
+  (`stored`: `read_stored`'s), keyed by the arms' cost_repeats
+  (`costs.cost_requests`)."""
   requests = collections.defaultdict(list)
-  for config, workdir, draft, gs in zip(configs, workdirs, drafts, gammas):
-    if stored_costs(os.path.join(workdir, "costs.json"), gs) is None:
+  for config, costs_, draft, gs in zip(configs, stored, drafts, gammas):
+    if costs_ is None:
       for g in gs:
         requests[config.cost_repeats] += costs.cost_requests(
             target, cost_model(draft), g, config.max_decode_len + g + 1)
@@ -81,10 +99,10 @@ def time_missing(requests: dict[int, list], batches, timings: dict,
 
 
 def load_or_measure(config, target: Model, draft: Model, batches, gammas,
-                    path: str, primary: bool, timings=None) -> dict:
-  """The arm's costs by gamma: costs.json's if it holds them all, else
-  measured (from `timings` where it has the steps) and written there."""
-  stored = stored_costs(path, gammas)
+                    path: str, stored: dict | None, timings=None) -> dict:
+  """The arm's costs by gamma: `stored` (costs.json's, `read_stored`) if it
+  holds them all, else measured (from `timings` where it has the steps),
+  process 0's written to `path` and returned on every host."""
   if stored is not None:
     return stored
   measured = {
@@ -94,6 +112,7 @@ def load_or_measure(config, target: Model, draft: Model, batches, gammas,
                              repeats=config.cost_repeats, timings=timings,
                              compiler_options=config.compiler_options)
       for g in gammas}
-  if primary:
-    workdir_lib.write_json(path, {str(g): v for g, v in measured.items()})
-  return measured
+  measured = multihost.broadcast({str(g): v for g, v in measured.items()})
+  if multihost.is_primary():
+    workdir_lib.write_json(path, measured)
+  return {int(g): v for g, v in measured.items()}

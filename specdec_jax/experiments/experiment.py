@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import multihost
 from specdec_jax import sharding
 from specdec_jax import theory
 from specdec_jax.data import batching
@@ -95,8 +96,12 @@ def load_models(config: ExperimentConfig, mesh=None,
   def load(spec, model_config):
     if spec in ("unigram", "bigram"):
       return fit_ngram_draft(config, target, spec)
-    model = _load_model("draft", spec, model_config, None, overrides)
-    return model if mesh is None else _place_draft(config, model, mesh)
+    # Sharded by the rules or replicated (see `replicate_draft`), decided
+    # from the draft's shapes before anything is read.
+    replicate = None if mesh is None else functools.partial(
+        replicate_draft, config, mesh_shape=tuple(mesh.shape.values()))
+    return _load_model("draft", spec, model_config, mesh, overrides,
+                       replicate)
 
   chain = [load(config.draft, config.draft_config)]
   chain += [load(entry[0], entry[2] if len(entry) > 2 else None)
@@ -107,22 +112,9 @@ def load_models(config: ExperimentConfig, mesh=None,
   return target, draft
 
 
-def _place_draft(config: ExperimentConfig, draft: Model, mesh) -> Model:
-  """Shards the draft over `mesh` by the logical rules, or replicates it.
-
-  The draft is loaded on this process's first device and placed from host
-  memory (every process holds the same values): small next to the target.
-  """
-  replicate = replicate_draft(config, draft.definition,
-                              tuple(mesh.shape.values()))
-  host = jax.tree.map(np.asarray, jax.device_get(draft.params))
-  params = sharding.shard_params(draft.definition, host, mesh,
-                                 replicate=replicate)
-  return dataclasses.replace(draft, params=params)
-
-
 def _load_model(role: str, spec: str, model_config: Any, mesh,
-                overrides: dict[str, str] | None) -> Model:
+                overrides: dict[str, str] | None,
+                replicate: Any = None) -> Model:
   """`checkpoints.load_model`, with `model_config` checked where not needed.
 
   A t5x: checkpoint needs its architecture (`*_config`). Every other spec
@@ -130,7 +122,9 @@ def _load_model(role: str, spec: str, model_config: Any, mesh,
   what loaded: a row that names 'gpt_97m' then runs the model it names
   whether its checkpoint came from T5X or from `specdec_jax.training.train`.
   """
-  overrides = overrides or {}
+  overrides = dict(overrides or {})
+  if replicate is not None:
+    overrides["replicate"] = replicate
   if model_config is None or str(spec).startswith("t5x:"):
     return checkpoints.load_model(spec, config=model_config, mesh=mesh,
                                   **overrides)
@@ -221,9 +215,17 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
   """gamma="optimal": probe alpha and c (and, if configured, the verification
   cost of each gamma), then maximise Theorem 3.8."""
   path = os.path.join(workdir, "optimal_gamma.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      return int(json.load(f)["gamma"])
+
+  def stored():
+    if os.path.exists(path):
+      with open(path) as f:
+        return int(json.load(f)["gamma"])
+    return None
+
+  # Decided once, on process 0: every host decodes with the same gamma.
+  gamma = multihost.on_primary(stored)
+  if gamma is not None:
+    return gamma
   probes = [speculative_generate(target, draft, batch.input_ids,
                                  gamma=config.probe_gamma, seed=config.seed,
                                  draft_stop=config.draft_stop,
@@ -255,10 +257,13 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
     verify_costs = [measured[g]["verify_cost"] for g in gammas]
   gamma = int(theory.optimal_gamma(alpha, c, config.max_gamma,
                                    verify_costs=verify_costs))
-  workdir_lib.write_json(path, {"gamma": gamma, "alpha": alpha, "c": c,
-                                "verify_costs": verify_costs,
-                                "probe_gamma": config.probe_gamma,
-                                "probe_examples": config.probe_examples})
+  # Each host timed its own c: process 0's choice is everyone's.
+  gamma = int(multihost.broadcast(gamma))
+  if multihost.is_primary():
+    workdir_lib.write_json(path, {"gamma": gamma, "alpha": alpha, "c": c,
+                                  "verify_costs": verify_costs,
+                                  "probe_gamma": config.probe_gamma,
+                                  "probe_examples": config.probe_examples})
   logging.info("optimal gamma %d from probe alpha=%.3f c=%.4f", gamma, alpha, c)
   return gamma
 
@@ -328,18 +333,20 @@ def run_side_by_side(configs: Sequence[ExperimentConfig],
   check_side_by_side(configs)
   # plan imports this module.
   from specdec_jax.experiments import plan  # pylint: disable=g-import-not-at-top
-  sharding.maybe_initialize_distributed(configs[0].distributed)
-  for config, workdir in zip(configs, workdirs):
-    os.makedirs(workdir, exist_ok=True)
+  multihost.initialize(configs[0].distributed)
+  for config in configs:
     # On a known accelerator, refuse a run that cannot fit before loading
     # anything (shapes only; see scripts/plan_run.py for the full plan).
     plan.check_fits_on_devices(config)
-  if not sharding.is_primary():
-    return _run_locked(configs, workdirs)
   with contextlib.ExitStack() as stack:
-    for config, workdir in zip(configs, workdirs):
-      stack.enter_context(workdir_lib.lock(workdir))
-      workdir_lib.check_fingerprint(workdir, config, config.overwrite)
+
+    def claim_workdirs():  # process 0 alone: every host stops if it fails
+      for config, workdir in zip(configs, workdirs):
+        os.makedirs(workdir, exist_ok=True)
+        stack.enter_context(workdir_lib.lock(workdir))
+        workdir_lib.check_fingerprint(workdir, config, config.overwrite)
+
+    multihost.on_primary(claim_workdirs)
     return _run_locked(configs, workdirs)
 
 
@@ -361,6 +368,8 @@ class _Arms:
   mesh: Any
   vocab: Any
   primary: bool  # this process writes the results
+  # Each arm's costs.json as process 0 read it (None: some gamma missing).
+  stored_costs: Sequence[dict | None]
 
 
 def _run_locked(configs: Sequence[ExperimentConfig],
@@ -375,8 +384,9 @@ def _prepare_arms(configs, workdirs) -> _Arms:
   """Loads the models and the task's batches; fixes each arm's gammas."""
   first = configs[0]
   mesh = sharding.make_mesh(*first.mesh_shape) if first.mesh_shape else None
-  target, draft = load_models(first, mesh)
-  drafts = [draft] + [load_models(c, mesh, target)[1] for c in configs[1:]]
+  with _logged_time(f"loading {first.target} and the drafts"):
+    target, draft = load_models(first, mesh)
+    drafts = [draft] + [load_models(c, mesh, target)[1] for c in configs[1:]]
   max_len = first.max_input_len or target.max_input_len or 512
   examples = batching.load_examples(first.task, first.split,
                                     max_examples=first.max_examples)
@@ -391,7 +401,8 @@ def _prepare_arms(configs, workdirs) -> _Arms:
   return _Arms(configs=configs, workdirs=workdirs, target=target,
                drafts=drafts, gammas=gammas, batches=batches, mesh=mesh,
                vocab=task_vocabulary(first, target),
-               primary=sharding.is_primary())
+               primary=multihost.is_primary(),
+               stored_costs=arm_costs.read_stored(workdirs, gammas))
 
 
 def _decode_missing_examples(arms: _Arms, timings: dict
@@ -404,9 +415,12 @@ def _decode_missing_examples(arms: _Arms, timings: dict
   rounds, one per round (`costs.RoundRobinTimer`), into `timings`."""
   first, target, mesh = arms.configs[0], arms.target, arms.mesh
   paths = [os.path.join(w, "examples.jsonl") for w in arms.workdirs]
-  done = [[records.ExampleRecord.from_json(r)
-           for r in workdir_lib.read_done(path, truncate=arms.primary)]
-          for path in paths]
+  # Read on process 0 and broadcast: every host decodes the same examples,
+  # in the same order.
+  done = multihost.on_primary(
+      lambda: [workdir_lib.read_done(path) for path in paths])
+  done = [[records.ExampleRecord.from_json(r) for r in lines]
+          for lines in done]
   done_ids = [{r.id for r in d} for d in done]
   kwargs = _spec_kwargs(first)
 
@@ -430,6 +444,10 @@ def _decode_missing_examples(arms: _Arms, timings: dict
                 if batch.ids[0] not in done_ids[a]]
       for arm in [None] + needed:  # compile outside the timed calls
         if (ids.shape, arm) not in warmed:
+          logging.info("compiling the %s loop for inputs of width %d",
+                       "target's" if arm is None else
+                       arms.configs[arm].name or arms.configs[arm].draft,
+                       ids.shape[1])
           if arm is None:
             decode_target(ids)
           for g in () if arm is None else arms.gammas[arm]:
@@ -496,16 +514,17 @@ def _summarize_arms(arms: _Arms,
       costs_by_gamma = arm_costs.load_or_measure(
           config, arms.target, arms.drafts[arm], arms.batches,
           arms.gammas[arm], os.path.join(workdir, "costs.json"),
-          arms.primary, timings)
+          arms.stored_costs[arm], timings)
     summary = report.summarize(config, records_, costs_by_gamma,
                                arms.gammas[arm], task_metric(config))
     if arms.primary:
       report.write_outputs(workdir, config, summary, records_)
-      if config.trace_examples:
-        with _logged_time(f"{config.name or config.draft}: traces"):
-          report.write_traces(workdir, config, arms.target, arms.drafts[arm],
-                              arms.batches[:config.trace_examples],
-                              arms.vocab, arms.gammas[arm][0], arms.mesh)
+    if config.trace_examples:  # decoded on every host, written by one
+      with _logged_time(f"{config.name or config.draft}: traces"):
+        report.write_traces(workdir, config, arms.target, arms.drafts[arm],
+                            arms.batches[:config.trace_examples],
+                            arms.vocab, arms.gammas[arm][0], arms.mesh,
+                            write=arms.primary)
     summaries.append(summary)
   return summaries
 
@@ -521,8 +540,8 @@ def _logged_time(what: str):
 
 
 def _missing_cost_requests(arms: _Arms) -> dict[int, list]:
-  return arm_costs.missing_requests(arms.configs, arms.workdirs, arms.target,
-                                    arms.drafts, arms.gammas)
+  return arm_costs.missing_requests(arms.configs, arms.stored_costs,
+                                    arms.target, arms.drafts, arms.gammas)
 
 
 def task_metric(config: ExperimentConfig):

@@ -11,6 +11,11 @@ persistent XLA compilation cache (`--compilation_cache_dir`), so a rerun
 (a resumed experiment, `make demo` again) loads them instead of compiling
 them again. The cache is keyed by the program, the compiler options and
 the jax version; it only ever saves time.
+
+Multi-host jobs take T5X's flags: `--coordinator_address=HOST:PORT`,
+`--process_count` and `--process_index` join the processes of one job
+(CPU tests, GPU clusters); on a Cloud TPU slice the gin setting
+`ExperimentConfig.distributed = True` alone does (`initialize_distributed`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,14 @@ flags.DEFINE_string(
     "Persistent XLA compilation cache of the compiled programs: a rerun "
     "loads them instead of compiling again ('' disables it; the folder "
     "only grows, delete it at will).")
+
+flags.DEFINE_string(
+    "coordinator_address", None, "Multi-host: HOST:PORT of process 0's "
+    "coordinator (not needed on a Cloud TPU slice).")
+flags.DEFINE_integer("process_count", None,
+                     "Multi-host: the number of processes in the job.")
+flags.DEFINE_integer("process_index", None,
+                     "Multi-host: this process's index (0 writes results).")
 
 # Every program, however quick to compile (JAX's default skips those under
 # a second): the demo compiles about a hundred, and the small ones add up.
@@ -112,6 +125,28 @@ def use_tfds_data_dir(path: str | None) -> None:
     return
   import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow: on demand)
   seqio.set_tfds_data_dir_override(path)
+
+
+def initialize_distributed(distributed: bool = False) -> bool:
+  """Joins the multi-host job the flags (or `distributed`) describe, before
+  anything touches a device; returns whether this is one."""
+  # jax only once a script runs (gin_flags imports without it).
+  from specdec_jax import multihost  # pylint: disable=g-import-not-at-top
+  joined = multihost.initialize(distributed, flags.FLAGS.coordinator_address,
+                                flags.FLAGS.process_count,
+                                flags.FLAGS.process_index)
+  if joined and not multihost.is_primary():
+    # Progress (loading, compiling, examples) is process 0's to log; the
+    # others would repeat it line for line.
+    logging.set_verbosity(logging.WARNING)
+  return joined
+
+
+def is_primary() -> bool:
+  """Whether this process writes (process 0 of a multi-host job)."""
+  # jax only once a script runs (gin_flags imports without it).
+  from specdec_jax import multihost  # pylint: disable=g-import-not-at-top
+  return multihost.is_primary()
 
 
 def write_config(workdir: str, name: str = "config.gin") -> str:

@@ -242,8 +242,10 @@ def check_fits(config: ExperimentConfig, chip: chips.Chip,
 
 def check_fits_on_devices(config: ExperimentConfig) -> dict | None:
   """`check_fits` for the devices this process sees; None where the chip is
-  not known (CPUs): there is nothing to protect a launch from."""
-  device = jax.devices()[0]
+  not known (CPUs): there is nothing to protect a launch from. Asks a
+  device of this process (`memory_stats` of another host's is not
+  available): every host of a slice holds the same chips."""
+  device = jax.local_devices()[0]
   chip = chips.chip_of_device_kind(getattr(device, "device_kind", ""))
   if chip is None or config.target_config is None or (
       config.draft_config is None or config.draft in _NGRAM):

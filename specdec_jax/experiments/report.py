@@ -258,8 +258,12 @@ def trace_steps(stats, row: int, gamma: int) -> list[dict]:
 
 
 def write_traces(workdir, config, target, draft, batches, vocab, gamma,
-                 mesh=None) -> None:
-  """trace.html and trace.png for the first few examples."""
+                 mesh=None, write: bool = True) -> None:
+  """trace.html and trace.png for the first few examples.
+
+  On a multi-host run every process decodes (the decodes' collectives need
+  all of them) and only the one told to `write` writes.
+  """
   traces = []
   for batch in batches:
     res = speculative_generate(
@@ -269,6 +273,8 @@ def write_traces(workdir, config, target, draft, batches, vocab, gamma,
         draft_stop=getattr(config, "draft_stop", None), record_trace=True,
         mesh=mesh, compiler_options=getattr(config, "compiler_options", None))
     traces.append((batch.inputs_text[0], trace_steps(res.stats, 0, gamma)))
+  if not write:
+    return
   _write_trace_html(os.path.join(workdir, "trace.html"), traces, vocab, gamma)
   _write_trace_png(os.path.join(workdir, "trace.png"), traces, vocab)
 

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from absl import logging
 import gin
 
+from specdec_jax import multihost
 from specdec_jax.data import tasks
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
@@ -146,7 +147,8 @@ def run_rows(rows: Sequence[Row]) -> list[dict]:
   """Runs the rows, those that can share a baseline side by side
   (`experiment.run_side_by_side`: each example is decoded by the target
   alone once, then by every draft of the group, and every row's record
-  holds that one baseline). Returns the summaries in the rows' order."""
+  holds that one baseline). Returns the summaries in the rows' order. On a
+  multi-host job every process runs them all; process 0 writes."""
   by_workdir = {}
   groups = share_groups(rows)
   for i, group in enumerate(groups):
@@ -159,8 +161,8 @@ def run_rows(rows: Sequence[Row]) -> list[dict]:
     finally:
       tasks.set_config(previous)
     # After the run: a rerun refused for other settings leaves the
-    # workdir's config as it was.
-    for row in group:
+    # workdir's config as it was. Process 0 of a multi-host job writes.
+    for row in group if multihost.is_primary() else ():
       with open(os.path.join(row.workdir, "config.gin"), "w") as f:
         f.write(row.gin_config)
     by_workdir.update(zip((r.workdir for r in group), summaries))
