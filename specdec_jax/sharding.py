@@ -12,7 +12,8 @@ Everything runs through `jax.jit` with `NamedSharding`s (no pjit). Target and
 draft may use different layouts: by default both follow the same rules, and a
 small draft can instead be replicated (`replicate=True` in `shard_params`),
 which removes its all-reduces from the inner drafting loop at the cost of
-memory it can easily afford.
+memory it can easily afford: the decoding loop then traces the draft under
+`replicated_rules`, so its activation constraints name no model axis either.
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ def logical_axis_rules() -> tuple[tuple[str, str | None], ...]:
       ("cache_sequence", None),
       ("cache_kv", None),
   )
+
+
+def replicated_rules() -> tuple[tuple[str, str | None], ...]:
+  """The rules for a model whose parameters are whole on every device (a
+  replicated draft): rows still over `data`, nothing over `model`, so its
+  steps run on each device's own copy without a collective."""
+  return tuple((name, axis if axis == "data" else None)
+               for name, axis in logical_axis_rules())
 
 
 def make_mesh(data: int = 1, model: int = 1,

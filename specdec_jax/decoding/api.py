@@ -377,6 +377,16 @@ def _run(fn, params: list[Any], arrays: list[np.ndarray],
   return DecodeResult(tokens=tokens, stats=stats)
 
 
+def _replicated(params: Any, mesh: jax.sharding.Mesh | None) -> bool:
+  """Whether every parameter is whole on each device of `mesh` (a draft
+  placed with `replicate=True`): its steps then run without collectives."""
+  if mesh is None or mesh.size == 1:
+    return False
+  return all(isinstance(getattr(leaf, "sharding", None), jax.sharding.Sharding)
+             and leaf.sharding.is_fully_replicated
+             for leaf in jax.tree.leaves(params))
+
+
 def generate(model: Model, input_ids: Any, *, max_decode_len: int,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: Any = 0,
@@ -484,7 +494,9 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
                                 max_decode_len, sampler, lenience,
                                 bool(record_trace), check_finite=check,
                                 draft_stop=draft_stop,
-                                compiler_options=options)
+                                compiler_options=options,
+                                draft_replicated=_replicated(draft.params,
+                                                             mesh))
   result = _run(fn, [target.params, draft.params], [ids, seeds, rows], mesh)
   _check_nonfinite(result.stats, on_nonfinite,
                    [("target_nonfinite", "target"),

@@ -16,14 +16,17 @@ V vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling
+from specdec_jax import sharding
 from specdec_jax import theory
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding import drafters
@@ -200,7 +203,8 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
                       draft_sample: Callable = sampling.sample,
                       check_finite: bool = True,
                       draft_stop: Any = None,
-                      compiler_options: tuple = ()) -> Callable:
+                      compiler_options: tuple = (),
+                      draft_replicated: bool = False) -> Callable:
   """The jitted speculative loop, cached by its (normalised) settings.
 
   Returns `run(target_params, draft_params, input_ids, seeds, rows) ->
@@ -214,20 +218,31 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
   `draft_sample(key, q) -> token` exists so tests can plug in a deliberately
   wrong drafter (negative controls); everything else must use
   `sampling.sample`, which draws from exactly q. `compiler_options`: XLA
-  options of the program, ((name, value), ...).
+  options of the program, ((name, value), ...). `draft_replicated`: the
+  draft's parameters are whole on every device, so its activations and
+  caches are traced under `sharding.replicated_rules` (rows over `data`,
+  nothing over `model`) and its steps need no collective.
   """
   return _build_speculative(target, draft, gamma, max_decode_len, sampler,
                             float(lenience), bool(record_trace), draft_sample,
                             bool(check_finite), draft_stop,
-                            tuple(compiler_options))
+                            tuple(compiler_options), bool(draft_replicated))
 
 
 @functools.lru_cache(maxsize=64)
 def _build_speculative(target, draft, gamma, max_decode_len, sampler,
                        lenience, record_trace, draft_sample, check_finite,
-                       draft_stop, compiler_options):
+                       draft_stop, compiler_options, draft_replicated):
   positions = jnp.arange(gamma + 1)
   rule = draft_stop
+
+  def draft_rules():
+    """Where the draft runs: a replicated draft's constraints must not name
+    the model axis, or each of its steps would split its activations and
+    gather them back (all-reduces in the inner loop)."""
+    if draft_replicated:
+      return nn.logical_axis_rules(sharding.replicated_rules())
+    return contextlib.nullcontext()
 
   # Greedy decoding needs no probabilities: with one-hot p and q, Algorithm 1
   # accepts a draft token iff it is the target's argmax and otherwise emits
@@ -291,7 +306,8 @@ def _build_speculative(target, draft, gamma, max_decode_len, sampler,
     state = SpeculativeState(
         step=jnp.int32(0), stream=_new_stream(batch, width),
         target=_cursor(target, target_params, input_ids, width, check_finite),
-        draft=drafter.init(draft_params, input_ids, width, check_finite),
+        draft=_in(draft_rules(), drafter.init, draft_params, input_ids,
+                  width, check_finite),
         stats=stats, stop_state={} if rule is None else rule.init(batch))
 
     def cond(s: SpeculativeState):
@@ -309,8 +325,9 @@ def _build_speculative(target, draft, gamma, max_decode_len, sampler,
         # A proposal past the row's last token is wasted; done rows stop at 1.
         limit = jnp.clip(max_decode_len - n - 1, 1, gamma)
         limit = jnp.where(s.stream.done, 1, limit)
-      prop, draft_state, level = drafter.propose(
-          draft_params, s.draft, s.stream, step_keys[:, :gamma], keep, limit)
+      prop, draft_state, level = _in(
+          draft_rules(), drafter.propose, draft_params, s.draft, s.stream,
+          step_keys[:, :gamma], keep, limit)
       xs, k = prop.tokens, prop.length
       # One target run scores the pending token and the proposed tokens.
       verify_tokens = jnp.concatenate(
@@ -357,6 +374,12 @@ def _build_speculative(target, draft, gamma, max_decode_len, sampler,
     return _finish(state.stream, max_decode_len), stats
 
   return jit_with_options(run, compiler_options)
+
+
+def _in(context, fn, *args):
+  """fn(*args) inside `context`."""
+  with context:
+    return fn(*args)
 
 
 def _initial_stats(batch: int, gamma: int, depth: int, max_decode_len: int,

@@ -437,8 +437,8 @@ def compile_programs(shape: RunShape) -> dict[str, Any]:
                              shape.target, shape.max_decode_len, sampler),
                                                         tparams, *inputs)))
   out["speculative"] = _loop_summary(_compile(engine.build_speculative(
-      shape.target, shape.draft, shape.gamma, shape.max_decode_len, sampler),
-                                              tparams, dparams, *inputs))
+      shape.target, shape.draft, shape.gamma, shape.max_decode_len, sampler,
+      draft_replicated=shape.replicate_draft), tparams, dparams, *inputs))
   out["target_step"] = memo(
       ("step", shape.target, False, 1, shape.gamma, common),
       lambda: _step(shape.target, tparams, shape, mesh, 1))
