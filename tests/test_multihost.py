@@ -55,6 +55,7 @@ def _launch(workdir, cache, extra=()):
          "--gin_file=runs/cpu_2_processes.gin",
          f"--gin.ExperimentConfig.max_examples={EXAMPLES}",
          "--gin.ExperimentConfig.cost_repeats=2",
+         "--gin.ExperimentConfig.repeats=1",
          f"--workdir={workdir}", f"--compilation_cache_dir={cache}",
          f"--coordinator_address=localhost:{port}", "--process_count=2",
          f"--process_index={index}", *extra],
