@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from specdec_jax import paths
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import costs
@@ -31,9 +32,9 @@ def cost_model(draft: Model) -> Model:
 
 def stored_costs(path: str, gammas) -> dict | None:
   """costs.json's costs by gamma if it holds every one of `gammas`."""
-  if os.path.exists(path):
-    with open(path) as f:
-      stored = json.load(f)
+  data = paths.read_bytes(path)
+  if data is not None:
+    stored = json.loads(data)
     if all(str(g) in stored for g in gammas):
       return {int(g): v for g, v in stored.items()}
   return None
@@ -52,7 +53,7 @@ def missing_requests(configs: Sequence, workdirs: Sequence[str],
   by the arms' cost_repeats (`costs.cost_requests`)."""
   requests = collections.defaultdict(list)
   for config, workdir, draft, gs in zip(configs, workdirs, drafts, gammas):
-    if stored_costs(os.path.join(workdir, "costs.json"), gs) is None:
+    if stored_costs(paths.join(workdir, "costs.json"), gs) is None:
       for g in gs:
         requests[config.cost_repeats] += costs.cost_requests(
             target, cost_model(draft), g, config.max_decode_len + g + 1)

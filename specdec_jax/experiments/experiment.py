@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import paths
 from specdec_jax import sharding
 from specdec_jax import theory
 from specdec_jax.data import batching
@@ -220,10 +221,10 @@ def _spec_kwargs(config: ExperimentConfig) -> dict:
 def choose_gamma(config, target, draft, batches, workdir) -> int:
   """gamma="optimal": probe alpha and c (and, if configured, the verification
   cost of each gamma), then maximise Theorem 3.8."""
-  path = os.path.join(workdir, "optimal_gamma.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      return int(json.load(f)["gamma"])
+  path = paths.join(workdir, "optimal_gamma.json")
+  stored = paths.read_bytes(path)
+  if stored is not None:
+    return int(json.loads(stored)["gamma"])
   probes = [speculative_generate(target, draft, batch.input_ids,
                                  gamma=config.probe_gamma, seed=config.seed,
                                  draft_stop=config.draft_stop,
@@ -330,7 +331,7 @@ def run_side_by_side(configs: Sequence[ExperimentConfig],
   from specdec_jax.experiments import plan  # pylint: disable=g-import-not-at-top
   sharding.maybe_initialize_distributed(configs[0].distributed)
   for config, workdir in zip(configs, workdirs):
-    os.makedirs(workdir, exist_ok=True)
+    paths.makedirs(workdir)
     # On a known accelerator, refuse a run that cannot fit before loading
     # anything (shapes only; see scripts/plan_run.py for the full plan).
     plan.check_fits_on_devices(config)
@@ -495,7 +496,7 @@ def _summarize_arms(arms: _Arms,
     with _logged_time(f"{config.name or config.draft}: costs"):
       costs_by_gamma = arm_costs.load_or_measure(
           config, arms.target, arms.drafts[arm], arms.batches,
-          arms.gammas[arm], os.path.join(workdir, "costs.json"),
+          arms.gammas[arm], paths.join(workdir, "costs.json"),
           arms.primary, timings)
     summary = report.summarize(config, records_, costs_by_gamma,
                                arms.gammas[arm], task_metric(config))
