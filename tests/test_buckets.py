@@ -12,6 +12,7 @@ The emulator (tests/gcs_emulator.py) runs in a subprocess on a free port;
 these tests skip, saying so, only when it cannot start.
 """
 
+import dataclasses
 import json
 import os
 import socket
@@ -124,8 +125,10 @@ def _ids(workdir):
 def test_a_run_into_a_bucket_writes_there_and_resumes(gcs_emulator,  # noqa: F811
                                                       tiny_run, tmp_path,
                                                       monkeypatch):
-  """Killed after two examples, rerun: every example once, in the bucket
-  (results, table, summary, config.gin), and no local `gs:` folder."""
+  """Data and target read from buckets; killed after two examples, rerun:
+  every example once, in the bucket
+  (results, table, summary, config.gin, TensorBoard events), and no local
+  `gs:` folder."""
   config, task_config = tiny_run
   workdir = "gs://results/run"
   monkeypatch.chdir(tmp_path)
@@ -138,6 +141,13 @@ def test_a_run_into_a_bucket_writes_there_and_resumes(gcs_emulator,  # noqa: F81
     calls.append(record["id"])
     real_append(path, record)
 
+  # The data files and the target model are read from buckets too.
+  for side in ("en", "de"):
+    paths.write_bytes(f"gs://results/data/mini.{side}", paths.read_bytes(
+        os.path.join(task_config["local_data_dir"], f"mini.{side}")))
+  task_config = dict(task_config, local_data_dir="gs://results/data")
+  paths.copy_tree(config.target, "gs://models/tiny_target")
+  config = dataclasses.replace(config, target="gs://models/tiny_target")
   with tasks.override_config(**task_config):
     gin_flags.write_config(workdir)
     monkeypatch.setattr(workdir_lib, "append_line", dying_append)
@@ -157,6 +167,12 @@ def test_a_run_into_a_bucket_writes_there_and_resumes(gcs_emulator,  # noqa: F81
     assert name in stored, (name, stored)
   assert "| wmt14_ende_local |" in paths.read_text(
       paths.join(workdir, "table.md"))
+  events = [n for n in stored if n.startswith("tensorboard/events.out.")]
+  assert events, stored
+  data = paths.read_bytes(paths.join(workdir, events[-1]))
+  for tag in (b"gamma_2/alpha", b"gamma_2/running_alpha", b"gamma_2/speedup",
+              b"gamma_2/tokens_per_target_call", b"config"):
+    assert tag in data, tag
   assert not os.path.exists(tmp_path / "gs:"), os.listdir(tmp_path)
 
 

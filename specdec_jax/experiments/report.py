@@ -21,6 +21,7 @@ import numpy as np
 from specdec_jax import paths
 from specdec_jax import theory
 from specdec_jax.decoding.api import speculative_generate
+from specdec_jax import summaries
 from specdec_jax.experiments.records import ExampleRecord
 
 
@@ -158,8 +159,11 @@ def write_table(path_stem: str, rows: list[dict],
 
 
 def write_outputs(workdir: str, config, summary: dict, records) -> None:
-  """summary.json, table.md/.csv and the plots."""
-  del records
+  """summary.json, table.md/.csv, the plots and TensorBoard summaries."""
+  # gin only when outputs are written: the run plan imports this module on
+  # accelerator boxes without gin (tests/test_layering.py).
+  import gin  # pylint: disable=g-import-not-at-top
+  summaries.write_run(workdir, summary, records, gin.config_str())
   paths.write_text(paths.join(workdir, "summary.json"), json.dumps(
       _jsonable(summary), indent=2, sort_keys=True))
   write_table(paths.join(workdir, "table"), summary["rows"])
