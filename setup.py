@@ -34,7 +34,9 @@ setuptools.setup(
         "matplotlib",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "scipy"],
+        "test": ["pytest", "pytest-xdist", "scipy",
+                 # A Cloud Storage emulator for the gs:// tests (tests/gcs_emulator.py).
+                 "gcp-storage-emulator==2026.7.19"],
         "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors"],
         "tpu": [f"jax[tpu]=={_JAX}"],
         "cuda": [f"jax[cuda12]=={_JAX}"],

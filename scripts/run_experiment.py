@@ -18,6 +18,7 @@ from absl import flags
 from absl import logging
 import gin
 
+from specdec_jax import paths
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import gin_flags
 from specdec_jax.data import tasks  # noqa: F401  (registers tasks and TaskConfig)
@@ -46,7 +47,7 @@ def main(argv):
   logging.info("alpha=%.3f c=%.4f speedup=%.2fx (Theorem 3.8 predicts %.2fx)",
                summary["alpha"], summary["c"], summary["speedup"],
                summary["predicted_speedup"])
-  print(open(f"{_WORKDIR.value}/table.md").read())
+  print(paths.read_text(paths.join(_WORKDIR.value, "table.md")))
 
 
 if __name__ == "__main__":

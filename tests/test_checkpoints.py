@@ -384,7 +384,8 @@ def test_import_needs_only_jax_flax_numpy(tmp_path):
   is split into) imports none of orbax, tensorstore, gin, tensorflow,
   seqio, torch or safetensors: each is imported inside the function that
   uses it. Checked in a fresh interpreter, as pytest has imported them;
-  the negative control reads a file, which must bring tensorstore in."""
+  the negative control sets up the gs:// client, which must bring
+  tensorstore in (a local read must not)."""
   root = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
   code = (
       "import sys\n"
@@ -398,6 +399,9 @@ def test_import_needs_only_jax_flax_numpy(tmp_path):
       "                                  for k in sys.modules)]\n"
       "print(imported())\n"
       "specdec_jax.checkpoints.t5x.read_bytes(sys.argv[1])\n"
+      # A local read needs no tensorstore; the gs:// client's setup does.
+      "assert not imported()\n"
+      "specdec_jax.paths._context(1.0)\n"
       "print(imported())\n")
   result = subprocess.run(
       [sys.executable, "-c", code, str(tmp_path / "absent")], check=True,

@@ -152,6 +152,12 @@ def test_training_lowers_loss_and_exports_a_model_that_decodes(corpus,
   assert result["step"] == 10 and np.isfinite(result["eval_loss"])
   assert 0 <= result["bleu"] <= 100 and _rows(workdir, "eval")
   assert sorted(os.listdir(workdir / "checkpoints")) == ["10", "5"]
+  # TensorBoard: the losses and learning rate, as in metrics.jsonl.
+  events = list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+  assert events
+  data = b"".join(e.read_bytes() for e in events)
+  for tag in (b"train/loss", b"train/lr", b"eval/eval_loss"):
+    assert tag in data, tag
   model = checkpoints.load_model(str(workdir / "model"))
   assert model.config == registry.get_config("t5_tiny", **_TINY)
   saved = ocp.PyTreeCheckpointer().restore(

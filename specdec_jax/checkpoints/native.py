@@ -48,6 +48,7 @@ import jax
 import numpy as np
 
 from specdec_jax import multihost
+from specdec_jax import paths
 from specdec_jax import sharding as sharding_lib
 from specdec_jax.checkpoints import hf
 from specdec_jax.checkpoints.configs import FAMILIES
@@ -199,7 +200,11 @@ def _make_vocab(path: str, extra_ids: int = 0) -> Any:
   """A seqio SentencePiece vocabulary (seqio is imported only here)."""
   # seqio (and TensorFlow) only when a vocabulary is attached.
   import seqio  # pylint: disable=g-import-not-at-top
-  return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+  # seqio opens files with tf.io.gfile, whose gs:// client is not ours
+  # (other endpoint, credentials and retries): a gs:// vocabulary is fetched
+  # through the one I/O layer into a local cache first.
+  return seqio.SentencePieceVocabulary(paths.local_copy(path),
+                                       extra_ids=extra_ids)
 
 
 def _read_manifest(directory: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Where checkpoints live and how their parameters are read, leaf by leaf.
 
-The storage layer every checkpoint format here shares: paths that are local
-or gs:// (read and written through tensorstore), parameter trees as flat
+What every checkpoint format here shares: paths that are local or gs://
+(through `specdec_jax.paths`, the one I/O layer), parameter trees as flat
 {"a/b/c": leaf} dicts, `StoredParams` (shapes known, arrays read only when
 placed) and the orbax PyTree reader that our format and newer T5X
 checkpoints both use. tensorstore and orbax are imported inside the
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
-import os
-import posixpath
 import time
 from typing import Any, Callable, Mapping
 
@@ -24,69 +23,18 @@ import numpy as np
 
 from specdec_jax import multihost
 from specdec_jax import sharding as sharding_lib
+# Paths (local or gs://) live in the one I/O layer, `specdec_jax.paths`;
+# re-exported here for the checkpoint formats.
+from specdec_jax.paths import is_gcs  # pylint: disable=unused-import
+from specdec_jax.paths import isdir  # pylint: disable=unused-import
+from specdec_jax.paths import join_path  # pylint: disable=unused-import
+from specdec_jax.paths import kvstore_spec  # pylint: disable=unused-import
+from specdec_jax.paths import list_dir  # pylint: disable=unused-import
+from specdec_jax.paths import read_bytes  # pylint: disable=unused-import
+from specdec_jax.paths import split_path  # pylint: disable=unused-import
+from specdec_jax.paths import write_bytes  # pylint: disable=unused-import
 from specdec_jax.checkpoints.errors import CheckpointError
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
-
-
-# --- Locations: a local path or gs://bucket/path, read via tensorstore. ---
-
-
-def is_gcs(path: str) -> bool:
-  return path.startswith("gs://")
-
-
-def join_path(path: str, *names: str) -> str:
-  return (posixpath if is_gcs(path) else os.path).join(path, *names)
-
-
-def kvstore_spec(directory: str) -> dict[str, Any]:
-  """The tensorstore kvstore spec of a directory."""
-  if is_gcs(directory):
-    bucket, _, prefix = directory[len("gs://"):].partition("/")
-    prefix = prefix.strip("/")
-    return {"driver": "gcs", "bucket": bucket,
-            "path": prefix + "/" if prefix else ""}
-  return {"driver": "file", "path": os.path.abspath(directory) + "/"}
-
-
-def split_path(path: str) -> tuple[str, str]:
-  path = path.rstrip("/")
-  return (posixpath if is_gcs(path) else os.path).split(path)
-
-
-def read_bytes(path: str) -> bytes | None:
-  """The contents of a file, or None if it does not exist."""
-  directory, name = split_path(path)
-  # tensorstore only when files are read or written.
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  store = ts.KvStore.open(kvstore_spec(directory)).result()
-  result = store.read(name).result()
-  return bytes(result.value) if result.state == "value" else None
-
-
-def write_bytes(path: str, data: bytes) -> None:
-  directory, name = split_path(path)
-  # tensorstore only when files are read or written.
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  ts.KvStore.open(kvstore_spec(directory)).result().write(name, data).result()
-
-
-def isdir(path: str) -> bool:
-  if not is_gcs(path):
-    return os.path.isdir(path)
-  # tensorstore only when files are read or written.
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  return bool(ts.KvStore.open(kvstore_spec(path)).result().list().result())
-
-
-def list_dir(path: str) -> list[str]:
-  """Names of the entries directly inside a directory."""
-  if not is_gcs(path):
-    return sorted(os.listdir(path)) if os.path.isdir(path) else []
-  # tensorstore only when files are read or written.
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  keys = ts.KvStore.open(kvstore_spec(path)).result().list().result()
-  return sorted({k.decode().split("/")[0] for k in keys})
 
 
 # --- Parameter trees as flat {"a/b/c": leaf} dicts. ---
@@ -224,8 +172,73 @@ def _damaged_orbax_named(directory: str, where: str):
         "again, or re-save / re-convert it.") from None
 
 
+def _orbax_leaves_remote(directory: str, prefix: str,
+                         where: str) -> dict[str, dict[str, Any]]:
+  """name -> tensorstore spec of each leaf of an orbax checkpoint on gs://.
+
+  orbax finds files through etils.epath, whose gs:// backend (tf.io.gfile)
+  has its own client that ignores our endpoint, retries and timeouts; the
+  arrays themselves are zarr arrays under a kvstore (OCDBT, orbax's default,
+  or one directory per leaf in older checkpoints), which tensorstore opens
+  through the same gs:// client as every other path.
+  """
+  metadata = read_bytes(join_path(directory, "_METADATA"))
+  if metadata is None:
+    raise CheckpointNotFoundError(
+        f"{where}: no orbax checkpoint under {directory} (no _METADATA): "
+        "copy the whole checkpoint directory, or re-save it.")
+  base = kvstore_spec(directory)
+  if read_bytes(join_path(directory, "manifest.ocdbt")) is not None:
+    def kvstore(name):
+      return {"driver": "ocdbt", "base": base, "path": name + "/"}
+  else:
+    def kvstore(name):
+      return dict(base, path=base["path"] + name + "/")
+  leaves = {}
+  for entry in json.loads(metadata)["tree_metadata"].values():
+    keys = [str(k["key"]) for k in entry["key_metadata"]]
+    if prefix and keys[0] != prefix:
+      continue
+    name = "/".join(keys[1:] if prefix else keys)
+    leaves[name] = {"driver": "zarr", "kvstore": kvstore(".".join(keys))}
+  if prefix and not leaves:
+    raise CheckpointError(f"{where} has no '{prefix}' parameters; is it a "
+                          "T5X checkpoint?")
+  return leaves
+
+
+def _open_orbax_remote(directory: str, prefix: str,
+                       where: str) -> StoredParams:
+  # tensorstore only when files are read or written.
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  specs = _orbax_leaves_remote(directory, prefix, where)
+  with _damaged_orbax_named(directory, where):
+    arrays = {n: ts.open(s, open=True).result() for n, s in specs.items()}
+  shapes = {n: tuple(a.shape) for n, a in arrays.items()}
+
+  def load(placements):
+    out = {}
+    with _damaged_orbax_named(directory, where):
+      for name, (dtype, sharding) in placements.items():
+        array = arrays[name]
+        if isinstance(sharding, jax.sharding.NamedSharding):
+          # Each process reads only the blocks its own devices hold.
+          def block(index, array=array, dtype=dtype):
+            value = array[index].read().result()
+            return value.astype(dtype) if dtype is not None else value
+          out[name] = jax.make_array_from_callback(
+              shapes[name], sharding, block)
+        else:
+          out[name] = place_leaf(array.read().result(), (dtype, sharding))
+    return out
+
+  return StoredParams(where, shapes, load)
+
+
 def open_orbax(directory: str, prefix: str, where: str) -> StoredParams:
   """Parameters under `prefix` ('' for all) of an orbax PyTree checkpoint."""
+  if is_gcs(directory):
+    return _open_orbax_remote(directory, prefix, where)
   # orbax is slow to import: only when a checkpoint is read or written.
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   checkpointer = ocp.PyTreeCheckpointer()

@@ -25,6 +25,7 @@ from typing import Callable
 
 import tensorflow as tf
 
+from specdec_jax import paths
 from specdec_jax.data import paragraphs
 
 SHARED_DATA_ENV = "SPECDEC_SHARED_DATA"
@@ -33,13 +34,14 @@ DatasetFn = Callable[..., tf.data.Dataset]
 
 
 def read_text(path: str, task: str, field: str) -> str:
-  if not tf.io.gfile.exists(path):
+  """A data file's text, local or gs:// (through `specdec_jax.paths`)."""
+  data = paths.read_bytes(path)
+  if data is None:
     raise FileNotFoundError(
         f"Local data file not found: {path} (task {task!r}). Create it, or "
         f"point `TaskConfig.{field}` (or `TaskConfig.local_data_dir`, or "
         f"${SHARED_DATA_ENV}) at an existing file.")
-  with tf.io.gfile.GFile(path, "rb") as f:
-    return f.read().decode("utf-8")
+  return data.decode("utf-8")
 
 
 def read_lines(path: str, task: str, field: str) -> list[str]:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 from typing import Sequence
 
 import numpy as np
 
 from specdec_jax import multihost
+from specdec_jax import paths
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import costs
@@ -37,9 +37,9 @@ def cost_model(draft: Model) -> Model:
 
 def stored_costs(path: str, gammas) -> dict | None:
   """costs.json's costs by gamma if it holds every one of `gammas`."""
-  if os.path.exists(path):
-    with open(path) as f:
-      stored = json.load(f)
+  data = paths.read_bytes(path)
+  if data is not None:
+    stored = json.loads(data)
     if all(str(g) in stored for g in gammas):
       return {int(g): v for g, v in stored.items()}
   return None
@@ -48,7 +48,7 @@ def stored_costs(path: str, gammas) -> dict | None:
 def read_stored(workdirs: Sequence[str], gammas) -> list[dict | None]:
   """Each arm's `stored_costs` (of its gammas), read on process 0 alone."""
   def read():
-    stored = [stored_costs(os.path.join(w, "costs.json"), gs)
+    stored = [stored_costs(paths.join(w, "costs.json"), gs)
               for w, gs in zip(workdirs, gammas)]
     return [None if s is None else {str(g): v for g, v in s.items()}
             for s in stored]

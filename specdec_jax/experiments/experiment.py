@@ -34,6 +34,7 @@ import numpy as np
 
 from specdec_jax import checkpoints
 from specdec_jax import multihost
+from specdec_jax import paths
 from specdec_jax import sharding
 from specdec_jax import theory
 from specdec_jax.data import batching
@@ -214,13 +215,11 @@ def _spec_kwargs(config: ExperimentConfig) -> dict:
 def choose_gamma(config, target, draft, batches, workdir) -> int:
   """gamma="optimal": probe alpha and c (and, if configured, the verification
   cost of each gamma), then maximise Theorem 3.8."""
-  path = os.path.join(workdir, "optimal_gamma.json")
+  path = paths.join(workdir, "optimal_gamma.json")
 
   def stored():
-    if os.path.exists(path):
-      with open(path) as f:
-        return int(json.load(f)["gamma"])
-    return None
+    data = paths.read_bytes(path)
+    return None if data is None else int(json.loads(data)["gamma"])
 
   # Decided once, on process 0: every host decodes with the same gamma.
   gamma = multihost.on_primary(stored)
@@ -342,7 +341,7 @@ def run_side_by_side(configs: Sequence[ExperimentConfig],
 
     def claim_workdirs():  # process 0 alone: every host stops if it fails
       for config, workdir in zip(configs, workdirs):
-        os.makedirs(workdir, exist_ok=True)
+        paths.makedirs(workdir)
         stack.enter_context(workdir_lib.lock(workdir))
         workdir_lib.check_fingerprint(workdir, config, config.overwrite)
 
@@ -414,11 +413,11 @@ def _decode_missing_examples(arms: _Arms, timings: dict
   The model steps the arms' costs need are timed between the decoding
   rounds, one per round (`costs.RoundRobinTimer`), into `timings`."""
   first, target, mesh = arms.configs[0], arms.target, arms.mesh
-  paths = [os.path.join(w, "examples.jsonl") for w in arms.workdirs]
+  files = [paths.join(w, "examples.jsonl") for w in arms.workdirs]
   # Read on process 0 and broadcast: every host decodes the same examples,
   # in the same order.
   done = multihost.on_primary(
-      lambda: [workdir_lib.read_done(path) for path in paths])
+      lambda: [workdir_lib.read_done(path) for path in files])
   done = [[records.ExampleRecord.from_json(r) for r in lines]
           for lines in done]
   done_ids = [{r.id for r in d} for d in done]
@@ -478,7 +477,7 @@ def _decode_missing_examples(arms: _Arms, timings: dict
             target_text=batch.targets_text[0], baseline=baseline,
             speculative=speculative)
         if arms.primary:
-          workdir_lib.append_line(paths[arm], record.to_json())
+          workdir_lib.append_line(files[arm], record.to_json())
         done[arm].append(record)
       new += 1
       _log_progress(arms.configs, done, arms.gammas, new, len(todo), started)
@@ -513,7 +512,7 @@ def _summarize_arms(arms: _Arms,
     with _logged_time(f"{config.name or config.draft}: costs"):
       costs_by_gamma = arm_costs.load_or_measure(
           config, arms.target, arms.drafts[arm], arms.batches,
-          arms.gammas[arm], os.path.join(workdir, "costs.json"),
+          arms.gammas[arm], paths.join(workdir, "costs.json"),
           arms.stored_costs[arm], timings)
     summary = report.summarize(config, records_, costs_by_gamma,
                                arms.gammas[arm], task_metric(config))

@@ -30,6 +30,7 @@ from absl import flags
 from absl import logging
 import gin
 
+from specdec_jax import paths
 from specdec_jax import versions
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -151,10 +152,8 @@ def is_primary() -> bool:
 
 def write_config(workdir: str, name: str = "config.gin") -> str:
   """Writes the parsed gin config (what this run was told) to the workdir."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, name)
-  with open(path, "w") as f:
-    f.write(gin.config_str())
+  path = paths.join(workdir, name)
+  paths.write_text(path, gin.config_str())
   return path
 
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 import csv
 import dataclasses
 import html
+import io
 import json
-import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from specdec_jax import paths
 from specdec_jax import theory
 from specdec_jax.decoding.api import speculative_generate
+from specdec_jax import summaries
 from specdec_jax.experiments.records import ExampleRecord
 
 
@@ -142,28 +144,32 @@ def identical_mark(identical: bool | None) -> str:
 def write_table(path_stem: str, rows: list[dict],
                 columns: Sequence[str] = TABLE_COLUMNS) -> None:
   """table.md and table.csv with `columns` (missing values left blank)."""
-  with open(path_stem + ".csv", "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(columns)
-    for row in rows:
-      writer.writerow([row.get(c, "") if row.get(c) is not None else ""
-                       for c in columns])
-  with open(path_stem + ".md", "w") as f:
-    f.write("| " + " | ".join(columns) + " |\n")
-    f.write("|" + "---|" * len(columns) + "\n")
-    for row in rows:
-      f.write("| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |\n")
+  f = io.StringIO(newline="")
+  writer = csv.writer(f)
+  writer.writerow(columns)
+  for row in rows:
+    writer.writerow([row.get(c, "") if row.get(c) is not None else ""
+                     for c in columns])
+  paths.write_text(path_stem + ".csv", f.getvalue())
+  lines = ["| " + " | ".join(columns) + " |\n",
+           "|" + "---|" * len(columns) + "\n"]
+  for row in rows:
+    lines.append("| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |\n")
+  paths.write_text(path_stem + ".md", "".join(lines))
 
 
 def write_outputs(workdir: str, config, summary: dict, records) -> None:
-  """summary.json, table.md/.csv and the plots."""
-  del records
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump(_jsonable(summary), f, indent=2, sort_keys=True)
-  write_table(os.path.join(workdir, "table"), summary["rows"])
-  plot_acceptance(os.path.join(workdir, "acceptance.png"), summary["rows"][0])
+  """summary.json, table.md/.csv, the plots and TensorBoard summaries."""
+  # gin only when outputs are written: the run plan imports this module on
+  # accelerator boxes without gin (tests/test_layering.py).
+  import gin  # pylint: disable=g-import-not-at-top
+  summaries.write_run(workdir, summary, records, gin.config_str())
+  paths.write_text(paths.join(workdir, "summary.json"), json.dumps(
+      _jsonable(summary), indent=2, sort_keys=True))
+  write_table(paths.join(workdir, "table"), summary["rows"])
+  plot_acceptance(paths.join(workdir, "acceptance.png"), summary["rows"][0])
   if len(summary["rows"]) > 1:
-    plot_speedup_vs_gamma(os.path.join(workdir, "speedup_vs_gamma.png"),
+    plot_speedup_vs_gamma(paths.join(workdir, "speedup_vs_gamma.png"),
                           summary["rows"], title=f"{config.task}: "
                           f"{config.draft} drafting for {config.target}")
 
@@ -174,6 +180,13 @@ def _pyplot():
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   return plt
+
+
+def save_figure(fig, path: str, dpi: int) -> None:
+  """A matplotlib figure as a PNG at `path` (local or gs://)."""
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=dpi)
+  paths.write_bytes(path, buffer.getvalue())
 
 
 def plot_speedup_vs_gamma(path: str, rows: list[dict], title: str = "") -> None:
@@ -204,7 +217,7 @@ def plot_speedup_vs_gamma(path: str, rows: list[dict], title: str = "") -> None:
   ax.set_title(title, fontsize=9)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -224,7 +237,7 @@ def plot_acceptance(path: str, row: dict) -> None:
   ax.set_ylabel("fraction of iterations")
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -275,8 +288,8 @@ def write_traces(workdir, config, target, draft, batches, vocab, gamma,
     traces.append((batch.inputs_text[0], trace_steps(res.stats, 0, gamma)))
   if not write:
     return
-  _write_trace_html(os.path.join(workdir, "trace.html"), traces, vocab, gamma)
-  _write_trace_png(os.path.join(workdir, "trace.png"), traces, vocab)
+  _write_trace_html(paths.join(workdir, "trace.html"), traces, vocab, gamma)
+  _write_trace_png(paths.join(workdir, "trace.png"), traces, vocab)
 
 
 def _write_trace_html(path, traces, vocab, gamma) -> None:
@@ -300,8 +313,7 @@ def _write_trace_html(path, traces, vocab, gamma) -> None:
           f"<span class=t>{html.escape(_piece(vocab, step['target']))}</span>")
       parts.append("<div class=step>" + "".join(spans) + "</div>")
   parts.append("</body></html>")
-  with open(path, "w") as f:
-    f.write("\n".join(parts))
+  paths.write_text(path, "\n".join(parts))
 
 
 def _write_trace_png(path, traces, vocab) -> None:
@@ -334,5 +346,5 @@ def _write_trace_png(path, traces, vocab) -> None:
         x += box.width / fig.bbox.width + 0.004
       y -= step_h
     y -= 0.5 * step_h
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)

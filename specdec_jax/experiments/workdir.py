@@ -18,6 +18,13 @@ Results are written so that a kill loses at most the example in flight:
 `append_line` fsyncs each JSONL record before the next starts, `read_done`
 cuts a torn last line (and refuses a damaged one elsewhere), and
 `write_json` replaces a file whole.
+
+A workdir may be gs://bucket/run: every file goes through `specdec_jax.paths`.
+Cloud Storage has no append, so there `append_line` rewrites the JSONL
+object whole (an atomic replace: a kill loses at most the record being
+added), and the lock is an object `.lock` created only if absent (GCS's
+`ifGenerationMatch=0`), naming its holder; nothing releases it when its
+holder dies, so the error says how to remove a stale one.
 """
 
 from __future__ import annotations
@@ -29,12 +36,15 @@ import fcntl
 import hashlib
 import json
 import os
+import socket
 import subprocess
+import time
 from typing import Any, Iterator
 
 from absl import logging
 
 import specdec_jax
+from specdec_jax import paths
 from specdec_jax.checkpoints import native
 from specdec_jax.experiments.experiment_config import ConfigError
 
@@ -55,8 +65,32 @@ class WorkdirError(ValueError):
 
 
 @contextlib.contextmanager
+def _remote_lock(workdir: str) -> Iterator[None]:
+  path = paths.join(workdir, ".lock")
+  holder = {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+  if not paths.create_exclusive(path, json.dumps(holder).encode()):
+    found = (paths.read_bytes(path) or b"?").decode(errors="replace").strip()
+    raise WorkdirError(
+        f"workdir {workdir} is in use by another run ({path} holds {found}):"
+        " two runs in one workdir would decode every example twice. Wait for"
+        " it to finish, or give this run another --workdir. If that run is "
+        "dead (a bucket lock outlives a crashed run), remove the stale lock:"
+        f" gcloud storage rm {path}")
+  try:
+    yield
+  finally:
+    paths.remove(path)
+
+
+@contextlib.contextmanager
 def lock(workdir: str) -> Iterator[None]:
-  """Holds an exclusive OS lock on `<workdir>/.lock` while the block runs."""
+  """Holds an exclusive lock on `<workdir>/.lock` while the block runs: an
+  OS lock locally, a lock object on gs://."""
+  if paths.is_remote(workdir):
+    with _remote_lock(workdir):
+      yield
+    return
   path = os.path.join(workdir, ".lock")
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   try:
@@ -154,11 +188,11 @@ def check_fingerprint(workdir: str, config: Any, overwrite: bool) -> None:
   Raises:
     WorkdirError: the workdir holds results of a different fingerprint.
   """
-  path = os.path.join(workdir, FINGERPRINT)
+  path = paths.join(workdir, FINGERPRINT)
   now = fingerprint(config)
-  if os.path.exists(path):
-    with open(path) as f:
-      stored = json.load(f)
+  stored_bytes = paths.read_bytes(path)
+  if stored_bytes is not None:
+    stored = json.loads(stored_bytes)
     differ = [f"{k}: {stored.get(k)!r} in the workdir, {now.get(k)!r} now"
               for k in sorted(set(stored) | set(now))
               if stored.get(k) != now.get(k)]
@@ -166,8 +200,8 @@ def check_fingerprint(workdir: str, config: Any, overwrite: bool) -> None:
       logging.warning("workdir %s: deleting results of other settings:\n  - "
                       "%s", workdir, "\n  - ".join(differ))
       for name in RESULT_FILES:
-        with contextlib.suppress(FileNotFoundError):
-          os.remove(os.path.join(workdir, name))
+        paths.remove(paths.join(workdir, name))
+        _JSONL_CACHE.pop(paths.join(workdir, name), None)
     elif differ:
       raise WorkdirError(
           f"workdir {workdir} holds results of other settings; resuming "
@@ -177,14 +211,11 @@ def check_fingerprint(workdir: str, config: Any, overwrite: bool) -> None:
           "start over.")
     else:
       return
-  if os.path.exists(os.path.join(workdir, "examples.jsonl")):
+  if paths.read_bytes(paths.join(workdir, "examples.jsonl")) is not None:
     logging.warning("workdir %s has results but no %s (made before "
                     "fingerprints): adopting the current settings.", workdir,
                     FINGERPRINT)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(now, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  write_json(path, now)
 
 
 # ----------------------------------------------------------------------------
@@ -199,14 +230,18 @@ def read_done(path: str, truncate: bool = True) -> list[dict]:
   cannot come from a kill (each line is fsynced before the next starts): it
   is refused, naming the file and line, rather than skipped.
   """
-  if not os.path.exists(path):
+  raw = paths.read_bytes(path)
+  if raw is None:
     return []
-  with open(path, "rb") as f:
-    raw = f.read()
   keep = raw[:raw.rfind(b"\n") + 1]
   if truncate and len(keep) != len(raw):
-    with open(path, "wb") as f:
-      f.write(keep)
+    if paths.is_remote(path):
+      paths.write_bytes(path, keep)
+    else:
+      with open(path, "wb") as f:
+        f.write(keep)
+  if paths.is_remote(path):
+    _JSONL_CACHE[path] = keep
   records = []
   for number, line in enumerate(keep.decode(errors="replace").splitlines(),
                                 start=1):
@@ -223,7 +258,22 @@ def read_done(path: str, truncate: bool = True) -> list[dict]:
   return records
 
 
+# gs:// JSONL objects as last written by this process, so that adding a
+# record does not read the object back first (the lock makes this process
+# its only writer).
+_JSONL_CACHE: dict[str, bytes] = {}
+
+
 def append_line(path: str, record: dict) -> None:
+  """Adds one JSON line; a kill loses at most this record."""
+  line = (json.dumps(record) + "\n").encode()
+  if paths.is_remote(path):
+    if path not in _JSONL_CACHE:
+      _JSONL_CACHE[path] = paths.read_bytes(path) or b""
+    # No append on GCS: the object is replaced whole, atomically.
+    paths.write_bytes(path, _JSONL_CACHE[path] + line)
+    _JSONL_CACHE[path] += line
+    return
   with open(path, "a") as f:
     f.write(json.dumps(record) + "\n")
     f.flush()
@@ -231,7 +281,5 @@ def append_line(path: str, record: dict) -> None:
 
 
 def write_json(path: str, obj: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  """Replaces `path` whole (local or gs://)."""
+  paths.write_text(path, json.dumps(obj, indent=2, sort_keys=True))

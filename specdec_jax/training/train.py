@@ -42,6 +42,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from specdec_jax import checkpoints
+from specdec_jax import summaries
 from specdec_jax.data import tasks
 from specdec_jax.training import steps
 from specdec_jax.training.batches import load_split
@@ -415,10 +416,12 @@ def train(config: TrainConfig) -> dict[str, Any]:
   train_step = steps.make_train_step(definition, tx, config,
                                      teacher.definition if teacher else None)
   metrics_path = os.path.join(config.workdir, "metrics.jsonl")
+  writer = summaries.Writer(config.workdir)
 
   def record(row):
     with open(metrics_path, "a") as f:  # a line survives a kill right after
       f.write(json.dumps(row) + "\n")
+    writer.scalars(row["kind"], row, row["step"])
 
   def run_eval(step):
     result = steps.evaluate(Model(definition, state.params, vocab),
@@ -454,6 +457,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         window, window_start = collections.Counter(), time.time()
       if config.checkpoint_every and step % config.checkpoint_every == 0:
         _save(manager, state, per_epoch)
+        writer.flush()
       if config.eval_every and step % config.eval_every == 0 and step < total:
         paused = time.time()
         run_eval(step)
@@ -466,5 +470,6 @@ def train(config: TrainConfig) -> dict[str, Any]:
                      os.path.join(config.workdir, "model"),
                      config=model_config, vocab=vocab_path, overwrite=True)
   manager.close()
+  writer.close()
   return {**last, **final, "step": step, "num_params": int(num_params),
           "seconds": time.time() - start_time, "stopped": stop.requested}

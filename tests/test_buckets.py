@@ -1,0 +1,197 @@
+"""gs:// paths, workdirs and checkpoints against a real GCS emulator.
+
+Invariants: everything a run writes into a `gs://` workdir lands in the
+bucket and nothing in a local `gs:` folder; a run killed midway resumes
+there without losing or repeating an example; the workdir lock is an object
+created only if absent, so a second run stops naming the first; the shipped
+demo model uploaded to a bucket loads as `gs://models/target` with the same
+parameters; and a call to an unreachable endpoint fails within the bounded
+wait with an error naming the bucket and the likely causes.
+
+The emulator (tests/gcs_emulator.py) runs in a subprocess on a free port;
+these tests skip, saying so, only when it cannot start.
+"""
+
+import dataclasses
+import json
+import os
+import socket
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import specdec_jax
+from specdec_jax import Model
+from specdec_jax import checkpoints
+from specdec_jax import paths
+from specdec_jax.data import tasks
+from specdec_jax.experiments import experiment
+from specdec_jax.experiments import gin_flags
+from specdec_jax.experiments import workdir as workdir_lib
+from specdec_jax.models import registry
+from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
+
+SENTENCES = ["the cat sat on the mat", "the house is wonderful",
+             "a cat is on a mat today", "das Haus ist wunderbar"]
+
+
+def test_files_round_trip_through_the_bucket(gcs_emulator):  # noqa: F811
+  root = "gs://results/roundtrip"
+  assert paths.read_bytes(paths.join(root, "a.txt")) is None
+  paths.write_text(paths.join(root, "a.txt"), "one")
+  paths.write_bytes(paths.join(root, "sub", "b.bin"), b"\x00\x01")
+  paths.write_text(paths.join(root, "a.txt"), "two")  # replaced whole
+  assert paths.read_text(paths.join(root, "a.txt")) == "two"
+  assert paths.list_files(root) == ["a.txt", "sub/b.bin"]
+  assert paths.list_dir(root) == ["a.txt", "sub"]
+  assert paths.isdir(root) and not paths.isdir("gs://results/nothing")
+  paths.remove(paths.join(root, "a.txt"))
+  paths.remove(paths.join(root, "a.txt"))  # missing is fine
+  assert paths.list_files(root) == ["sub/b.bin"]
+
+
+def test_create_exclusive_is_a_precondition_not_a_check(gcs_emulator,  # noqa: F811
+                                                        tmp_path):
+  """The second create of one object fails on the bucket, and the same
+  conditional write (tensorstore's if_equal on a missing key) fails on the
+  local file driver too: it is the write itself that is conditional."""
+  path = "gs://results/exclusive/.lock"
+  assert paths.create_exclusive(path, b"first")
+  assert not paths.create_exclusive(path, b"second")
+  assert paths.read_bytes(path) == b"first"
+  local = str(tmp_path / "lock")
+  assert paths._create_if_missing(local, b"first")  # pylint: disable=protected-access
+  assert not paths._create_if_missing(local, b"second")  # pylint: disable=protected-access
+  assert paths.read_bytes(local) == b"first"
+
+
+def test_a_locked_bucket_workdir_names_its_holder_and_the_fix(gcs_emulator):  # noqa: F811
+  workdir = "gs://results/locked"
+  with workdir_lib.lock(workdir):
+    with pytest.raises(workdir_lib.WorkdirError) as error:
+      with workdir_lib.lock(workdir):
+        pass
+    message = str(error.value)
+    assert f'"pid": {os.getpid()}' in message and socket.gethostname() in message
+    assert f"gcloud storage rm {workdir}/.lock" in message
+  with workdir_lib.lock(workdir):  # released at the end of the block
+    pass
+
+
+def test_the_demo_model_loads_from_a_bucket(gcs_emulator):  # noqa: F811
+  paths.copy_tree(os.path.join(checkpoints.DEMO_DIR, "target"),
+                  "gs://models/target")
+  remote = specdec_jax.load_model("gs://models/target")
+  local = specdec_jax.load_model("demo:target")
+  flat_remote = jax.tree_util.tree_leaves_with_path(remote.params)
+  flat_local = dict(jax.tree_util.tree_leaves_with_path(local.params))
+  assert len(flat_remote) == len(flat_local)
+  for name, value in flat_remote:
+    np.testing.assert_array_equal(np.asarray(value),
+                                  np.asarray(flat_local[name]))
+  assert remote.vocab.encode("the house") == local.vocab.encode("the house")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, tiny_vocab):
+  root = tmp_path_factory.mktemp("bucket_exp")
+  (root / "mini.en").write_text("".join(s + "\n" for s in SENTENCES))
+  (root / "mini.de").write_text("".join(s + "\n" for s in SENTENCES))
+  models = {}
+  for name, layers, seed in [("target", 2, 0), ("draft", 1, 1)]:
+    cfg = registry.get_config("t5_1_1_tiny", vocab_size=320,
+                              num_encoder_layers=layers,
+                              num_decoder_layers=layers)
+    definition = registry.make_def(cfg)
+    params = definition.init_params(jax.random.PRNGKey(seed))
+    models[name] = checkpoints.save(Model(definition, params),
+                                    str(root / name), config=cfg)
+  config = experiment.ExperimentConfig(
+      task="wmt14_ende_local", split="test", target=models["target"],
+      draft=models["draft"], gamma=2, max_decode_len=6, cost_repeats=1,
+      trace_examples=1, buckets=(16, 32, 64))
+  task_config = dict(vocab_path=tiny_vocab, local_data_dir=str(root),
+                     wmt_ende_files={"test": "mini"})
+  return config, task_config
+
+
+def _ids(workdir):
+  text = paths.read_text(paths.join(workdir, "examples.jsonl"))
+  return [json.loads(line)["id"] for line in text.splitlines()]
+
+
+def test_a_run_into_a_bucket_writes_there_and_resumes(gcs_emulator,  # noqa: F811
+                                                      tiny_run, tmp_path,
+                                                      monkeypatch):
+  """Data and target read from buckets; killed after two examples, rerun:
+  every example once, in the bucket
+  (results, table, summary, config.gin, TensorBoard events), and no local
+  `gs:` folder."""
+  config, task_config = tiny_run
+  workdir = "gs://results/run"
+  monkeypatch.chdir(tmp_path)
+  real_append = workdir_lib.append_line
+  calls = []
+
+  def dying_append(path, record):
+    if len(calls) == 2:
+      raise KeyboardInterrupt("killed")
+    calls.append(record["id"])
+    real_append(path, record)
+
+  # The data files and the target model are read from buckets too.
+  for side in ("en", "de"):
+    paths.write_bytes(f"gs://results/data/mini.{side}", paths.read_bytes(
+        os.path.join(task_config["local_data_dir"], f"mini.{side}")))
+  task_config = dict(task_config, local_data_dir="gs://results/data")
+  paths.copy_tree(config.target, "gs://models/tiny_target")
+  config = dataclasses.replace(config, target="gs://models/tiny_target")
+  with tasks.override_config(**task_config):
+    gin_flags.write_config(workdir)
+    monkeypatch.setattr(workdir_lib, "append_line", dying_append)
+    with pytest.raises(KeyboardInterrupt):
+      experiment.run(config, workdir)
+    monkeypatch.setattr(workdir_lib, "append_line", real_append)
+    assert _ids(workdir) == ["0", "1"]
+    # The killed run released its lock object on the way out.
+    assert paths.read_bytes(paths.join(workdir, ".lock")) is None
+    summary = experiment.run(config, workdir)
+  assert _ids(workdir) == [str(i) for i in range(len(SENTENCES))]
+  assert summary["examples"] == len(SENTENCES)
+  stored = paths.list_files(workdir)
+  for name in ("examples.jsonl", "table.md", "table.csv", "summary.json",
+               "config.gin", "fingerprint.json", "costs.json",
+               "acceptance.png", "trace.html"):
+    assert name in stored, (name, stored)
+  assert "| wmt14_ende_local |" in paths.read_text(
+      paths.join(workdir, "table.md"))
+  events = [n for n in stored if n.startswith("tensorboard/events.out.")]
+  assert events, stored
+  data = paths.read_bytes(paths.join(workdir, events[-1]))
+  for tag in (b"gamma_2/alpha", b"gamma_2/running_alpha", b"gamma_2/speedup",
+              b"gamma_2/tokens_per_target_call", b"config"):
+    assert tag in data, tag
+  assert not os.path.exists(tmp_path / "gs:"), os.listdir(tmp_path)
+
+
+def test_an_unreachable_bucket_fails_within_the_bounded_wait(monkeypatch):
+  """A closed local port stands for "no network": the error comes within
+  the timeout (not after tensorstore's minutes of retries) and names the
+  bucket, the endpoint and the likely causes."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]  # closed once the block ends
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://localhost:{port}")
+  monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "test")
+  monkeypatch.setenv(paths.TIMEOUT_ENV, "4")
+  start = time.monotonic()
+  with pytest.raises(paths.RemoteStorageError) as error:
+    paths.write_bytes("gs://unreachable-bucket/run/x.json", b"{}")
+  elapsed = time.monotonic() - start
+  assert elapsed < 30, elapsed
+  message = str(error.value)
+  assert "gs://unreachable-bucket" in message
+  assert f"localhost:{port}" in message
+  assert "no network" in message and "credentials" in message
