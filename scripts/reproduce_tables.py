@@ -12,13 +12,13 @@ resumes where it stopped; --assemble_only rebuilds the tables from finished
 workdirs, e.g. after running rows on separate chips (docs/tpu.md).
 """
 
-import os
 
 from absl import flags
 import gin
 
 import jax
 
+from specdec_jax import paths
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import gin_flags
@@ -64,7 +64,7 @@ def main(argv):
     return
   tables = reproduce.assemble(_WORKDIR.value)
   for name in tables:
-    print(open(os.path.join(_WORKDIR.value, f"{name}.md")).read())
+    print(paths.read_text(paths.join(_WORKDIR.value, f"{name}.md")))
 
 
 if __name__ == "__main__":

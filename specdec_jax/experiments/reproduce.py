@@ -23,6 +23,7 @@ from absl import logging
 import gin
 
 from specdec_jax import multihost
+from specdec_jax import paths
 from specdec_jax.data import tasks
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
@@ -117,7 +118,7 @@ def parse_rows(gin_files: Sequence[str], workdir: str,
       config = dataclasses.replace(config, max_examples=max_examples)
     name = config.name or os.path.splitext(os.path.basename(gin_file))[0]
     rows.append(Row(config, tasks.current_config(),
-                    os.path.join(workdir, name), gin.config_str()))
+                    paths.join(workdir, name), gin.config_str()))
   names = [r.workdir for r in rows]
   if len(set(names)) != len(names):
     raise ValueError(f"two experiments would share a workdir: {names}")
@@ -163,8 +164,7 @@ def run_rows(rows: Sequence[Row]) -> list[dict]:
     # After the run: a rerun refused for other settings leaves the
     # workdir's config as it was. Process 0 of a multi-host job writes.
     for row in group if multihost.is_primary() else ():
-      with open(os.path.join(row.workdir, "config.gin"), "w") as f:
-        f.write(row.gin_config)
+      paths.write_text(paths.join(row.workdir, "config.gin"), row.gin_config)
     by_workdir.update(zip((r.workdir for r in group), summaries))
   return [by_workdir[r.workdir] for r in rows]
 
@@ -188,11 +188,10 @@ def run_configs(gin_files: Sequence[str], workdir: str,
 
 def load_summaries(workdir: str) -> list[dict]:
   out = []
-  for name in sorted(os.listdir(workdir)):
-    path = os.path.join(workdir, name, "summary.json")
-    if os.path.exists(path):
-      with open(path) as f:
-        out.append(json.load(f))
+  for name in sorted(paths.list_dir(workdir)):
+    data = paths.read_bytes(paths.join(workdir, name, "summary.json"))
+    if data is not None:
+      out.append(json.loads(data))
   return out
 
 
@@ -226,8 +225,8 @@ def assemble(workdir: str, summaries: Sequence[dict] | None = None) -> dict:
            "examples")
   cols3 = ("target", "draft", "alpha_t0", "paper_alpha_t0", "alpha_t1",
            "paper_alpha_t1")
-  os.makedirs(workdir, exist_ok=True)
-  report.write_table(os.path.join(workdir, "table2"), table2, cols2)
-  report.write_table(os.path.join(workdir, "table3"), list(table3.values()),
+  paths.makedirs(workdir)
+  report.write_table(paths.join(workdir, "table2"), table2, cols2)
+  report.write_table(paths.join(workdir, "table3"), list(table3.values()),
                      cols3)
   return {"table2": table2, "table3": list(table3.values())}
