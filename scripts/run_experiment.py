@@ -17,6 +17,7 @@ import gin
 
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import gin_flags
+from specdec_jax.experiments import workdir
 from specdec_jax.data import tasks  # noqa: F401  (registers tasks and TaskConfig)
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.",
@@ -32,6 +33,8 @@ def main(argv):
   config = gin.get_configurable(experiment.ExperimentConfig)()
   if _OVERWRITE.value:
     config = dataclasses.replace(config, overwrite=True)
+  # A refused rerun writes nothing (not even config.gin) into the workdir.
+  workdir.refuse_other_settings(_WORKDIR.value, config)
   gin_flags.write_config(_WORKDIR.value)
   summary = experiment.run(config, _WORKDIR.value)
   gin_flags.write_operative_config(_WORKDIR.value)

@@ -330,7 +330,7 @@ def run_side_by_side(configs: Sequence[ExperimentConfig],
   from specdec_jax.experiments import plan  # pylint: disable=g-import-not-at-top
   sharding.maybe_initialize_distributed(configs[0].distributed)
   for config, workdir in zip(configs, workdirs):
-    os.makedirs(workdir, exist_ok=True)
+    workdir_lib.make_directory(workdir)
     # On a known accelerator, refuse a run that cannot fit before loading
     # anything (shapes only; see scripts/plan_run.py for the full plan).
     plan.check_fits_on_devices(config)

@@ -116,7 +116,9 @@ def use_tfds_data_dir(path: str | None) -> None:
 
 def write_config(workdir: str, name: str = "config.gin") -> str:
   """Writes the parsed gin config (what this run was told) to the workdir."""
-  os.makedirs(workdir, exist_ok=True)
+  # pylint: disable-next=g-import-not-at-top  (workdir imports checkpoints)
+  from specdec_jax.experiments import workdir as workdir_lib
+  workdir_lib.make_directory(workdir)
   path = os.path.join(workdir, name)
   with open(path, "w") as f:
     f.write(gin.config_str())

@@ -176,10 +176,27 @@ class TrainConfig:
         (self.train_translations is not None
          and self.task != tasks.MULTI30K_ENDE_LOCAL,
          f"train_translations replaces the train split of "
-         f"{tasks.MULTI30K_ENDE_LOCAL!r} only (task is {self.task!r})"))
+         f"{tasks.MULTI30K_ENDE_LOCAL!r} only (task is {self.task!r})"),
+        (_file_in_the_way(self.workdir),
+         f"workdir {self.workdir} {_file_in_the_way(self.workdir)} a regular "
+         "file, not a directory: give a directory path, or move the file "
+         "away"))
                 if bad]
     if problems:
       raise ValueError("Bad TrainConfig: " + "; ".join(problems) + ".")
+
+
+def _file_in_the_way(path: str) -> str:
+  """'is' or 'lies under FILE, which is' when a local `path` cannot be a
+  directory because of a regular file, else ''."""
+  if not path or "://" in path:
+    return ""
+  part = os.path.abspath(path)
+  while not os.path.exists(part) and os.path.dirname(part) != part:
+    part = os.path.dirname(part)
+  if not os.path.exists(part) or os.path.isdir(part):
+    return ""
+  return "is" if part == os.path.abspath(path) else f"lies under {part}, which is"
 
 
 # ------------------------------- training -------------------------------------
