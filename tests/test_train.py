@@ -205,7 +205,8 @@ def test_distillation_kl_is_zero_when_student_is_teacher(corpus, tmp_path):
                         (definition.init_params(jax.random.key(1)), False)):
     state = steps.TrainState(np.int32(0), jax.tree.map(np.array, params),
                              tx.init(params))
-    _, sums = step(state, batch, teacher)
+    _, sums, bad = step(state, batch, teacher, np.int32(0))
+    assert int(bad) == 0
     assert (abs(float(sums["kl"])) < 1e-4) == zero
   np.testing.assert_allclose(float(sums["loss"]), 0.7 * float(sums["nll"])
                              + 0.3 * float(sums["kl"]), rtol=1e-5)
@@ -228,7 +229,7 @@ def test_decoder_only_model_learns_its_targets():
   state = steps.TrainState(np.int32(0), params, tx.init(params))
   losses = []
   for _ in range(8):
-    state, sums = step(state, batch, None)
+    state, sums, _ = step(state, batch, None, np.int32(0))
     losses.append(float(sums["nll"]) / float(sums["tokens"]))
   assert losses[-1] < 0.5 * losses[0]
 
