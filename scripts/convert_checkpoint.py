@@ -23,6 +23,7 @@ from absl import flags
 
 from specdec_jax import checkpoints
 from specdec_jax.checkpoints import hf
+from specdec_jax.experiments import workdir
 
 _INPUT = flags.DEFINE_string(
     "input", None, "hf:DIR or t5x:PATH (a checkpoint_<step> directory).",
@@ -46,6 +47,10 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False,
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:  # before the (possibly long) load
+    workdir.check_directory_path(_OUTPUT.value, "--output")
+  except workdir.WorkdirError as e:
+    raise app.UsageError(str(e)) from None
   if _FORMAT.value == "hf":
     if _VOCAB.value:
       raise app.UsageError("--vocab is for --format=specdec; a Hugging Face "

@@ -18,9 +18,11 @@ from absl import flags
 from absl import logging
 import gin
 
+from specdec_jax import multihost
 from specdec_jax import paths
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import gin_flags
+from specdec_jax.experiments import workdir
 from specdec_jax.data import tasks  # noqa: F401  (registers tasks and TaskConfig)
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.",
@@ -38,6 +40,10 @@ def main(argv):
     config = dataclasses.replace(config, overwrite=True)
   gin_flags.initialize_distributed(config.distributed)
   primary = gin_flags.is_primary()
+  # A refused rerun writes nothing (not even config.gin) into the workdir;
+  # process 0 decides, and every process stops with its message.
+  multihost.on_primary(
+      lambda: workdir.refuse_other_settings(_WORKDIR.value, config))
   if primary:
     gin_flags.write_config(_WORKDIR.value)
   summary = experiment.run(config, _WORKDIR.value)

@@ -373,6 +373,9 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
   assert other.returncode != 0
   assert "gamma: 2 in the workdir, 3 now" in other.stderr
   assert "--overwrite" in other.stderr
+  # Issue 38, finding 3: the refused rerun rewrote config.gin to gamma 3.
+  assert "gamma = 2" in (workdir / "config.gin").read_text()
+  assert "gamma = 3" not in (workdir / "config.gin").read_text()
   bad = subprocess.run(cmd[:3] + [f"--workdir={tmp_path / 'bad'}",
                                   "--gin.experiment.ExperimentConfig.gamma=0"],
                        capture_output=True, text=True, env=env, timeout=300)
@@ -455,6 +458,33 @@ def test_rerun_with_other_settings_is_refused_and_more_examples_extend(
   assert fresh["examples"] == 1 and len(_lines(workdir)) == 1
   with open(os.path.join(workdir, "fingerprint.json")) as f:
     assert json.load(f)["temperature"] == 1.0
+
+
+def test_overwrite_clears_old_tables_and_a_refusal_writes_nothing(
+    setup, tmp_path):
+  """Issue 38, finding 3: `--overwrite` with settings that then failed left
+  the new fingerprint next to the old tables and plots, and a refused rerun
+  wrote into the workdir. Now the refusal (checked before config.gin is
+  written) changes no file, and overwrite removes every result file, tables
+  and plots included, before anything new is written."""
+  _, models, task_config = setup
+  workdir = tmp_path / "wd"
+  workdir.mkdir()
+  with tasks.override_config(**task_config):
+    workdir_lib.check_fingerprint(str(workdir), _config(models, gamma=2),
+                                  False)
+    for name in ("table.md", "table.csv", "acceptance.png", "trace.html",
+                 "summary.json", "examples.jsonl"):
+      (workdir / name).write_text("old")
+    before = {p.name: p.read_bytes() for p in workdir.iterdir()}
+    other = _config(models, gamma=3)
+    with pytest.raises(workdir_lib.WorkdirError, match="gamma: 2 in the"):
+      workdir_lib.refuse_other_settings(str(workdir), other)
+    assert {p.name: p.read_bytes() for p in workdir.iterdir()} == before
+    workdir_lib.refuse_other_settings(str(workdir), _config(models, gamma=2))
+    workdir_lib.check_fingerprint(
+        str(workdir), _config(models, gamma=3, overwrite=True), True)
+  assert sorted(p.name for p in workdir.iterdir()) == ["fingerprint.json"]
 
 
 def test_a_damaged_line_inside_examples_jsonl_names_file_and_line(tmp_path):

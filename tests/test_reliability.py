@@ -309,3 +309,40 @@ def test_fuzz_every_input_is_decoded_or_refused_before_compiling(tables):
     assert result.tokens.shape == (2, args["max_decode_len"])
     decoded += 1
   assert decoded >= 20 and refused >= 200, (decoded, refused)
+
+
+def test_an_unknown_xla_option_is_refused_before_compiling(tables):
+  """Issue 38, finding 6: an unknown XLA option in `compiler_options` failed
+  only when the decoding loop compiled. It is refused first, naming the
+  option and how to list the valid ones; a known option decodes (negative
+  control)."""
+  target, draft = tables
+  for fn, args in ((sd.generate, dict(model=target)),
+                   (sd.speculative_generate,
+                    dict(target=target, draft=draft, gamma=2))):
+    _refused(ValueError, r"(?s)xla_no_such_option.*XLA_FLAGS=--help", fn,
+             input_ids=IDS, max_decode_len=4,
+             compiler_options={"xla_no_such_option": True}, **args)
+  out = sd.generate(target, IDS, max_decode_len=4,
+                    compiler_options={"xla_cpu_enable_fast_math": False})
+  assert out.tokens.shape[1] == 4
+
+
+def test_a_workdir_that_is_a_file_is_named(tmp_path):
+  """Issue 38, finding 6: a workdir or convert --output that is a regular
+  file (or lies under one) gave a bare FileExistsError/NotADirectoryError."""
+  # pylint: disable-next=g-import-not-at-top
+  from specdec_jax.experiments import workdir as workdir_lib
+  from specdec_jax.training import train  # pylint: disable=g-import-not-at-top
+  blocker = tmp_path / "results"
+  blocker.write_text("not a directory")
+  for path, where in ((blocker, "is a regular file"),
+                      (blocker / "run1", f"lies under {blocker}, which is")):
+    with pytest.raises(workdir_lib.WorkdirError, match=where):
+      workdir_lib.make_directory(str(path))
+    with pytest.raises(ValueError, match=f"workdir {path} {where}"):
+      train.TrainConfig(workdir=str(path), num_steps=1).check()
+  with pytest.raises(workdir_lib.WorkdirError, match="--output .* regular"):
+    workdir_lib.check_directory_path(str(blocker), "--output")
+  workdir_lib.make_directory(str(tmp_path / "a" / "b"))  # negative control
+  workdir_lib.check_directory_path("gs://bucket/x")

@@ -311,6 +311,28 @@ def test_local_data_errors_name_the_file(tmp_path, tiny_vocab):
         batching.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
 
 
+def test_bad_bytes_and_blank_pairs_in_local_files_are_named(tmp_path,
+                                                            tiny_vocab):
+  """Issue 38, findings 6 and 7: a non-UTF-8 byte gave a bare
+  UnicodeDecodeError without the file's name, and a blank line in parallel
+  files was decoded silently (an empty reference scored in BLEU). Both are
+  now refused, naming the file and the line."""
+  with tasks.override_config(vocab_path=tiny_vocab,
+                             local_data_dir=str(tmp_path)):
+    prefix = _write_parallel(tmp_path, ["a", "b", "c"], ["a", "b", "c"],
+                             name="latin")
+    with open(prefix + ".de", "wb") as f:
+      f.write(b"a\nb\ngr\xfcn\n")
+    with pytest.raises(ValueError, match=r"latin\.de .*line 3.*UTF-8"):
+      with tasks.override_config(wmt_ende_files={"test": prefix}):
+        batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    prefix = _write_parallel(tmp_path, ["a", "", "c", "d"], ["a", "b", "c", " "],
+                             name="blank")
+    with pytest.raises(ValueError, match=r"blank\.en/\.de .*2 pair.*\[2, 4\]"):
+      with tasks.override_config(wmt_ende_files={"test": prefix}):
+        batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+
+
 def test_vocabulary_that_does_not_load(tmp_path):
   """A missing or corrupt vocabulary file raises VocabularyError naming the
   path and the setting to change, also through a task's pipeline."""

@@ -17,7 +17,9 @@ import sentencepiece as spm
 
 from specdec_jax import checkpoints
 from specdec_jax import generate
+from specdec_jax.data import batching
 from specdec_jax.data import tasks
+from specdec_jax.decoding.protocol import Model
 from specdec_jax.training import steps
 from specdec_jax.training import train
 from specdec_jax.training import batches
@@ -209,7 +211,8 @@ def test_distillation_kl_is_zero_when_student_is_teacher(corpus, tmp_path):
                         (definition.init_params(jax.random.key(1)), False)):
     state = steps.TrainState(np.int32(0), jax.tree.map(np.array, params),
                              tx.init(params))
-    _, sums = step(state, batch, teacher)
+    _, sums, bad = step(state, batch, teacher, np.int32(0))
+    assert int(bad) == 0
     assert (abs(float(sums["kl"])) < 1e-4) == zero
   np.testing.assert_allclose(float(sums["loss"]), 0.7 * float(sums["nll"])
                              + 0.3 * float(sums["kl"]), rtol=1e-5)
@@ -232,7 +235,7 @@ def test_decoder_only_model_learns_its_targets():
   state = steps.TrainState(np.int32(0), params, tx.init(params))
   losses = []
   for _ in range(8):
-    state, sums = step(state, batch, None)
+    state, sums, _ = step(state, batch, None, np.int32(0))
     losses.append(float(sums["nll"]) / float(sums["tokens"]))
   assert losses[-1] < 0.5 * losses[0]
 
@@ -355,6 +358,9 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(
   with caplog.at_level("WARNING"):
     train.train(_config(tmp_path, corpus))
   assert "skipped damaged checkpoint(s) step 10" in caplog.text
+  # Issue 38, finding 7: orbax's own tracebacks stay out of the log.
+  assert not [r for r in caplog.records if "orbax" in r.pathname], [
+      r.getMessage()[:80] for r in caplog.records if "orbax" in r.pathname]
   assert "resumed from step 5" in caplog.text
   assert os.listdir(tmp_path / "damaged_checkpoints")[0].startswith("10.")
   jax.tree.map(np.testing.assert_array_equal, _params(trained[0]),
@@ -409,3 +415,92 @@ def test_teacher_outputs_script_translates_and_refuses_other_settings(
     assert line.rstrip("\n") == " ".join(expected.split()), i
   other = run("--max_decode_len=9")
   assert other.returncode != 0 and "'max_decode_len': 8" in other.stderr
+
+
+def test_a_diverging_run_stops_at_the_first_nonfinite_step(corpus, tmp_path):
+  """Issue 38, finding 1: with a learning rate that diverges (adamw, no
+  clipping) every later step ran, checkpoints with NaN weights were saved
+  and the only error came at the final evaluation, blaming "the target
+  model". Now the run stops naming the step, the last finite checkpoint and
+  the likely causes; no checkpoint holds a non-finite value, and a rerun
+  resumes from the last finite one."""
+  diverging = _config(tmp_path, corpus, learning_rate=1e30, grad_clip=0.0,
+                      schedule="constant", warmup_steps=1, dropout_rate=0.0,
+                      checkpoint_every=1, log_every=5, bleu_examples=2,
+                      max_decode_len=4)
+  with pytest.raises(train.NonFiniteTrainingError) as error:
+    train.train(diverging)
+  message = str(error.value)
+  bad = int(message.split("step ")[1].split()[0])
+  assert bad >= 2 and f"step {bad - 1} in" in message, message
+  assert "learning_rate=1e+30" in message and "grad_clip=0.0" in message
+  assert "float16" in message and not os.path.exists(tmp_path / "model")
+  saved = sorted(int(s) for s in os.listdir(tmp_path / "checkpoints"))
+  assert saved[-1] == bad - 1
+  for step in saved:
+    state = ocp.PyTreeCheckpointer().restore(
+        str(tmp_path / "checkpoints" / str(step) / "state"))
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(state))
+  if os.path.exists(tmp_path / "metrics.jsonl"):  # no row of a NaN window
+    assert all(r["step"] < bad for r in _rows(tmp_path))
+  # The rerun resumes from the last finite checkpoint (whose weights this
+  # learning rate has already blown up: it stops at the same step again).
+  with pytest.raises(train.NonFiniteTrainingError,
+                     match=f"step {bad} gave .* step {bad - 1} in"):
+    train.train(diverging)
+
+
+def test_evaluation_errors_blame_the_model_being_trained(corpus, trained):
+  """Issue 38, finding 1: a non-finite model failed the final evaluation
+  with an error about "the target model"; it speaks of the trained one."""
+  model = checkpoints.load_model(str(trained[0] / "model"))
+  nan = jax.tree.map(lambda x: np.full_like(x, np.nan), model.params)
+  example = batching.Example(
+      id="0", inputs=np.asarray([5, 6, 1], np.int32),
+      targets=np.asarray([7, 1], np.int32), inputs_text="x", targets_text="y",
+      inputs_eos=True)
+  config = _config("unused", corpus, bleu_examples=1, max_decode_len=4)
+  with pytest.raises(FloatingPointError, match="the model being trained"):
+    steps.evaluate(Model(model.definition, nan, model.vocab), None,
+                   [example], config)
+
+
+def test_resume_skips_a_checkpoint_with_nonfinite_parameters(
+    corpus, trained, tmp_path, caplog):
+  """Issue 38, finding 1: a checkpoint with NaN weights (as runs saved
+  before training checked every step) was resumed from. Now it is set aside
+  like a damaged one and the run resumes from the last finite one."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.copytree(trained[0] / "checkpoints", tmp_path / "checkpoints")
+  manager = ocp.CheckpointManager(str(tmp_path / "checkpoints"),
+                                  item_names=("state", "meta"))
+  old = manager.restore(10, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+  state = dict(old.state)
+  state["params"] = jax.tree.map(lambda x: np.full_like(x, np.nan),
+                                 state["params"])
+  manager.save(11, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state),
+      meta=ocp.args.JsonSave({**old.meta, "step": 11})))
+  manager.wait_until_finished()
+  manager.close()
+  with caplog.at_level("WARNING"):
+    train.train(_config(tmp_path, corpus))
+  assert "step 11 (non-finite parameters)" in caplog.text
+  assert "resumed from step 10" in caplog.text
+  jax.tree.map(np.testing.assert_array_equal, _params(trained[0]),
+               _params(tmp_path))
+
+
+def test_metrics_do_not_repeat_steps_after_a_kill(corpus, trained, tmp_path):
+  """Issue 38, finding 7: after a kill and resume, metrics.jsonl repeated
+  the steps between the last checkpoint and the kill. Here a kill after
+  step 8 (checkpoint at 5, rows 6-8 logged, a torn row after) is resumed:
+  every step has one row."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.copytree(trained[0] / "checkpoints", tmp_path / "checkpoints")
+  shutil.rmtree(tmp_path / "checkpoints" / "10")
+  rows = [json.dumps(r) for r in _rows(trained[0]) if r["step"] <= 8]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + '\n{"kind": "tr')
+  train.train(_config(tmp_path, corpus))
+  assert [r["step"] for r in _rows(tmp_path)] == list(range(1, 11))

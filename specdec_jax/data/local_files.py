@@ -41,7 +41,15 @@ def read_text(path: str, task: str, field: str) -> str:
         f"Local data file not found: {path} (task {task!r}). Create it, or "
         f"point `TaskConfig.{field}` (or `TaskConfig.local_data_dir`, or "
         f"${SHARED_DATA_ENV}) at an existing file.")
-  return data.decode("utf-8")
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data[:e.start].count(b"\n") + 1
+    raise ValueError(
+        f"Local data file {path} (task {task!r}) is not UTF-8: line {line} "
+        f"has the byte {data[e.start:e.start + 1]!r} ({e.reason}). Convert "
+        f"the file to UTF-8 (e.g. iconv -f latin1 -t utf-8), or fix that "
+        "line.") from None
 
 
 def read_lines(path: str, task: str, field: str) -> list[str]:
@@ -64,6 +72,14 @@ def read_parallel(prefix: str, task: str,
     raise ValueError(
         f"Misaligned parallel files for task {task!r}: {prefix}.en has "
         f"{len(en)} lines but {prefix}.de has {len(de)}.")
+  # A blank segment would be decoded (and an empty reference scored).
+  blank = [n for n, pair in enumerate(zip(en, de), start=1) if not all(pair)]
+  if blank:
+    raise ValueError(
+        f"Parallel files {prefix}.en/.de (task {task!r}) have {len(blank)} "
+        f"pair(s) with a blank line, at line(s) {blank[:10]}"
+        f"{' ...' if len(blank) > 10 else ''}: delete those lines from both "
+        "files (keeping them aligned).")
   return en, de
 
 

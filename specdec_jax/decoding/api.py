@@ -91,7 +91,30 @@ def compiler_options_key(options: Any) -> tuple:
         value, (str, bool, int, float)):
       raise TypeError(f"compiler_options: {name!r}: {value!r} is not an XLA "
                       "option (a name and a string, bool or number)")
-  return tuple(sorted(options.items()))
+  key = tuple(sorted(options.items()))
+  _check_xla_knows(key)
+  return key
+
+
+@functools.lru_cache(maxsize=64)
+def _check_xla_knows(options: tuple) -> None:
+  """Refuses options this backend's XLA does not know, before the decoding
+  loop compiles (it would fail only then): compiles a one-op program with
+  them, once per set of options."""
+  if not options:
+    return
+  try:
+    jax.jit(lambda x: x + 1, compiler_options=dict(options)).lower(
+        np.int32(0)).compile()
+  except Exception as e:  # pylint: disable=broad-except  (XLA's runtime error)
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    raise ValueError(
+        f"compiler_options {dict(options)!r} are refused by XLA on "
+        f"{jax.default_backend()}: {first}. The options this jaxlib knows "
+        "are listed by: XLA_FLAGS=--help python -c 'import jax; "
+        "jax.numpy.ones(1)' (the --xla_... lines; give them without the "
+        "dashes). Backend-specific ones (xla_tpu_*, xla_gpu_*) exist only "
+        "on that backend.") from None
 
 
 def _check_positive_int(name: str, value: Any, hint: str) -> int:

@@ -333,7 +333,8 @@ def run_side_by_side(configs: Sequence[ExperimentConfig],
   # plan imports this module.
   from specdec_jax.experiments import plan  # pylint: disable=g-import-not-at-top
   multihost.initialize(configs[0].distributed)
-  for config in configs:
+  for config, workdir in zip(configs, workdirs):
+    workdir_lib.check_directory_path(workdir)
     # On a known accelerator, refuse a run that cannot fit before loading
     # anything (shapes only; see scripts/plan_run.py for the full plan).
     plan.check_fits_on_devices(config)

@@ -152,6 +152,9 @@ def is_primary() -> bool:
 
 def write_config(workdir: str, name: str = "config.gin") -> str:
   """Writes the parsed gin config (what this run was told) to the workdir."""
+  # pylint: disable-next=g-import-not-at-top  (workdir imports checkpoints)
+  from specdec_jax.experiments import workdir as workdir_lib
+  workdir_lib.make_directory(workdir)
   path = paths.join(workdir, name)
   paths.write_text(path, gin.config_str())
   return path

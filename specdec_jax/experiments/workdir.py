@@ -50,9 +50,12 @@ from specdec_jax.experiments.experiment_config import ConfigError
 
 
 FINGERPRINT = "fingerprint.json"
-# Files a run writes from results; `--overwrite` removes them.
+# Files a run writes from results, tables and plots included; `--overwrite`
+# removes them (the fingerprint last) before anything new is written.
 RESULT_FILES = ("examples.jsonl", "costs.json", "optimal_gamma.json",
-                "summary.json", FINGERPRINT)
+                "summary.json", "table.md", "table.csv", "acceptance.png",
+                "speedup_vs_gamma.png", "trace.html", "trace.png",
+                "operative_config.gin", FINGERPRINT)
 # ExperimentConfig fields that do not change any recorded number.
 EXTENDING_FIELDS = ("max_examples", "trace_examples", "name", "distributed",
                     "overwrite")
@@ -62,6 +65,29 @@ _HASH_LIMIT = 1 << 20
 
 class WorkdirError(ValueError):
   """The workdir is busy, or holds results of other settings."""
+
+
+def check_directory_path(path: str, what: str = "workdir") -> None:
+  """Refuses a local `path` that is, or lies under, a regular file (a
+  directory there could not be made); remote paths (gs://) pass."""
+  if "://" in path:
+    return
+  part = os.path.abspath(path)
+  while not os.path.exists(part) and os.path.dirname(part) != part:
+    part = os.path.dirname(part)
+  if os.path.exists(part) and not os.path.isdir(part):
+    where = ("is" if part == os.path.abspath(path) else f"lies under {part}, "
+             "which is")
+    raise WorkdirError(
+        f"{what} {path} {where} a regular file, not a directory: give a "
+        f"directory path, or move the file away.")
+
+
+def make_directory(path: str, what: str = "workdir") -> None:
+  """`paths.makedirs`, with `check_directory_path`'s message for a file
+  there."""
+  check_directory_path(path, what)
+  paths.makedirs(path)
 
 
 @contextlib.contextmanager
@@ -174,6 +200,33 @@ def fingerprint(config: Any) -> dict:
   return _jsonable(out)
 
 
+def _differences(path: str, now: dict) -> list[str]:
+  stored = json.loads(paths.read_bytes(path) or b"{}")
+  return [f"{k}: {stored.get(k)!r} in the workdir, {now.get(k)!r} now"
+          for k in sorted(set(stored) | set(now))
+          if stored.get(k) != now.get(k)]
+
+
+def _refusal(workdir: str, differ: list[str]) -> WorkdirError:
+  return WorkdirError(
+      f"workdir {workdir} holds results of other settings; resuming "
+      "would mix them into one table:\n  - " + "\n  - ".join(differ)
+      + "\nUse a new --workdir, or rerun with --overwrite "
+      "(ExperimentConfig.overwrite=True) to delete these results and "
+      "start over.")
+
+
+def refuse_other_settings(workdir: str, config: Any) -> None:
+  """`check_fingerprint`'s refusal, writing nothing: a script calls it
+  before it writes config.gin, so a refused rerun leaves the workdir as it
+  was. (`check_fingerprint`, under the lock, still decides.)"""
+  path = paths.join(workdir, FINGERPRINT)
+  if not config.overwrite and paths.read_bytes(path) is not None:
+    differ = _differences(path, fingerprint(config))
+    if differ:
+      raise _refusal(workdir, differ)
+
+
 def check_fingerprint(workdir: str, config: Any, overwrite: bool) -> None:
   """Records the fingerprint, or refuses results made with other settings.
 
@@ -190,12 +243,8 @@ def check_fingerprint(workdir: str, config: Any, overwrite: bool) -> None:
   """
   path = paths.join(workdir, FINGERPRINT)
   now = fingerprint(config)
-  stored_bytes = paths.read_bytes(path)
-  if stored_bytes is not None:
-    stored = json.loads(stored_bytes)
-    differ = [f"{k}: {stored.get(k)!r} in the workdir, {now.get(k)!r} now"
-              for k in sorted(set(stored) | set(now))
-              if stored.get(k) != now.get(k)]
+  if paths.read_bytes(path) is not None:
+    differ = _differences(path, now)
     if differ and overwrite:
       logging.warning("workdir %s: deleting results of other settings:\n  - "
                       "%s", workdir, "\n  - ".join(differ))
@@ -203,12 +252,7 @@ def check_fingerprint(workdir: str, config: Any, overwrite: bool) -> None:
         paths.remove(paths.join(workdir, name))
         _JSONL_CACHE.pop(paths.join(workdir, name), None)
     elif differ:
-      raise WorkdirError(
-          f"workdir {workdir} holds results of other settings; resuming "
-          "would mix them into one table:\n  - " + "\n  - ".join(differ)
-          + "\nUse a new --workdir, or rerun with --overwrite "
-          "(ExperimentConfig.overwrite=True) to delete these results and "
-          "start over.")
+      raise _refusal(workdir, differ)
     else:
       return
   if paths.read_bytes(paths.join(workdir, "examples.jsonl")) is not None:

@@ -156,11 +156,18 @@ def make_optimizer(config: TrainConfig,
 
 
 def make_train_step(definition, tx, config: TrainConfig, teacher_def=None):
-  """The jitted step: (state, batch, teacher_params) -> (state, sums).
+  """The jitted step: (state, batch, teacher_params, bad) -> (state, sums, bad).
 
   The state is donated. `sums` are device scalars: loss (the objective),
   nll, kl (0 without a teacher), correct and tokens summed over the batch's
   weighted tokens, and grad_norm.
+
+  `bad` is an int32 device scalar: 0 while every step so far had a finite
+  loss, gradient norm and updated parameters, else the number of the first
+  step that did not (1-based, as `state.step` after it). From that step on
+  the state is returned unchanged, so it never holds a non-finite value;
+  the loop reads `bad` when it syncs anyway (logging, checkpoints) and
+  stops there (`train.NonFiniteTrainingError`), without a host sync per step.
   """
   alpha, temp = config.distill_alpha, config.distill_temperature
 
@@ -178,14 +185,21 @@ def make_train_step(definition, tx, config: TrainConfig, teacher_def=None):
     sums = dict(loss=loss, nll=nll, kl=kl, correct=correct, tokens=tokens)
     return loss / jnp.maximum(tokens, 1.0), sums
 
-  def step(state: TrainState, batch, teacher_params):
+  def step(state: TrainState, batch, teacher_params, bad):
     key = jax.random.fold_in(jax.random.key(config.seed), state.step)
     grads, sums = jax.grad(loss_fn, has_aux=True)(state.params, batch,
                                                   teacher_params, key)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     sums["grad_norm"] = optax.tree.norm(grads)
-    return TrainState(state.step + 1, params, opt_state), sums
+    finite = (jnp.isfinite(sums["loss"]) & jnp.isfinite(sums["grad_norm"])
+              & jnp.all(jnp.asarray([jnp.isfinite(x).all()
+                                     for x in jax.tree.leaves(params)])))
+    bad = jnp.where((bad == 0) & ~finite, state.step + 1, bad)
+    new = TrainState(state.step + 1, params, opt_state)
+    # After a non-finite step nothing moves: no checkpoint can hold it.
+    state = jax.tree.map(lambda n, o: jnp.where(bad == 0, n, o), new, state)
+    return state, sums, bad
 
   return jax.jit(step, donate_argnums=0)
 
@@ -226,8 +240,16 @@ def evaluate(model: Model, eval_data: BucketedData | None, examples,
     vocab, predictions = model.vocab, []
     for batch in batching.batches(chosen, batch_size=config.eval_batch_size,
                                   max_length=config.max_lengths()[0]):
-      tokens = generate(model, batch.input_ids,
-                        max_decode_len=config.max_decode_len).tokens
+      try:
+        tokens = generate(model, batch.input_ids,
+                          max_decode_len=config.max_decode_len).tokens
+      except FloatingPointError as e:
+        raise FloatingPointError(
+            "the model being trained gives non-finite logits (NaN or inf) "
+            "when decoding the validation examples for BLEU: its parameters "
+            "or activations overflow. Look at loss and grad_norm in the "
+            "workdir's metrics.jsonl; lower learning_rate, set grad_clip, "
+            "or train in float32.") from e
       predictions += [vocabularies.detokenize(vocab, row) for row in tokens]
     result["bleu"] = metrics.bleu([e.targets_text for e in chosen],
                                   predictions)["bleu"]

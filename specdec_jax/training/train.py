@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging as py_logging
 import os
 import signal
 import time
@@ -176,13 +177,53 @@ class TrainConfig:
         (self.train_translations is not None
          and self.task != tasks.MULTI30K_ENDE_LOCAL,
          f"train_translations replaces the train split of "
-         f"{tasks.MULTI30K_ENDE_LOCAL!r} only (task is {self.task!r})"))
+         f"{tasks.MULTI30K_ENDE_LOCAL!r} only (task is {self.task!r})"),
+        (_file_in_the_way(self.workdir),
+         f"workdir {self.workdir} {_file_in_the_way(self.workdir)} a regular "
+         "file, not a directory: give a directory path, or move the file "
+         "away"))
                 if bad]
     if problems:
       raise ValueError("Bad TrainConfig: " + "; ".join(problems) + ".")
 
 
+def _file_in_the_way(path: str) -> str:
+  """'is' or 'lies under FILE, which is' when a local `path` cannot be a
+  directory because of a regular file, else ''."""
+  if not path or "://" in path:
+    return ""
+  part = os.path.abspath(path)
+  while not os.path.exists(part) and os.path.dirname(part) != part:
+    part = os.path.dirname(part)
+  if not os.path.exists(part) or os.path.isdir(part):
+    return ""
+  return "is" if part == os.path.abspath(path) else f"lies under {part}, which is"
+
+
 # ------------------------------- training -------------------------------------
+
+
+class NonFiniteTrainingError(FloatingPointError):
+  """A step gave a non-finite loss, gradient norm or parameters."""
+
+
+def _raise_nonfinite(bad_step: int, manager, config: TrainConfig) -> None:
+  last = manager.latest_step()
+  where = (f"the last checkpoint, step {last} in "
+           f"{os.path.join(config.workdir, 'checkpoints')}, holds finite "
+           "values and a rerun resumes from it" if last is not None else
+           "no checkpoint was saved, so a rerun starts from scratch")
+  raise NonFiniteTrainingError(
+      f"training stopped: step {bad_step} gave a non-finite loss, gradient "
+      f"norm or parameters (NaN or inf), so its update was not applied and "
+      f"nothing after it was saved; {where}. Likely causes: the learning "
+      f"rate is too high for this model (learning_rate="
+      f"{config.learning_rate}, warmup_steps={config.warmup_steps}), no "
+      f"gradient clipping (grad_clip={config.grad_clip}; try 1.0), or a "
+      "low-precision dtype that overflows (float16; use bfloat16 or "
+      "float32). A rerun with a lower learning_rate resumes from the last "
+      "checkpoint; grad_clip, the optimizer or the dtype change what a "
+      "checkpoint holds, so train with new ones in a new workdir.")
 
 
 class _StopRequest:
@@ -289,6 +330,15 @@ def _save(manager, state: steps.TrainState, per_epoch: int) -> None:
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
 
 
+class _QuietOrbaxErrors(py_logging.Filter):
+  """Drops orbax's own log records (a traceback per file it fails to read)
+  while a checkpoint is tried: its failure is reported in one line."""
+
+  def filter(self, record):
+    path = record.pathname or ""
+    return "orbax" not in path and "tensorstore" not in path
+
+
 def restore_latest_intact(make_manager: Callable[[], Any],
                           init: Callable[[], steps.TrainState], workdir: str):
   """The newest checkpoint that restores, skipping (and moving aside) any
@@ -296,8 +346,10 @@ def restore_latest_intact(make_manager: Callable[[], Any],
 
   A checkpoint can be damaged after it was committed (a disk filled up, a
   copy cut short): instead of failing on it (orbax buries the cause under
-  hundreds of lines), resume from the newest intact one and say which
-  steps were skipped. Damaged steps move to `<workdir>/damaged_checkpoints/`
+  hundreds of lines, which are kept out of the log), resume from the newest
+  intact one and say which steps were skipped. A checkpoint holding
+  non-finite parameters (saved before training stopped at them) counts as
+  damaged. Damaged steps move to `<workdir>/damaged_checkpoints/`
   so that saving those step numbers again works.
 
   Args:
@@ -316,7 +368,9 @@ def restore_latest_intact(make_manager: Callable[[], Any],
   directory = str(manager.directory)
   saved = sorted(manager.all_steps(), reverse=True)
   skipped = []
+  absl_logger, quiet = logging.get_absl_logger(), _QuietOrbaxErrors()
   for step in saved:
+    absl_logger.addFilter(quiet)
     try:
       restored = manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(jax.eval_shape(init)),
@@ -324,6 +378,13 @@ def restore_latest_intact(make_manager: Callable[[], Any],
     except Exception as e:  # pylint: disable=broad-except  (orbax, tensorstore)
       first = (str(e).strip().splitlines() or [""])[0][:200]
       skipped.append(f"step {step} ({type(e).__name__}: {first})")
+      continue
+    finally:
+      absl_logger.removeFilter(quiet)
+    if not all(np.isfinite(np.asarray(x)).all()
+               for x in jax.tree.leaves(restored.state.params)):
+      # Saved before training checked every step (steps.make_train_step).
+      skipped.append(f"step {step} (non-finite parameters)")
       continue
     if skipped:
       aside = os.path.join(workdir, "damaged_checkpoints")
@@ -344,6 +405,34 @@ def restore_latest_intact(make_manager: Callable[[], Any],
         f"{'; '.join(skipped)}. Move that directory away to train from "
         "scratch, or restore it from a copy.")
   return None, manager
+
+
+def _forget_metrics_after(path: str, step: int) -> None:
+  """Drops metrics.jsonl rows of steps after `step`, where training resumes.
+
+  A killed run logged steps after its last checkpoint; the resumed run
+  trains them again and logs them anew, so each step keeps one row. A torn
+  last line (killed mid-write) goes too.
+  """
+  if not os.path.exists(path):
+    return
+  with open(path, "rb") as f:
+    lines = f.read().split(b"\n")
+  keep = []
+  for line in lines[:-1]:  # the part after the last newline is torn or empty
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue
+    if row.get("step", 0) <= step:
+      keep.append(line + b"\n")
+  if len(keep) != len(lines) - 1 or lines[-1]:
+    logging.info("metrics.jsonl: dropped %d row(s) after step %d, where "
+                 "training resumes", len(lines) - 1 - len(keep), step)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+      f.write(b"".join(keep))
+    os.replace(tmp, path)
 
 
 def _log_window(last: dict[str, float], total: int) -> None:
@@ -418,6 +507,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
   metrics_path = os.path.join(config.workdir, "metrics.jsonl")
   writer = summaries.Writer(config.workdir)
 
+  _forget_metrics_after(metrics_path, int(state.step))
+
   def record(row):
     with open(metrics_path, "a") as f:  # a line survives a kill right after
       f.write(json.dumps(row) + "\n")
@@ -433,14 +524,21 @@ def train(config: TrainConfig) -> dict[str, Any]:
   step = int(state.step)
   start_time = window_start = time.time()
   window, last, order = collections.Counter(), {}, (-1, None)
+  bad = jnp.int32(0)  # the first non-finite step, on device (steps.py)
+
+  def check_finite():  # before anything is logged or saved
+    if int(bad):
+      manager.wait_until_finished()
+      _raise_nonfinite(int(bad), manager, config)
+
   with _StopRequest() as stop:
     while step < total and not stop.requested:
       epoch, position = divmod(step, per_epoch)
       if order[0] != epoch:
         order = (epoch, train_data.epoch(epoch))
       key, indices = order[1][position]
-      state, sums = train_step(state, train_data.batch(key, indices),
-                               teacher.params if teacher else None)
+      state, sums, bad = train_step(state, train_data.batch(key, indices),
+                                    teacher.params if teacher else None, bad)
       step += 1
       # Sums stay on the device until log time, so that the host cuts the
       # next batch while this step runs.
@@ -448,6 +546,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
       window.update(steps=1, examples=len(indices), input_tokens=sum(
           len(train_data.inputs[i]) for i in indices))
       if step % config.log_every == 0 or step == total:
+        check_finite()
         last = {"step": step, "epoch": step / per_epoch,
                 "lr": float(schedule(step - 1)),
                 **_window_metrics({k: float(v) for k, v in window.items()},
@@ -456,12 +555,15 @@ def train(config: TrainConfig) -> dict[str, Any]:
         record({"kind": "train", **last})
         window, window_start = collections.Counter(), time.time()
       if config.checkpoint_every and step % config.checkpoint_every == 0:
+        check_finite()
         _save(manager, state, per_epoch)
         writer.flush()
       if config.eval_every and step % config.eval_every == 0 and step < total:
+        check_finite()
         paused = time.time()
         run_eval(step)
         window_start += time.time() - paused  # Rates measure training alone.
+    check_finite()
     _save(manager, state, per_epoch)
     manager.wait_until_finished()
   final = {} if stop.requested else run_eval(step)
