@@ -1,25 +1,35 @@
-r"""Writes the demo's paragraphs from its sentences (deterministic).
+r"""Writes the demo's inputs from Multi30k validation (deterministic).
 
   .venv/bin/python scripts/build_paragraphs.py
-      # specdec_jax/demo_data/sentences.{en,de} -> paragraphs.{en,de}
+      # ../shared/data/multi30k.val.{en,de} ->
+      # specdec_jax/demo_data/{sentences,paragraphs}.{en,de}
 
-24 paragraphs of 2-5 consecutive demo sentence pairs (seed 0), the walk
-wrapping around the 40 sentences: `specdec_jax.data.paragraphs.demo_paragraphs`.
-tests/test_paragraphs.py checks that the shipped files are its output.
+The first 40 validation pairs, and 16 paragraphs of 2-5 consecutive
+validation pairs (seed 0) from the first pair on:
+`specdec_jax.data.paragraphs.demo_data`. tests/test_paragraphs.py checks
+that the shipped files are its output.
 """
+
+import os
 
 from absl import app
 from absl import flags
 
 from specdec_jax.data import paragraphs
+from specdec_jax.data import tasks
 
+_VALIDATION = flags.DEFINE_string(
+    "validation", None, "Multi30k validation files without .en/.de "
+    "(default: <shared data>/multi30k.val, $SPECDEC_SHARED_DATA)")
 _DATA_DIR = flags.DEFINE_string("data_dir", paragraphs.DEMO_DATA,
-                                "Holds sentences.{en,de}; gets paragraphs.*")
+                                "Gets {sentences,paragraphs}.{en,de}")
 
 
 def main(argv):
   del argv
-  for path in paragraphs.write_demo_paragraphs(_DATA_DIR.value):
+  validation = _VALIDATION.value or os.path.join(
+      tasks.default_local_data_dir(), paragraphs.VALIDATION_STEM)
+  for path in paragraphs.write_demo_data(validation, _DATA_DIR.value):
     print(path)
 
 

@@ -3,8 +3,9 @@
 Invariants: paragraphs join consecutive pairs in order, 2-5 at a time, and
 are a pure function of the corpus and the seed (the same input always gives
 the same paragraphs; another seed gives others, the negative control); a pass
-over a corpus uses each pair at most once; the shipped demo paragraphs are
-exactly the builder's output on the shipped demo sentences and are long
+over a corpus uses each pair at most once; the shipped demo sentences and
+paragraphs are exactly the builder's output on Multi30k validation (real
+held-out lines, consecutive in paragraphs) and the paragraphs are long
 (40+ German tokens on average); the mix task trains on every single pair and
 every paragraph and evaluates on single pairs.
 """
@@ -65,19 +66,39 @@ def test_counted_paragraphs_wrap_around_without_repeating_a_sentence():
     paragraphs.paragraph_spans(4, count=3)
 
 
-def test_shipped_demo_paragraphs_are_the_builders_output_and_long():
-  """specdec_jax/demo_data/paragraphs.{en,de} == demo_paragraphs() (so
-  scripts/build_paragraphs.py rebuilds them exactly); >= 20 of them, with
-  German references of 40+ tokens on average in the demo vocabulary."""
-  built = paragraphs.demo_paragraphs()
-  for side, lines in zip(("en", "de"), built):
-    with open(os.path.join(paragraphs.DEMO_DATA, f"paragraphs.{side}"),
-              encoding="utf-8") as f:
-      assert f.read().split("\n")[:-1] == lines, side
-  assert len(built[0]) >= 20
+_VALIDATION = os.path.join(tasks.default_local_data_dir(),
+                           paragraphs.VALIDATION_STEM)
+
+
+@pytest.mark.skipif(not os.path.exists(_VALIDATION + ".en"),
+                    reason="needs the Multi30k validation files "
+                    "(../shared/data or $SPECDEC_SHARED_DATA)")
+def test_shipped_demo_data_is_real_validation_text_and_long():
+  """specdec_jax/demo_data/{sentences,paragraphs}.{en,de} == demo_data() on
+  Multi30k validation (so scripts/build_paragraphs.py rebuilds them exactly):
+  every demo sentence is a validation line, every paragraph is consecutive
+  validation lines joined; 40 sentences, 16 paragraphs with German
+  references of 40+ tokens on average that fit the demo's decoding limit
+  and input bucket (128)."""
+  built = paragraphs.demo_data(_VALIDATION)
+  for stem, sides in built.items():
+    for side, lines in zip(("en", "de"), sides):
+      with open(os.path.join(paragraphs.DEMO_DATA, f"{stem}.{side}"),
+                encoding="utf-8") as f:
+        assert f.read().split("\n")[:-1] == lines, (stem, side)
+  with open(_VALIDATION + ".en", encoding="utf-8") as f:
+    val_en = f.read().split("\n")[:-1]
+  joined = {" ".join(val_en[i:i + k]) for k in range(2, 6)
+            for i in range(len(val_en) - k + 1)}
+  assert len(built["sentences"][0]) == 40
+  assert set(built["sentences"][0]) <= set(val_en)
+  assert len(built["paragraphs"][0]) == paragraphs.DEMO_PARAGRAPHS == 16
+  assert set(built["paragraphs"][0]) <= joined
   vocab = load_model("demo:draft_small").vocab
-  lengths = [len(vocab.encode(p)) + 1 for p in built[1]]  # + EOS
-  assert np.mean(lengths) >= 40
+  lengths = [len(vocab.encode(p)) + 1 for p in built["paragraphs"][1]]
+  assert np.mean(lengths) >= 40 and max(lengths) <= 128, lengths
+  assert max(len(vocab.encode(tasks.TRANSLATE_PREFIX + p)) + 1
+             for p in built["paragraphs"][0]) <= 128
 
 
 def test_mix_task_holds_singles_then_paragraphs(tmp_path, tiny_vocab):

@@ -8,13 +8,14 @@ paragraphs by `specdec_jax.training.train` (docs/demo_models.md). The demo
 has two tasks, as the paper's Table 2 pairs a short-output task with a
 long-output one:
 
-  ende_sentences    the English sentences shipped in
-                    `specdec_jax/demo_data/sentences.en` (written for this
-                    project, German references in `sentences.de`), ~12
-                    output tokens;
-  ende_paragraphs   paragraphs of 2-5 consecutive demo sentences
+  ende_sentences    the first 40 Multi30k validation pairs, shipped in
+                    `specdec_jax/demo_data/sentences.{en,de}`, ~18 output
+                    tokens;
+  ende_paragraphs   16 paragraphs of 2-5 consecutive validation pairs
                     (`paragraphs.{en,de}`, `specdec_jax.data.paragraphs`),
-                    ~44 output tokens.
+                    ~63 output tokens.
+
+No demo model trained on validation text (docs/demo_models.md).
 
 Each is decoded at batch size 1 with the target alone and with each draft
 at temperature 0 and 1; the rows of one task and temperature run side by
@@ -38,7 +39,7 @@ draft). The demo writes:
                                   timed c, v and predicted speedup, and
                                   the one run (see DemoConfig.variants)
 
-Nothing is downloaded: models, vocabulary and sentences ship in the package.
+Nothing is downloaded: models, vocabulary and inputs ship in the package.
 """
 
 from __future__ import annotations
@@ -119,13 +120,13 @@ class DemoConfig:
   sentences: str = "sentences"  # <data_dir>/<sentences>.{en,de}
   paragraphs: str | None = "paragraphs"  # <data_dir>/<paragraphs>.{en,de}
   paragraph_drafts: Sequence[tuple[str, Any]] | None = None
-  # The longest reference paragraph is 67 tokens with EOS.
-  paragraph_max_decode_len: int = 96
-  # Paragraph inputs are 30-73 tokens: one width, so one compile of each
+  # The longest reference paragraph is 103 tokens with EOS.
+  paragraph_max_decode_len: int = 128
+  # Paragraph inputs are 29-88 tokens: one width, so one compile of each
   # decoder (the largest bucket must hold the inputs' limit, 128). Padding
-  # the seven shortest to 80 costs both decoders the same little encoder
-  # time; a second width cost every row a compile of seconds.
-  paragraph_buckets: Sequence[int] = (80, 128)
+  # the short ones to 96 costs both decoders the same little encoder time;
+  # a second width cost every row a compile of seconds.
+  paragraph_buckets: Sequence[int] = (96, 128)
   paragraph_max_examples: int | None = None
   vocab_path: str | None = None  # default: the target's shipped vocabulary
   # Start each row's workdir over when it holds results of other settings
