@@ -45,6 +45,7 @@ import orbax.checkpoint as ocp
 from specdec_jax import checkpoints
 from specdec_jax import summaries
 from specdec_jax.data import tasks
+from specdec_jax.training import distill
 from specdec_jax.training import steps
 from specdec_jax.training.batches import load_split
 from specdec_jax.decoding.protocol import Model
@@ -144,6 +145,7 @@ class TrainConfig:
   distill_alpha: float = 0.0
   distill_temperature: float = 1.0
   train_translations: str | None = None
+  onpolicy: Any = None
 
   def model_config(self) -> Any:
     """The architecture: `model` with `model_overrides` applied."""
@@ -181,7 +183,9 @@ class TrainConfig:
         (_file_in_the_way(self.workdir),
          f"workdir {self.workdir} {_file_in_the_way(self.workdir)} a regular "
          "file, not a directory: give a directory path, or move the file "
-         "away"))
+         "away"),
+        (self.onpolicy is not None and not self.teacher,
+         "onpolicy distillation needs a teacher (a load_model spec)"))
                 if bad]
     if problems:
       raise ValueError("Bad TrainConfig: " + "; ".join(problems) + ".")
@@ -504,6 +508,10 @@ def train(config: TrainConfig) -> dict[str, Any]:
   logging.info("%s: %.3fM parameters", model_config, num_params / 1e6)
   train_step = steps.make_train_step(definition, tx, config,
                                      teacher.definition if teacher else None)
+  if config.onpolicy is not None:
+    config.onpolicy.check()
+    train_step = distill.OnPolicyStep(definition, teacher.definition, tx,
+                                      config.onpolicy, config.seed)
   metrics_path = os.path.join(config.workdir, "metrics.jsonl")
   writer = summaries.Writer(config.workdir)
 
