@@ -17,6 +17,11 @@ with the numbers and the fix, before compiling anything.
 projects every Table 2 row on one TPU v4 chip, a v4-8 host (model
 parallel) and one H100 and H200, and writes the Markdown tables
 (see docs/tpu_projection.md).
+
+A gin file that binds `distill.DistillConfig` (e.g.
+training/distill_t5_1_1_small_from_xxl.gin) plans one distillation step
+of the draft beside the sharded target instead of decoding
+(specdec_jax/experiments/plan_training.py).
 """
 
 import glob
@@ -43,6 +48,8 @@ from specdec_jax.experiments import experiment  # noqa: E402
 from specdec_jax.experiments import gin_flags  # noqa: E402
 from specdec_jax.experiments import plan  # noqa: E402
 from specdec_jax.experiments import plan_table  # noqa: E402
+from specdec_jax.experiments import plan_training  # noqa: E402
+from specdec_jax.training import distill  # noqa: E402
 
 _CHIP = flags.DEFINE_enum("chip", None, list(chips.CHIPS),
                           "Chip to project on (default: tpu_v4).")
@@ -86,6 +93,15 @@ def main(argv):
     return
   config = _config(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
   chip = chips.get_chip(_CHIP.value or "tpu_v4")
+  if "DistillConfig" in gin.config_str():
+    result = plan_training.plan_distill_step(
+        config, gin.get_configurable(distill.DistillConfig)(), chip)
+    text = json.dumps(result, indent=2, sort_keys=True)
+    if _OUTPUT.value:
+      with open(_OUTPUT.value, "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return
   try:
     result = plan.plan(config, chip, _INPUT_LEN.value)
   except experiment.ConfigError as e:
