@@ -146,14 +146,32 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
   numbers per draft step cost about as much as the small draft itself).
   """
   probs = jnp.asarray(probs, jnp.float32)
-  cdf = jnp.cumsum(probs, axis=-1)
   u = jax.random.uniform(rng, probs.shape[:-1] + (1,), jnp.float32)
-  # First index whose cumulative mass exceeds u * total; entries with zero
-  # probability never do (the cdf is flat there).
-  token = jnp.sum(cdf <= u * cdf[..., -1:], axis=-1)
-  # u * total can round up to the total: fall back to the last nonzero id.
-  last = probs.shape[-1] - 1 - jnp.argmax(probs[..., ::-1] > 0, axis=-1)
-  return jnp.minimum(token, last).astype(jnp.int32)
+  return inverse_cdf(probs, u)
+
+
+def inverse_cdf(probs: jax.Array, u: jax.Array) -> jax.Array:
+  """The id [...] of probs [..., V] that the uniform u [..., 1] in [0, 1)
+  selects: the first id of positive probability whose cumulative mass
+  exceeds u * total.
+
+  "Of positive probability" is not implied by the cumulative sum: XLA's
+  cumsum is a parallel scan that rounds differently at each index, so the
+  cdf is not flat across zero-probability entries (on XLA:CPU, about half
+  the zeros of a top-40 distribution over 4,224 ids carry a step, some
+  going down). Counting cdf <= u * total drew such an id about once in
+  5 million draws. Reductions are a min and a max, no `jnp.argmax` (which
+  XLA on CPU runs element by element, see `argmax`).
+  """
+  vocab = probs.shape[-1]
+  ids = jnp.arange(vocab, dtype=jnp.int32)
+  cdf = jnp.cumsum(probs, axis=-1)
+  positive = probs > 0
+  hit = positive & (cdf > u * cdf[..., -1:])
+  token = jnp.min(jnp.where(hit, ids, vocab), axis=-1)
+  # u * total can round up to the total (no hit): the last positive id.
+  last = jnp.max(jnp.where(positive, ids, 0), axis=-1)
+  return jnp.where(token < vocab, token, last).astype(jnp.int32)
 
 
 def _row_keys(rng: jax.Array, batch: int) -> jax.Array:
@@ -227,9 +245,11 @@ def _accept_row(key, tokens, q, p, lenience, num_proposed=None):
   accept_key, sample_key = jax.random.split(key)
   q_x = jnp.take_along_axis(q, tokens[:, None], axis=-1)[:, 0]
   p_x = jnp.take_along_axis(p[:gamma], tokens[:, None], axis=-1)[:, 0]
-  # r in (0, 1]: a target probability of exactly 0 can never be accepted.
+  # r in (0, 1]: a target probability of exactly 0 can never be accepted,
+  # and neither can a token its q gives 0 (r * 0 <= p would always hold):
+  # the draft cannot have sampled it, so it is padding or a bug's token.
   r = 1.0 - jax.random.uniform(accept_key, (gamma,), jnp.float32)
-  accepted = r * (lenience * q_x) <= p_x
+  accepted = (r * (lenience * q_x) <= p_x) & (q_x > 0)
   proposed = gamma
   if num_proposed is not None:
     accepted &= jnp.arange(gamma) < num_proposed
