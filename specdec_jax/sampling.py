@@ -22,6 +22,12 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+# The smallest positive temperature: float32's smallest normal number. Below
+# it the temperature itself is subnormal (flushed to 0 on some backends) and
+# (logits - max) / T is 0 / 0 at the most likely token.
+MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
 
 # Below this total mass the residual max(0, p - l*q) is rounding noise (it is
 # the total variation distance between p and q, and a rejection happens with
@@ -52,7 +58,13 @@ class SamplingConfig:
 
   Attributes:
     temperature: 0 means greedy (a one-hot argmax, ties to the lowest id);
-      otherwise logits are divided by it.
+      otherwise the logits, less their maximum, are divided by it. Any
+      temperature from `MIN_TEMPERATURE` (float32's smallest normal number,
+      about 1.18e-38) up works: the shifted logits are <= 0, so dividing
+      can only push them to -inf (probability 0), never overflow to +inf,
+      and a tiny temperature gives the limit distribution (the argmax, ties
+      shared). Positive values below it are refused. The same rule holds
+      for `generate` and `speculative_generate` (both build this config).
     top_k: keep the k most likely tokens (0 = off). Ties at the k-th value are
       all kept.
     top_p: keep the smallest set of most likely tokens whose mass reaches
@@ -74,6 +86,12 @@ class SamplingConfig:
       raise ValueError(
           f"temperature must be a finite number >= 0 (0 = greedy), got "
           f"{self.temperature!r}.")
+    if 0 < temperature < MIN_TEMPERATURE:
+      raise ValueError(
+          f"temperature {temperature!r} is below the smallest supported "
+          f"positive temperature {MIN_TEMPERATURE!r} (float32's smallest "
+          f"normal number): pass 0 for greedy decoding, which is what such a "
+          f"temperature means.")
     top_k = self.top_k
     if (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)):
       raise TypeError(
@@ -100,7 +118,9 @@ class SamplingConfig:
     if self.greedy:
       return jax.nn.one_hot(argmax(logits), vocab,
                             dtype=jnp.float32)
-    logits = logits / jnp.float32(self.temperature)
+    # Shifted first: (logits - max) / T is <= 0 and never overflows.
+    logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / jnp.float32(
+        self.temperature)
     if 0 < self.top_k < vocab:
       kth = jax.lax.top_k(logits, self.top_k)[0][..., -1:]
       logits = jnp.where(logits >= kth, logits, -jnp.inf)

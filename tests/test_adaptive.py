@@ -292,6 +292,55 @@ def test_bad_rules_and_cascades_fail_before_compiling():
   assert engine.build_speculative.cache_info().misses == before
 
 
+def test_rule_and_cascade_arguments_are_normalised_or_named():
+  """Issue 38: lists become tuples (the rule keys the compiled loop, so a
+  list failed later with "unhashable type"); None as a threshold names the
+  threshold; numpy integers work for cascade gamma and horizontal split like
+  everywhere else; sizes beyond int32 are refused naming the argument, at
+  every level of a cascade, before compiling."""
+  target, draft, small, _ = _greedy_models(False)
+  rule = sd.ExpectedGainStop(bins=[0.3, 0.6], prior=[0.2, 0.5, 0.8])
+  assert rule.bins == (0.3, 0.6) and rule.prior == (0.2, 0.5, 0.8)
+  assert hash(rule) == hash(sd.ExpectedGainStop(bins=(0.3, 0.6),
+                                                prior=(0.2, 0.5, 0.8)))
+  with pytest.raises(TypeError, match="ConfidenceStop.threshold"):
+    sd.ConfidenceStop(None)
+  with pytest.raises(TypeError, match="ExpectedGainStop.bins"):
+    sd.ExpectedGainStop(bins=0.5)
+  assert sd.cascade(draft, small, gamma=np.int64(3)).definition.gamma == 3
+  assert sd.horizontal(draft, small, split=np.int32(1)).definition.split == 1
+  with pytest.raises(ValueError, match="gamma=2147483648 is beyond int32"):
+    sd.cascade(draft, small, gamma=2**31)
+  with pytest.raises(ValueError, match="split=4294967296 is beyond int32"):
+    sd.horizontal(draft, small, split=2**32)
+  before = engine.build_speculative.cache_info().misses
+  for kwargs, name in (({"gamma": 2**31, "max_decode_len": 4}, "gamma"),
+                       ({"gamma": 2, "max_decode_len": 2**31},
+                        "max_decode_len")):
+    with pytest.raises(ValueError, match=f"{name} = .* is beyond int32"):
+      sd.speculative_generate(target, draft, _inputs(), **kwargs)
+  # The sum of every level's sizes is checked too: a cascade's inner gamma.
+  huge = sd.cascade(draft, small, gamma=2**31 - 3)
+  with pytest.raises(ValueError, match="cascade's inner gammas"):
+    sd.speculative_generate(target, huge, _inputs(), gamma=2,
+                            max_decode_len=4)
+  assert engine.build_speculative.cache_info().misses == before
+
+
+def test_memory_estimate_counts_a_cascades_inner_gamma():
+  """Issue 38: a cascade with a huge inner gamma is refused by the memory
+  estimate (its middle model verifies gamma + 1 tokens at once, and its
+  buffers grow by as many positions) instead of compiling and failing to
+  allocate terabytes; the same cascade with a small inner gamma passes."""
+  target, draft, small, _ = _greedy_models(False)
+  ids = _inputs()
+  before = engine.build_speculative.cache_info().misses
+  with pytest.raises(ValueError, match="GiB of buffers"):
+    sd.speculative_generate(target, sd.cascade(draft, small, gamma=10**5),
+                            ids, gamma=2, max_decode_len=4)
+  assert engine.build_speculative.cache_info().misses == before
+
+
 def test_nan_anywhere_in_a_cascade_is_named_as_the_draft():
   """The non-finite check covers every model of a cascade: NaN logits in
   the innermost drafter raise the draft error (a warning on request, with

@@ -217,7 +217,8 @@ def test_rows_stop_at_eos_and_at_max_length():
 def test_stats_are_consistent_and_alpha_matches_theory():
   """accepted + corrections == length; target calls == iterations; the alpha
   estimate equals theory.acceptance_rate recomputed on the same p and q at
-  the verified positions (from the recorded trace)."""
+  the verified positions whose token was emitted (from the recorded trace:
+  nothing after an EOS or past the length limit counts)."""
   target = toy_models.table_model(VOCAB, seed=9, eos_bias=0.5)
   draft = toy_models.table_model(VOCAB, seed=10, base=target, noise=1.0)
   ids = _inputs()
@@ -239,6 +240,8 @@ def test_stats_are_consistent_and_alpha_matches_theory():
       drafted = st.trace_draft[b, it]
       context = list(prefix)
       for i in range(min(n_acc + 1, gamma)):
+        if len(context) - 1 >= st.length[b]:
+          break  # this position's token was not emitted
         p = toy_models._softmax(toy_models.next_logits(target, row, context),
                                 temperature)
         q = toy_models._softmax(toy_models.next_logits(draft, row, context),
@@ -371,3 +374,60 @@ def test_gpt_engine_greedy_and_batch_invariance():
                                max_decode_len=8, temperature=1.0,
                                seed=int(seeds[b]))
     np.testing.assert_array_equal(one.tokens[0], batch.tokens[b])
+
+
+def test_tiny_positive_temperature_decodes_as_greedy_or_is_refused():
+  """Issue 38: at temperatures where logits / T overflowed, generate and
+  speculative_generate returned all-pad outputs with no error. Logits are
+  now shifted by their maximum before the division (never above 0, so
+  nothing overflows): the smallest supported temperature gives the greedy
+  output (the limit distribution; the table models have no ties), and
+  anything positive below it is refused naming that value, by both."""
+  target = toy_models.table_model(VOCAB, seed=0, eos_bias=2.0)
+  draft = toy_models.table_model(VOCAB, seed=1, base=target, noise=1.0)
+  ids = _inputs()
+  tiny = sampling.MIN_TEMPERATURE
+  greedy = generate(target, ids, max_decode_len=6).tokens
+  np.testing.assert_array_equal(
+      generate(target, ids, max_decode_len=6, temperature=tiny).tokens,
+      greedy)
+  np.testing.assert_array_equal(
+      speculative_generate(target, draft, ids, gamma=2, max_decode_len=6,
+                           temperature=tiny).tokens, greedy)
+  for call in (lambda t: generate(target, ids, max_decode_len=6,
+                                  temperature=t),
+               lambda t: speculative_generate(target, draft, ids, gamma=2,
+                                              max_decode_len=6,
+                                              temperature=t)):
+    with pytest.raises(ValueError, match="smallest supported positive "
+                       "temperature 1.17549"):
+      call(1e-39)
+
+
+def test_statistics_stop_at_eos_hand_computed():
+  """Issue 36: counters take only emitted positions. With the draft equal
+  to the target (greedy), every draft token is accepted, including those
+  after an EOS it proposed. A row of L tokens runs ceil(L / 4) iterations
+  of gamma = 3; iteration i emits e_i = min(4, L - 4 i) tokens, so the
+  verified positions that count are min(3, e_i): e.g. L = 6 gives
+  alpha_count 3 + 2 = 5 and histogram bins {3, 2} (the old code counted
+  3 + 3 and {3, 3}, positions after the EOS included)."""
+  target = toy_models.table_model(VOCAB, seed=0, eos_bias=2.0)
+  ids = _inputs()
+  gamma, max_len = 3, 20
+  st = speculative_generate(target, target, ids, gamma=gamma,
+                            max_decode_len=max_len).stats
+  lengths = [len([t for t in _greedy_reference(target, row, max_len) if t])
+             for row in ids]
+  np.testing.assert_array_equal(st.length, lengths)
+  assert any(n % 4 and n < max_len for n in lengths), "no EOS mid-proposal"
+  for b, n in enumerate(lengths):
+    emitted = [min(4, n - 4 * i) for i in range(-(-n // 4))]
+    used = [min(gamma, e) for e in emitted]
+    assert st.target_calls[b] == len(emitted)
+    assert st.alpha_count[b] == sum(used), (n, st.alpha_count[b])
+    assert st.alpha_sum[b] == sum(used)          # beta = 1 everywhere
+    np.testing.assert_array_equal(
+        st.accepted_histogram[b], np.bincount(used, minlength=gamma + 1))
+    assert st.accepted_tokens[b] == sum(used)
+    assert st.level_alpha_count[b, 0] == sum(used)
