@@ -111,16 +111,37 @@ class SamplingConfig:
   def greedy(self) -> bool:
     return self.temperature == 0.0
 
-  def probs(self, logits: jax.Array) -> jax.Array:
-    """Turns logits [..., V] into float32 probabilities [..., V]."""
+  def static(self) -> "SamplingConfig":
+    """What a compiled loop depends on: greedy or not, top_k (a shape),
+    top-p on or off. The numbers themselves (`values`) are traced inputs,
+    so a temperature sweep or a top-p change reuses one compiled loop."""
+    return SamplingConfig(0.0 if self.greedy else 1.0, self.top_k,
+                          1.0 if self.top_p == 1.0 else 0.5)
+
+  def values(self) -> dict:
+    """The traced numbers of `static()`'s loop: float32 0-d arrays."""
+    return {"temperature": np.float32(self.temperature or 1.0),
+            "top_p": np.float32(self.top_p)}
+
+  def traced(self, values: dict) -> "TracedSampling":
+    """This (static) config with the numbers `values` (possibly traced)."""
+    return TracedSampling(self, values["temperature"], values["top_p"])
+
+  def probs(self, logits: jax.Array, temperature: jax.Array | None = None,
+            top_p: jax.Array | None = None) -> jax.Array:
+    """Turns logits [..., V] into float32 probabilities [..., V]; the
+    temperature and top_p, when given (arrays, possibly traced), replace
+    this config's numbers (whether top-p is on stays this config's)."""
+    temperature = self.temperature if temperature is None else temperature
+    top_p = self.top_p if top_p is None else top_p
     logits = jnp.asarray(logits, jnp.float32)
     vocab = logits.shape[-1]
     if self.greedy:
       return jax.nn.one_hot(argmax(logits), vocab,
                             dtype=jnp.float32)
     # Shifted first: (logits - max) / T is <= 0 and never overflows.
-    logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / jnp.float32(
-        self.temperature)
+    logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / jnp.asarray(
+        temperature, jnp.float32)
     if 0 < self.top_k < vocab:
       kth = jax.lax.top_k(logits, self.top_k)[0][..., -1:]
       logits = jnp.where(logits >= kth, logits, -jnp.inf)
@@ -130,12 +151,29 @@ class SamplingConfig:
       mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
       # The smallest probability still inside the nucleus: every token at
       # least this likely is kept (the most likely one always is).
-      kept = mass_before < jnp.float32(self.top_p)
+      kept = mass_before < jnp.asarray(top_p, jnp.float32)
       threshold = jnp.min(jnp.where(kept, sorted_probs, jnp.inf), axis=-1,
                           keepdims=True)
       probs = jnp.where(probs >= threshold, probs, 0.0)
       probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
     return probs
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedSampling:
+  """A `SamplingConfig.static()` with its numbers as (traced) arrays: the
+  sampler a compiled loop uses, with `greedy` and `probs` like the config."""
+
+  config: SamplingConfig
+  temperature: jax.Array
+  top_p: jax.Array
+
+  @property
+  def greedy(self) -> bool:
+    return self.config.greedy
+
+  def probs(self, logits: jax.Array) -> jax.Array:
+    return self.config.probs(logits, self.temperature, self.top_p)
 
 
 def _real(name: str, value, what: str) -> float:
@@ -241,7 +279,8 @@ def speculative_accept(
   Returns:
     (num_accepted int32 [B] in [0, G], next_token int32 [B]).
   """
-  lenience = validate_lenience(lenience)
+  if not isinstance(lenience, jax.Array):  # a traced one was checked
+    lenience = validate_lenience(lenience)
   batch, gamma = draft_tokens.shape
   if draft_probs.shape[:2] != (batch, gamma):
     raise ValueError(f"draft_probs {draft_probs.shape} does not match "

@@ -18,7 +18,10 @@ from specdec_jax import load_model
 from specdec_jax import sampling
 from specdec_jax import theory
 from specdec_jax.decoding import engine
+from specdec_jax.decoding import cascades as sd_cascades
 from specdec_jax.decoding import ngram
+from specdec_jax.decoding import stopping as sd_stopping
+from specdec_jax.decoding import verify
 from specdec_jax.decoding.api import generate, speculative_generate
 from specdec_jax.models import registry
 from tests import toy_models
@@ -85,7 +88,7 @@ def test_greedy_fast_path_equals_general_rejection_sampler(decoder_only):
   It must give exactly what Algorithm 1 gives on one-hot p and q: same tokens
   and same stats (alpha, accepted histogram, calls) for every row. The
   general path is forced by handing in a drafter that is `sampling.sample`
-  under another name."""
+  under another name (`verify.fast_greedy` says which path a loop takes)."""
   target = toy_models.table_model(VOCAB, seed=3, eos_bias=1.0,
                                   decoder_only=decoder_only)
   draft = toy_models.table_model(VOCAB, seed=4, base=target, noise=1.5)
@@ -93,7 +96,9 @@ def test_greedy_fast_path_equals_general_rejection_sampler(decoder_only):
   sampler = sampling.SamplingConfig()
   general_sample = lambda key, q: sampling.sample(key, q)
   runs = []
-  for draft_sample in (sampling.sample, general_sample):
+  assert verify.fast_greedy(sampler, None)
+  assert not verify.fast_greedy(sampler, general_sample)
+  for draft_sample in (None, general_sample):
     fn = engine.build_speculative(target.definition, draft.definition, 3, 12,
                                   sampler, draft_sample=draft_sample)
     seeds, rows = np.zeros(4, np.int32), np.arange(4, dtype=np.int32)
@@ -150,6 +155,33 @@ def test_sampled_sequences_follow_the_target_distribution(small_models, gamma):
   baseline = generate(target, ids, max_decode_len=SEQ_LEN, temperature=1.0,
                       seed=12)
   assert _chisquare_vs_exact(baseline.tokens, exact) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("drafter", ["fixed", "confidence", "cascade"])
+def test_sampled_sequences_at_temperature_07_top_p_09(small_models, drafter):
+  """Issue 36: exactness away from temperature 0 and 1 and with top-p
+  (temperature 0.7, top_p 0.9: p and q are truncated differently, so the
+  residual and the q of unproposed slots matter), for fixed gamma, a stop
+  rule and a cascade; gamma 1 with 3 tokens so the bonus token and the
+  rollback are exercised. Chi-square over all sequences at level 1e-3,
+  N = 20,000 rows (the argmax-draft negative control above fails this
+  statistic by thousands)."""
+  target, draft = small_models
+  ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
+  exact = toy_models.exact_distribution(target, ids[0], SEQ_LEN,
+                                        temperature=0.7, top_p=0.9)
+  kwargs = {}
+  if drafter == "confidence":
+    kwargs["draft_stop"] = sd_stopping.ConfidenceStop(0.5)
+  elif drafter == "cascade":
+    small = toy_models.table_model(4, seed=5, base=draft, noise=1.0)
+    draft = sd_cascades.cascade(draft, small, gamma=1)
+  result = speculative_generate(target, draft, ids, gamma=1 if drafter ==
+                                "fixed" else 2, max_decode_len=SEQ_LEN,
+                                temperature=0.7, top_p=0.9, seed=13,
+                                **kwargs)
+  assert _chisquare_vs_exact(result.tokens, exact) > SIGNIFICANCE
+  assert result.stats.alpha.mean() < 0.95
 
 
 def test_negative_control_greedy_draft_with_softmax_q_fails(small_models):
@@ -431,3 +463,33 @@ def test_statistics_stop_at_eos_hand_computed():
         st.accepted_histogram[b], np.bincount(used, minlength=gamma + 1))
     assert st.accepted_tokens[b] == sum(used)
     assert st.level_alpha_count[b, 0] == sum(used)
+
+
+def test_a_temperature_sweep_compiles_the_speculative_loop_once():
+  """Issue 36: temperature, top_p and lenience are traced inputs of the
+  compiled loops, not parts of their cache key: sweeping the temperature
+  over 0.5, 0.7, 1.0 (with top-p and lenience changing too) compiles the
+  speculative loop once, counted by XLA backend compiles of the loop; and
+  the numbers do take effect (the outputs differ)."""
+  target = toy_models.table_model(VOCAB, seed=21, eos_bias=-2.0)
+  draft = toy_models.table_model(VOCAB, seed=22, base=target, noise=1.0)
+  ids = _inputs()
+  compiles = []
+  def listener(event, duration, **kwargs):
+    del duration, kwargs
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(event)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    outs = []
+    for i, (t, top_p, lenience) in enumerate(
+        ((0.5, 0.9, 1.0), (0.7, 0.8, 1.0), (1.0, 0.9, 0.5))):
+      outs.append(speculative_generate(
+          target, draft, ids, gamma=3, max_decode_len=7, temperature=t,
+          top_p=top_p, lenience=lenience, seed=1).tokens)
+      if i == 0:
+        first = len(compiles)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert first >= 1 and len(compiles) == first, (first, len(compiles))
+  assert not np.array_equal(outs[0], outs[2])

@@ -24,6 +24,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import sampling
 from specdec_jax import sharding
@@ -125,18 +126,46 @@ def jit_with_options(fn: Callable, compiler_options: tuple) -> Callable:
   return jax.jit(fn, compiler_options=dict(compiler_options) or None)
 
 
-@functools.lru_cache(maxsize=64)
+class CompiledLoop:
+  """A jitted loop with its numbers bound: `loop(*args)` runs it and
+  `loop.lower(*args)` lowers it, the numbers (temperature, top_p, lenience:
+  float32 0-d arrays) passed as its last, traced argument. Loops that
+  differ only in these numbers share one compiled program."""
+
+  def __init__(self, jitted: Callable, values: dict):
+    self.jitted = jitted
+    self.values = values
+
+  def __call__(self, *args):
+    return self.jitted(*args, self.values)
+
+  def lower(self, *args):
+    return self.jitted.lower(*args, self.values)
+
+
 def build_generate(model: ModelDef, max_decode_len: int,
                    sampler: sampling.SamplingConfig,
                    check_finite: bool = True,
-                   compiler_options: tuple = ()) -> Callable:
+                   compiler_options: tuple = ()) -> CompiledLoop:
   """The jitted baseline: (params, input_ids, seeds, rows) -> (tokens, stats).
 
   With `check_finite`, stats has `target_nonfinite` (bool [B]).
   `compiler_options`: XLA options of the program, ((name, value), ...).
+  Compiled once per `sampler.static()`: the temperature and top_p are
+  traced inputs (top_k stays static: it is a shape of `lax.top_k`).
   """
+  return CompiledLoop(
+      _build_generate(model, max_decode_len, sampler.static(),
+                      bool(check_finite), tuple(compiler_options)),
+      sampler.values())
 
-  def run(params, input_ids, seeds, rows):
+
+@functools.lru_cache(maxsize=64)
+def _build_generate(model, max_decode_len, static_sampler, check_finite,
+                    compiler_options):
+
+  def run(params, input_ids, seeds, rows, values):
+    sampler = static_sampler.traced(values)
     batch = input_ids.shape[0]
     keys = row_keys(seeds, rows)
     state = AutoregressiveState(
@@ -218,22 +247,27 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
   caches are traced under `sharding.replicated_rules` (rows over `data`,
   nothing over `model`) and its steps need no collective.
   """
-  return _build_speculative(target, draft, gamma, max_decode_len, sampler,
-                            float(lenience), bool(record_trace), draft_sample,
-                            bool(check_finite), draft_stop,
-                            tuple(compiler_options), bool(draft_replicated))
+  values = dict(sampler.values(),
+                lenience=np.float32(sampling.validate_lenience(lenience)))
+  return CompiledLoop(
+      _build_speculative(target, draft, gamma, max_decode_len,
+                         sampler.static(), bool(record_trace), draft_sample,
+                         bool(check_finite), draft_stop,
+                         tuple(compiler_options), bool(draft_replicated)),
+      values)
 
 
 @functools.lru_cache(maxsize=64)
-def _build_speculative(target, draft, gamma, max_decode_len, sampler,
-                       lenience, record_trace, draft_sample, check_finite,
+def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
+                       record_trace, draft_sample, check_finite,
                        draft_stop, compiler_options, draft_replicated):
   offsets = jnp.arange(gamma + 1)  # of the verified tokens, from n
   rule = draft_stop
 
-  fast = verify.fast_greedy(sampler, draft_sample)
-  drafter = drafters.make_drafter(draft, gamma, sampler, 1, draft_sample,
-                                  fast)
+  fast = verify.fast_greedy(static_sampler, draft_sample)
+  # Its sizes; `run` builds it again around the traced numbers.
+  drafter = drafters.make_drafter(draft, gamma, static_sampler, 1,
+                                  draft_sample, fast)
 
   def draft_rules():
     """Where the draft runs: a replicated draft's constraints must not name
@@ -264,7 +298,11 @@ def _build_speculative(target, draft, gamma, max_decode_len, sampler,
     choice = jnp.sum(jnp.asarray(widths) < longest)
     return jax.lax.switch(choice, [branch(w) for w in widths], cursor)
 
-  def run(target_params, draft_params, input_ids, seeds, rows):
+  def run(target_params, draft_params, input_ids, seeds, rows, values):
+    sampler = static_sampler.traced(values)
+    lenience = values["lenience"]
+    drafter = drafters.make_drafter(draft, gamma, sampler, 1, draft_sample,
+                                    fast)
     batch = input_ids.shape[0]
     keys = row_keys(seeds, rows)
     stats = _initial_stats(batch, gamma, drafter.depth, max_decode_len,
@@ -426,3 +464,4 @@ def _count_iteration(stats: dict[str, jax.Array], step: jax.Array,
 
 
 build_speculative.cache_info = _build_speculative.cache_info
+build_generate.cache_info = _build_generate.cache_info
