@@ -328,3 +328,39 @@ def test_a_draft_token_with_zero_q_is_never_accepted():
   n, nxt = sampling.speculative_accept(jax.random.key(0), tokens, q, p)
   assert np.all(np.asarray(n) == 0)
   assert np.all(np.asarray(nxt) == 1)  # the residual max(0, p - q) is {1}
+
+
+def _fewer_proposals(p, q, k, broken=False):
+  """emitted tokens of speculative_accept(num_proposed=k) on N rows whose
+  draft sampled real tokens (with their real q) in every slot, also past k.
+  `broken` draws the token after k accepted ones from the residual of the
+  q of the first unproposed slot (the bug a padded q of 0 used to hide)."""
+  def accept(key, tokens, qb, pb):
+    n, nxt = sampling.speculative_accept(key, tokens, qb, pb,
+                                         num_proposed=jnp.full((N,), k))
+    if broken:
+      residual = np.maximum(p[k] - q[k], 0)
+      wrong = jax.random.choice(jax.random.key(7), VOCAB, (N,),
+                                p=jnp.asarray(residual / residual.sum()))
+      nxt = jnp.where(n == k, wrong, nxt)
+    return n, nxt
+  return _draw(p, q, accept)
+
+
+def test_fewer_proposals_than_slots_with_real_q_in_the_unused_slots():
+  """With num_proposed = k < G and real tokens and q past k, nothing past k
+  is accepted and the token at every position j <= k (given n >= j) follows
+  p_j: chi-square at SIGNIFICANCE over N rows. Negative control: drawing
+  the token after k accepted ones from max(0, p_k - q_k) (the q of the first
+  unproposed slot) must fail."""
+  p, q = _dists("random")
+  k = 1
+  n, emitted = _fewer_proposals(p, q, k)
+  assert n.max() <= k
+  for j in range(k + 1):
+    rows = n >= j
+    counts = np.bincount(emitted[rows, j], minlength=VOCAB)
+    assert _chisquare_pvalue(counts, p[j]) > SIGNIFICANCE, j
+  n, emitted = _fewer_proposals(p, q, k, broken=True)
+  counts = np.bincount(emitted[n >= k, k], minlength=VOCAB)
+  assert _chisquare_pvalue(counts, p[k]) < SIGNIFICANCE
