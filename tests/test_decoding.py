@@ -298,9 +298,9 @@ def test_no_recompilation_for_the_same_shapes():
   fn = engine.build_speculative(target.definition, draft.definition, 2, 7,
                                 sampling.SamplingConfig(1.0), 1.0, False,
                                 check_finite=True)
-  before = fn._cache_size()
+  before = fn.jitted._cache_size()
   speculative_generate(target, draft, ids[::-1].copy(), seed=1, **kwargs)
-  assert fn._cache_size() == before == 1
+  assert fn.jitted._cache_size() == before == 1
 
 
 def test_bad_arguments_fail_before_compiling():
