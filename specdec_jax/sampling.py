@@ -22,6 +22,12 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+# The smallest positive temperature: float32's smallest normal number. Below
+# it the temperature itself is subnormal (flushed to 0 on some backends) and
+# (logits - max) / T is 0 / 0 at the most likely token.
+MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
 
 # Below this total mass the residual max(0, p - l*q) is rounding noise (it is
 # the total variation distance between p and q, and a rejection happens with
@@ -52,7 +58,13 @@ class SamplingConfig:
 
   Attributes:
     temperature: 0 means greedy (a one-hot argmax, ties to the lowest id);
-      otherwise logits are divided by it.
+      otherwise the logits, less their maximum, are divided by it. Any
+      temperature from `MIN_TEMPERATURE` (float32's smallest normal number,
+      about 1.18e-38) up works: the shifted logits are <= 0, so dividing
+      can only push them to -inf (probability 0), never overflow to +inf,
+      and a tiny temperature gives the limit distribution (the argmax, ties
+      shared). Positive values below it are refused. The same rule holds
+      for `generate` and `speculative_generate` (both build this config).
     top_k: keep the k most likely tokens (0 = off). Ties at the k-th value are
       all kept.
     top_p: keep the smallest set of most likely tokens whose mass reaches
@@ -74,6 +86,12 @@ class SamplingConfig:
       raise ValueError(
           f"temperature must be a finite number >= 0 (0 = greedy), got "
           f"{self.temperature!r}.")
+    if 0 < temperature < MIN_TEMPERATURE:
+      raise ValueError(
+          f"temperature {temperature!r} is below the smallest supported "
+          f"positive temperature {MIN_TEMPERATURE!r} (float32's smallest "
+          f"normal number): pass 0 for greedy decoding, which is what such a "
+          f"temperature means.")
     top_k = self.top_k
     if (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)):
       raise TypeError(
@@ -93,14 +111,37 @@ class SamplingConfig:
   def greedy(self) -> bool:
     return self.temperature == 0.0
 
-  def probs(self, logits: jax.Array) -> jax.Array:
-    """Turns logits [..., V] into float32 probabilities [..., V]."""
+  def static(self) -> "SamplingConfig":
+    """What a compiled loop depends on: greedy or not, top_k (a shape),
+    top-p on or off. The numbers themselves (`values`) are traced inputs,
+    so a temperature sweep or a top-p change reuses one compiled loop."""
+    return SamplingConfig(0.0 if self.greedy else 1.0, self.top_k,
+                          1.0 if self.top_p == 1.0 else 0.5)
+
+  def values(self) -> dict:
+    """The traced numbers of `static()`'s loop: float32 0-d arrays."""
+    return {"temperature": np.float32(self.temperature or 1.0),
+            "top_p": np.float32(self.top_p)}
+
+  def traced(self, values: dict) -> "TracedSampling":
+    """This (static) config with the numbers `values` (possibly traced)."""
+    return TracedSampling(self, values["temperature"], values["top_p"])
+
+  def probs(self, logits: jax.Array, temperature: jax.Array | None = None,
+            top_p: jax.Array | None = None) -> jax.Array:
+    """Turns logits [..., V] into float32 probabilities [..., V]; the
+    temperature and top_p, when given (arrays, possibly traced), replace
+    this config's numbers (whether top-p is on stays this config's)."""
+    temperature = self.temperature if temperature is None else temperature
+    top_p = self.top_p if top_p is None else top_p
     logits = jnp.asarray(logits, jnp.float32)
     vocab = logits.shape[-1]
     if self.greedy:
       return jax.nn.one_hot(argmax(logits), vocab,
                             dtype=jnp.float32)
-    logits = logits / jnp.float32(self.temperature)
+    # Shifted first: (logits - max) / T is <= 0 and never overflows.
+    logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / jnp.asarray(
+        temperature, jnp.float32)
     if 0 < self.top_k < vocab:
       kth = jax.lax.top_k(logits, self.top_k)[0][..., -1:]
       logits = jnp.where(logits >= kth, logits, -jnp.inf)
@@ -110,12 +151,29 @@ class SamplingConfig:
       mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
       # The smallest probability still inside the nucleus: every token at
       # least this likely is kept (the most likely one always is).
-      kept = mass_before < jnp.float32(self.top_p)
+      kept = mass_before < jnp.asarray(top_p, jnp.float32)
       threshold = jnp.min(jnp.where(kept, sorted_probs, jnp.inf), axis=-1,
                           keepdims=True)
       probs = jnp.where(probs >= threshold, probs, 0.0)
       probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
     return probs
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedSampling:
+  """A `SamplingConfig.static()` with its numbers as (traced) arrays: the
+  sampler a compiled loop uses, with `greedy` and `probs` like the config."""
+
+  config: SamplingConfig
+  temperature: jax.Array
+  top_p: jax.Array
+
+  @property
+  def greedy(self) -> bool:
+    return self.config.greedy
+
+  def probs(self, logits: jax.Array) -> jax.Array:
+    return self.config.probs(logits, self.temperature, self.top_p)
 
 
 def _real(name: str, value, what: str) -> float:
@@ -146,14 +204,32 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
   numbers per draft step cost about as much as the small draft itself).
   """
   probs = jnp.asarray(probs, jnp.float32)
-  cdf = jnp.cumsum(probs, axis=-1)
   u = jax.random.uniform(rng, probs.shape[:-1] + (1,), jnp.float32)
-  # First index whose cumulative mass exceeds u * total; entries with zero
-  # probability never do (the cdf is flat there).
-  token = jnp.sum(cdf <= u * cdf[..., -1:], axis=-1)
-  # u * total can round up to the total: fall back to the last nonzero id.
-  last = probs.shape[-1] - 1 - jnp.argmax(probs[..., ::-1] > 0, axis=-1)
-  return jnp.minimum(token, last).astype(jnp.int32)
+  return inverse_cdf(probs, u)
+
+
+def inverse_cdf(probs: jax.Array, u: jax.Array) -> jax.Array:
+  """The id [...] of probs [..., V] that the uniform u [..., 1] in [0, 1)
+  selects: the first id of positive probability whose cumulative mass
+  exceeds u * total.
+
+  "Of positive probability" is not implied by the cumulative sum: XLA's
+  cumsum is a parallel scan that rounds differently at each index, so the
+  cdf is not flat across zero-probability entries (on XLA:CPU, about half
+  the zeros of a top-40 distribution over 4,224 ids carry a step, some
+  going down). Counting cdf <= u * total drew such an id about once in
+  5 million draws. Reductions are a min and a max, no `jnp.argmax` (which
+  XLA on CPU runs element by element, see `argmax`).
+  """
+  vocab = probs.shape[-1]
+  ids = jnp.arange(vocab, dtype=jnp.int32)
+  cdf = jnp.cumsum(probs, axis=-1)
+  positive = probs > 0
+  hit = positive & (cdf > u * cdf[..., -1:])
+  token = jnp.min(jnp.where(hit, ids, vocab), axis=-1)
+  # u * total can round up to the total (no hit): the last positive id.
+  last = jnp.max(jnp.where(positive, ids, 0), axis=-1)
+  return jnp.where(token < vocab, token, last).astype(jnp.int32)
 
 
 def _row_keys(rng: jax.Array, batch: int) -> jax.Array:
@@ -203,7 +279,8 @@ def speculative_accept(
   Returns:
     (num_accepted int32 [B] in [0, G], next_token int32 [B]).
   """
-  lenience = validate_lenience(lenience)
+  if not isinstance(lenience, jax.Array):  # a traced one was checked
+    lenience = validate_lenience(lenience)
   batch, gamma = draft_tokens.shape
   if draft_probs.shape[:2] != (batch, gamma):
     raise ValueError(f"draft_probs {draft_probs.shape} does not match "
@@ -227,9 +304,11 @@ def _accept_row(key, tokens, q, p, lenience, num_proposed=None):
   accept_key, sample_key = jax.random.split(key)
   q_x = jnp.take_along_axis(q, tokens[:, None], axis=-1)[:, 0]
   p_x = jnp.take_along_axis(p[:gamma], tokens[:, None], axis=-1)[:, 0]
-  # r in (0, 1]: a target probability of exactly 0 can never be accepted.
+  # r in (0, 1]: a target probability of exactly 0 can never be accepted,
+  # and neither can a token its q gives 0 (r * 0 <= p would always hold):
+  # the draft cannot have sampled it, so it is padding or a bug's token.
   r = 1.0 - jax.random.uniform(accept_key, (gamma,), jnp.float32)
-  accepted = r * (lenience * q_x) <= p_x
+  accepted = (r * (lenience * q_x) <= p_x) & (q_x > 0)
   proposed = gamma
   if num_proposed is not None:
     accepted &= jnp.arange(gamma) < num_proposed

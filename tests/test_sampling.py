@@ -261,3 +261,106 @@ def test_argmax_is_first_maximum_like_numpy():
   np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
   assert got.dtype == np.int32
   assert got[0, 0] == 0
+
+
+def _old_inverse_cdf(probs, u):
+  """The sampler before issue 36: the number of cdf entries <= u * total
+  (kept here as the negative control of the rounding-step test)."""
+  cdf = jnp.cumsum(probs, axis=-1)
+  token = jnp.sum(cdf <= u * cdf[..., -1:], axis=-1)
+  last = probs.shape[-1] - 1 - jnp.argmax(probs[..., ::-1] > 0, axis=-1)
+  return jnp.minimum(token, last).astype(jnp.int32)
+
+
+def test_sample_never_draws_a_zero_probability_id_inside_a_rounding_step():
+  """XLA's cumsum is not flat across zero-probability ids (a parallel scan
+  rounds differently at each index). Uniforms placed exactly inside those
+  steps (u * total strictly between the cdf before and at a zero id) must
+  still give an id of positive probability; the old count of cdf <= u*total
+  returned the zero id there, and must fail (negative control)."""
+  vocab, rows = 4224, 256
+  logits = jax.random.normal(jax.random.key(0), (rows, vocab)) * 3
+  probs = sampling.logits_to_probs(logits, 1.0, top_k=40)
+  cdf = np.asarray(jax.jit(lambda p: jnp.cumsum(p, -1))(probs))
+  p = np.asarray(probs)
+  before = np.concatenate([np.zeros((rows, 1), np.float32), cdf[:, :-1]], 1)
+  r, i = np.nonzero((p == 0) & (cdf > before))
+  total = cdf[r, -1]
+  # The steps are an ulp or two wide: try the uniforms around
+  # before / total and keep one whose u * total (float32) lands in
+  # [before, cdf) of the zero id.
+  u = (before[r, i] / total).astype(np.float32)
+  found = np.zeros(r.size, bool)
+  for shift in (0, 1, -1, 2, -2):
+    cand = u
+    for _ in range(abs(shift)):
+      cand = np.nextafter(cand, np.float32(np.sign(shift)), dtype=np.float32)
+    t = cand * total
+    ok = ~found & (t >= before[r, i]) & (t < cdf[r, i]) & (cand < 1)
+    u = np.where(ok, cand, u)
+    found |= ok
+  r, u = r[found], u[found]
+  assert r.size > 50, "too few rounding steps found to test"
+  rows_p = jnp.asarray(p[r])
+  u = jnp.asarray(u)[:, None]
+  new = np.asarray(jax.jit(sampling.inverse_cdf)(rows_p, u))
+  old = np.asarray(jax.jit(_old_inverse_cdf)(rows_p, u))
+  assert np.all(p[r, new] > 0), "sample drew a zero-probability id"
+  assert np.mean(p[r, old] == 0) > 0.5, "negative control should fail"
+
+
+def test_inverse_cdf_matches_the_exact_inverse_away_from_rounding():
+  """Away from rounding steps the new rule is the textbook inverse CDF."""
+  probs = jnp.asarray([[0.0, 0.2, 0.0, 0.5, 0.3, 0.0]], jnp.float32)
+  for u, want in ((0.0, 1), (0.19, 1), (0.21, 3), (0.69, 3), (0.71, 4),
+                  (0.999999, 4)):
+    got = int(sampling.inverse_cdf(probs, jnp.full((1, 1), u))[0])
+    assert got == want, (u, got)
+
+
+def test_a_draft_token_with_zero_q_is_never_accepted():
+  """r * q(x) <= p(x) holds for every r when q(x) = 0: a token the draft
+  could not have sampled (padding, or a bug's token outside its top-k) must
+  be rejected, and the correction drawn from the residual."""
+  p = jnp.asarray([[[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]]] * 64, jnp.float32)
+  q = jnp.asarray([[[1.0, 0.0, 0.0]]] * 64, jnp.float32)
+  tokens = jnp.ones((64, 1), jnp.int32)  # q(1) = 0, p(1) = 0.5
+  n, nxt = sampling.speculative_accept(jax.random.key(0), tokens, q, p)
+  assert np.all(np.asarray(n) == 0)
+  assert np.all(np.asarray(nxt) == 1)  # the residual max(0, p - q) is {1}
+
+
+def _fewer_proposals(p, q, k, broken=False):
+  """emitted tokens of speculative_accept(num_proposed=k) on N rows whose
+  draft sampled real tokens (with their real q) in every slot, also past k.
+  `broken` draws the token after k accepted ones from the residual of the
+  q of the first unproposed slot (the bug a padded q of 0 used to hide)."""
+  def accept(key, tokens, qb, pb):
+    n, nxt = sampling.speculative_accept(key, tokens, qb, pb,
+                                         num_proposed=jnp.full((N,), k))
+    if broken:
+      residual = np.maximum(p[k] - q[k], 0)
+      wrong = jax.random.choice(jax.random.key(7), VOCAB, (N,),
+                                p=jnp.asarray(residual / residual.sum()))
+      nxt = jnp.where(n == k, wrong, nxt)
+    return n, nxt
+  return _draw(p, q, accept)
+
+
+def test_fewer_proposals_than_slots_with_real_q_in_the_unused_slots():
+  """With num_proposed = k < G and real tokens and q past k, nothing past k
+  is accepted and the token at every position j <= k (given n >= j) follows
+  p_j: chi-square at SIGNIFICANCE over N rows. Negative control: drawing
+  the token after k accepted ones from max(0, p_k - q_k) (the q of the first
+  unproposed slot) must fail."""
+  p, q = _dists("random")
+  k = 1
+  n, emitted = _fewer_proposals(p, q, k)
+  assert n.max() <= k
+  for j in range(k + 1):
+    rows = n >= j
+    counts = np.bincount(emitted[rows, j], minlength=VOCAB)
+    assert _chisquare_pvalue(counts, p[j]) > SIGNIFICANCE, j
+  n, emitted = _fewer_proposals(p, q, k, broken=True)
+  counts = np.bincount(emitted[n >= k, k], minlength=VOCAB)
+  assert _chisquare_pvalue(counts, p[k]) < SIGNIFICANCE

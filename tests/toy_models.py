@@ -111,25 +111,33 @@ def start_token(model, row):
   return 0
 
 
-def _softmax(x, temperature, top_k=0):
+def _softmax(x, temperature, top_k=0, top_p=1.0):
   z = x / temperature
   if 0 < top_k < z.size:
     kth = np.sort(z)[-top_k]
     z = np.where(z >= kth, z, -np.inf)  # ties at the k-th value are kept
   z = np.exp(z - z.max())
-  return z / z.sum()
+  z = z / z.sum()
+  if top_p < 1.0:
+    # The smallest set of most likely tokens reaching top_p (ties kept).
+    desc = np.sort(z)[::-1]
+    kept = np.cumsum(desc) - desc < top_p
+    z = np.where(z >= desc[kept].min(), z, 0.0)
+    z = z / z.sum()
+  return z
 
 
-def exact_distribution(model, row, length, temperature=1.0, eos=1, top_k=0):
+def exact_distribution(model, row, length, temperature=1.0, eos=1, top_k=0,
+                       top_p=1.0):
   """{tuple of `length` tokens (0 after EOS): probability} under sampling
-  (temperature, then top-k as in `sampling.SamplingConfig`)."""
+  (temperature, then top-k and top-p as in `sampling.SamplingConfig`)."""
   vocab = model.definition.vocab
   out = {}
   for seq in itertools.product(range(vocab), repeat=length):
     prob, prefix, emitted = 1.0, [start_token(model, row)], []
     for tok in seq:
       prob *= _softmax(next_logits(model, row, prefix), temperature,
-                       top_k)[tok]
+                       top_k, top_p)[tok]
       prefix.append(tok)
       emitted.append(tok)
       if tok == eos:

@@ -121,7 +121,18 @@ def _check_positive_int(name: str, value: Any, hint: str) -> int:
   if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
       or value < 1):
     raise ValueError(f"{name} must be an integer >= 1, got {value!r}. {hint}")
+  _check_width(int(value), name)
   return int(value)
+
+
+def _check_width(value: int, what: str) -> None:
+  """Decoding sizes index int32 buffers on device: refuse, before tracing,
+  any beyond int32 (JAX would raise an OverflowError deep inside)."""
+  if value > _INT32.max:
+    raise ValueError(
+        f"{what} = {value} is beyond int32 ({_INT32.max}): decoding sizes "
+        f"index int32 buffers. Use a far smaller value (the buffers grow "
+        f"with it; see docs/reliability.md).")
 
 
 def _family(model: Model) -> str | None:
@@ -312,19 +323,26 @@ def _model_bytes(definition: Any, param_shapes: Any, ids_shape: tuple,
 
 def _check_memory(models: list[Model], ids_shape: tuple[int, int],
                   gamma: int, max_decode_len: int, record_trace: bool,
-                  what: str) -> None:
+                  what: str, call_tokens: tuple[int, ...] = (),
+                  extra_width: int = 0) -> None:
   """Refuses, before compiling, a loop whose buffers cannot fit.
 
   Counts each model's cache, the largest buffer of one model call (the
   target scores gamma + 1 tokens at once, a draft 2), the float32 logits and
   probabilities of one iteration (target [B, G+1, V], draft [B, G, V]) and
-  the token buffers; all from shapes (`_model_bytes`). A rough bound: it
+  the token buffers; all from shapes (`_model_bytes`). `call_tokens`: the
+  tokens per call of each draft model (`cascades.call_sizes`: a cascade's
+  middle model verifies its inner gamma + 1 at once; default 2), and
+  `extra_width` the scratch positions a cascade adds. A rough bound: it
   catches the impossible (gamma=10**6, max_decode_len=10**7), not the
   tight. Skipped for sizes that always fit (`_ESTIMATE_ABOVE`).
   """
   batch = ids_shape[0]
-  width = max_decode_len + gamma + 1
-  if batch * width * (gamma + 1) <= _ESTIMATE_ABOVE:
+  width = max_decode_len + gamma + 1 + extra_width
+  tokens_per_call = [gamma + 1] + [
+      call_tokens[i] if i < len(call_tokens) else 2
+      for i in range(len(models) - 1)]
+  if batch * width * max(tokens_per_call) <= _ESTIMATE_ABOVE:
     return
   caches = largest = 0
   for i, model in enumerate(models):
@@ -332,11 +350,12 @@ def _check_memory(models: list[Model], ids_shape: tuple[int, int],
     shapes = (treedef, tuple((tuple(x.shape), np.dtype(x.dtype))
                              for x in leaves))
     cache, peak = _model_bytes(model.definition, shapes, tuple(ids_shape),
-                               width, gamma + 1 if i == 0 else 2)
+                               width, tokens_per_call[i])
     caches += cache
     largest = max(largest, peak)
   vocab = models[0].vocab_size
-  logits = 2 * 4 * batch * vocab * ((gamma + 1) + gamma * (len(models) - 1))
+  logits = 2 * 4 * batch * vocab * ((gamma + 1) + sum(
+      max(gamma, t) for t in tokens_per_call[1:]))
   tokens = 4 * batch * width * (1 + (gamma if record_trace else 0))
   # The loop's carry is held twice where XLA cannot update it in place, and
   # a model call keeps a few buffers of the largest size alive at once.
@@ -509,9 +528,14 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
   _check_compatible(target, draft)
   ids = _check_inputs(input_ids, [("target", target), ("draft", draft)])
   seeds, rows = _seeds(seed, ids.shape[0])
+  sizes, extra_width = cascades.call_sizes(draft.definition)
+  _check_width(max_decode_len + gamma + 1 + extra_width,
+               f"max_decode_len + gamma + 1 (+ {extra_width} for the "
+               f"cascade's inner gammas)")
   _check_memory([target, *cascades.models_of(draft)], ids.shape, gamma,
                 max_decode_len, bool(record_trace),
-                f"gamma={gamma}, max_decode_len={max_decode_len}")
+                f"gamma={gamma}, max_decode_len={max_decode_len}",
+                tuple(t for _, t in sizes), extra_width)
   check = on_nonfinite != "ignore"
   fn = engine.build_speculative(target.definition, draft.definition, gamma,
                                 max_decode_len, sampler, lenience,

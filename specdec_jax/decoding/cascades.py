@@ -27,6 +27,7 @@ gamma, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Callable
 
 import flax
@@ -34,21 +35,54 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling
-from specdec_jax import theory
 from specdec_jax.decoding import stopping
+from specdec_jax.decoding import verify
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor
 from specdec_jax.decoding.cursor import refeed_indices
 from specdec_jax.decoding.cursor import write_rows
 from specdec_jax.decoding.drafters import KeepFn
-from specdec_jax.decoding.drafters import ModelDrafter
+from specdec_jax.decoding.drafters import make_drafter
 from specdec_jax.decoding.drafters import Proposal
 from specdec_jax.decoding.drafters import level_stats
 from specdec_jax.decoding.drafters import slice_rows
 from specdec_jax.decoding.drafters import verified_level
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.tokens import EOS_ID
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def size_argument(name: str, value: Any) -> int:
+  """int(value) for an integer (Python or numpy) in [1, 2**31 - 1]; else a
+  ValueError naming the argument (sizes index int32 buffers on device)."""
+  if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+      or value < 1):
+    raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+  if value > _INT32_MAX:
+    raise ValueError(f"{name}={value} is beyond int32 ({_INT32_MAX}): "
+                     f"decoding sizes index int32 buffers; use a value "
+                     f"thousands of times smaller.")
+  return int(value)
+
+
+def call_sizes(definition: Any) -> tuple[list[tuple[Any, int]], int]:
+  """([(definition, tokens per call)] of every plain model a draft runs,
+  top first, and the extra positions its buffers need). A plain draft
+  extends 2 tokens per call; a cascade's middle model verifies g + 1 plus
+  its refeed (about g + 3), and each cascade needs g + 1 scratch positions
+  (`CascadeDrafter.extra_width`)."""
+  if isinstance(definition, CascadeDef):
+    inner, extra = call_sizes(definition.drafter)
+    g = definition.gamma
+    return [(definition.draft, g + 3)] + inner, extra + g + 1
+  if isinstance(definition, HorizontalDef):
+    early, e_extra = call_sizes(definition.early)
+    late, l_extra = call_sizes(definition.late)
+    return early + late, max(e_extra, l_extra)
+  return [(definition, 2)], 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,10 +113,9 @@ class CascadeDef:
               if m.max_input_len is not None]
     return min(limits) if limits else None
 
-  @property
-  def depth(self) -> int:
-    """Models in the chain below the target (2 for draft <- drafter)."""
-    return 1 + getattr(self.drafter, "depth", 1)
+  def make_drafter(self, gamma, sampler, refeed, draft_sample, fast_greedy):
+    return CascadeDrafter(self, gamma, sampler, refeed, draft_sample,
+                          fast_greedy)
 
   def prefill(self, params, input_ids, num_decode_positions):
     raise TypeError("a cascade is a drafter, not a model: pass it as the "
@@ -116,8 +149,7 @@ def cascade(draft: Model, draft_of_draft: Model, *, gamma: int) -> Model:
                     "verifies its drafter); nest cascades through "
                     "draft_of_draft instead, e.g. cascade(base, "
                     "cascade(small, bigram, gamma=4), gamma=3).")
-  if (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1):
-    raise ValueError(f"cascade: gamma must be an integer >= 1, got {gamma!r}.")
+  gamma = size_argument("cascade: gamma", gamma)
   if draft.vocab_size != draft_of_draft.vocab_size:
     raise ValueError(
         f"cascade: vocabularies differ in size (draft {draft.vocab_size}, "
@@ -157,6 +189,10 @@ class HorizontalDef:
               if m.max_input_len is not None]
     return min(limits) if limits else None
 
+  def make_drafter(self, gamma, sampler, refeed, draft_sample, fast_greedy):
+    return HorizontalDrafter(self, gamma, sampler, refeed, draft_sample,
+                             fast_greedy)
+
   def prefill(self, params, input_ids, num_decode_positions):
     raise TypeError("a horizontal drafter is not a model: pass it as the "
                     "draft of speculative_generate.")
@@ -185,9 +221,7 @@ def horizontal(early: Model, late: Model, *, split: int) -> Model:
     if not isinstance(m, Model):
       raise TypeError(f"horizontal: {name} must be a specdec_jax.Model, got "
                       f"{type(m).__name__}.")
-  if isinstance(split, bool) or not isinstance(split, int) or split < 1:
-    raise ValueError(f"horizontal: split must be an integer >= 1, got "
-                     f"{split!r}.")
+  split = size_argument("horizontal: split", split)
   if early.vocab_size != late.vocab_size:
     raise ValueError(f"horizontal: vocabularies differ in size (early "
                      f"{early.vocab_size}, late {late.vocab_size}).")
@@ -203,6 +237,38 @@ class CascadeState:
 
   middle: ModelCursor
   inner: Any
+
+
+@flax.struct.dataclass
+class CascadeLoop:
+  """Carry of a cascade's inner loop (every field per row but `it`).
+
+  Attributes:
+    it: int32 scalar, inner iterations so far (one middle-model call each).
+    local: the committed tokens followed by what M emitted so far (a
+      `Stream`; `length` counts both).
+    produced: int32 [B] tokens emitted so far (in `tokens`).
+    stopped: bool [B] rows that propose no more (limit, stop rule, EOS,
+      or done before this proposal).
+    eos: bool [B] M emitted an EOS.
+    state: the `CascadeState` (M's cursor, the inner drafter's state).
+    tokens, conf: int32 / float32 [B, G + g + 1], the emitted tokens and
+      their confidence (room for one overshooting inner iteration).
+    probs: float32 [B, G + g + 1, V], q_M of each emitted token (None on
+      the fast greedy path).
+    stats: per-level counters (`drafters.level_stats`, depth levels).
+  """
+
+  it: jax.Array
+  local: Stream
+  produced: jax.Array
+  stopped: jax.Array
+  eos: jax.Array
+  state: CascadeState
+  tokens: jax.Array
+  conf: jax.Array
+  probs: Any
+  stats: dict
 
 
 class CascadeDrafter:
@@ -235,22 +301,6 @@ class CascadeDrafter:
   def nonfinite(self, state: CascadeState):
     return _either(state.middle.nonfinite, self.inner.nonfinite(state.inner))
 
-  def _verify(self, logits, prop: Proposal, key):
-    """M's Algorithm 1 on its logits [B, g+1, V] over S's proposal: accepted
-    [B], next token [B], beta [B, g] (sum_x min(q_M, q_S))."""
-    g = self.inner_gamma
-    if self.fast_greedy:
-      best = sampling.argmax(logits)
-      match = (best[:, :g] == prop.tokens) & (
-          jnp.arange(g)[None] < prop.length[:, None])
-      accepted = jnp.min(jnp.where(match, g, jnp.arange(g)[None]), axis=1)
-      nxt = jnp.take_along_axis(best, accepted[:, None], axis=1)[:, 0]
-      return accepted, nxt, match.astype(jnp.float32)
-    p = self.sampler.probs(logits)
-    accepted, nxt = sampling.speculative_accept(key, prop.tokens, prop.probs,
-                                                p, num_proposed=prop.length)
-    return accepted, nxt, theory.acceptance_rate(p[:, :g], prop.probs)
-
   def propose(self, params, state: CascadeState, stream: Stream, keys,
               keep: KeepFn | None, limit: jax.Array):
     """Same contract as `ModelDrafter.propose`; runs inner speculative
@@ -260,105 +310,100 @@ class CascadeDrafter:
     batch = stream.length.shape[0]
     width = gamma + g + 1
     pos = jnp.arange(g + 1)[None, :]
-    need_probs = not self.fast_greedy
-    out_tokens = jnp.zeros((batch, width), jnp.int32)
-    out_conf = jnp.zeros((batch, width), jnp.float32)
-    out_probs = None
-    zeros = jnp.zeros((batch,), jnp.int32)
-    stats = level_stats(jnp.zeros((batch, self.depth), jnp.int32),
-                        jnp.zeros((batch, self.depth - 1), jnp.float32),
-                        jnp.zeros((batch, self.depth - 1), jnp.int32))
     base_key = keys[:, 0]
 
-    def stopped_rows(produced, eos, out_tokens, out_conf):
-      done = (produced >= limit) | eos
+    def stopped_rows(c: CascadeLoop):
+      done = (c.produced >= limit) | c.eos
       if keep is not None:
-        said_stop = ~keep(out_tokens[:, :gamma], out_conf[:, :gamma])
-        proposed = jnp.arange(gamma)[None] < produced[:, None]
+        said_stop = ~keep(c.tokens[:, :gamma], c.conf[:, :gamma])
+        proposed = jnp.arange(gamma)[None] < c.produced[:, None]
         done |= jnp.any(said_stop & proposed, axis=1)
       return done
 
-    def cond(c):
-      it, _, _, stopped, *_ = c
-      return (it < gamma) & ~jnp.all(stopped)
+    def cond(c: CascadeLoop):
+      return (c.it < gamma) & ~jnp.all(c.stopped)
 
-    def body(c):
-      (it, local, produced, stopped, eos, state, out_tokens, out_conf,
-       out_probs, stats) = c
+    def body(c: CascadeLoop):
       it_keys = jax.vmap(lambda k: jax.random.split(
-          jax.random.fold_in(k, it), g + 1))(base_key)
+          jax.random.fold_in(k, c.it), g + 1))(base_key)
       prop, inner_state, inner_stats = self.inner.propose(
-          params["drafter"], state.inner, local, it_keys[:, :g], None,
+          params["drafter"], c.state.inner, c.local, it_keys[:, :g], None,
           jnp.full((batch,), g, jnp.int32))
-      n = local.length
+      n = c.local.length
       first = refeed_indices(n, self.refeed)
-      tokens = jnp.concatenate([state.middle.token_at(local, first),
+      tokens = jnp.concatenate([c.state.middle.token_at(c.local, first),
                                 prop.tokens], axis=1)
       index = jnp.concatenate([first, n[:, None] + 1 + jnp.arange(g)[None]],
                               axis=1)
-      logits, middle = state.middle.extend_tokens(self.middle,
-                                                  params["draft"], tokens,
-                                                  index)
+      logits, middle = c.state.middle.extend_tokens(self.middle,
+                                                    params["draft"], tokens,
+                                                    index)
       logits = logits[:, self.refeed:]                  # positions n .. n+g
-      accepted, nxt, beta = self._verify(logits, prop, it_keys[:, g])
-      new = jnp.concatenate([prop.tokens, jnp.zeros((batch, 1), jnp.int32)], 1)
-      new = jnp.where(pos == accepted[:, None], nxt[:, None], new)
-      active = ~stopped
-      count = jnp.where(active, accepted + 1, 0)
+      verdict = verify.verify(logits, prop, it_keys[:, g], self.sampler,
+                              fast=self.fast_greedy)
+      new = verdict.tokens
+      active = ~c.stopped
+      count = jnp.where(active, verdict.count, 0)       # EOS ends it
       if self.fast_greedy:
         # Confidence only feeds a stop rule: skip the softmax without one.
         conf = (jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
                 if keep is not None else jnp.zeros(new.shape, jnp.float32))
-        q_new = None
       else:
-        q_new = self.sampler.probs(logits)               # q_M, [B, g+1, V]
-        conf = jnp.take_along_axis(q_new, new[..., None], axis=-1)[..., 0]
+        conf = jnp.take_along_axis(verdict.probs, new[..., None],
+                                   axis=-1)[..., 0]
         if self.sampler.greedy:
           conf = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
-      valid = pos < count[:, None]
       # Active rows have produced < G, so g + 1 values fit at `produced`;
-      # rows that stopped write their old values back (no change).
+      # rows that stopped write nothing (their old values, at 0).
+      at = jnp.where(active, c.produced, 0)
+
       def put(buf, vals):
-        old = slice_rows(buf, produced, g + 1)
+        old = slice_rows(buf, at, g + 1)
         mask = active.reshape((batch,) + (1,) * (vals.ndim - 1))
-        return write_rows(buf, produced, jnp.where(mask, vals, old))
+        return write_rows(buf, at, jnp.where(mask, vals, old))
 
-      out_tokens = put(out_tokens, new)
-      out_conf = put(out_conf, conf)
-      if need_probs:
-        out_probs = put(out_probs, q_new)
-      eos = eos | jnp.any(valid & (new == EOS_ID), axis=1)
-      local = local.replace(tokens=write_rows(local.tokens, n, new),
-                            length=n + count)
-      produced = produced + count
-      new_stopped = stopped | stopped_rows(produced, eos, out_tokens, out_conf)
-      counted = pos[:, :g] < jnp.minimum(accepted + 1, prop.length)[:, None]
-      increments = verified_level(active, beta, counted, inner_stats)
-      stats = {name: stats[name] + increments[name] for name in stats}
-      state = CascadeState(middle=middle, inner=inner_state)
-      return (it + 1, local, produced, new_stopped, eos, state, out_tokens,
-              out_conf, out_probs, stats)
+      valid = pos < count[:, None]
+      c = c.replace(
+          it=c.it + 1,
+          local=c.local.replace(tokens=write_rows(c.local.tokens, n, new),
+                                length=n + count),
+          produced=c.produced + count,
+          eos=c.eos | jnp.any(valid & (new == EOS_ID), axis=1),
+          state=CascadeState(middle=middle, inner=inner_state),
+          tokens=put(c.tokens, new), conf=put(c.conf, conf),
+          probs=None if c.probs is None else put(c.probs, verdict.probs),
+          stats=jax.tree.map(
+              jnp.add, c.stats,
+              verified_level(active, verdict.beta,
+                             verify.counted_positions(count, prop.length, g),
+                             inner_stats)))
+      return c.replace(stopped=c.stopped | stopped_rows(c))
 
-    if need_probs:
-      out_probs = jnp.zeros((batch, width, self.middle.vocab_size),
-                            jnp.float32)
-    local = stream.replace(done=jnp.zeros((batch,), jnp.bool_))
-    # Rows whose output is complete propose nothing the engine will use.
-    carry = (jnp.int32(0), local, zeros, stream.done,
-             jnp.zeros((batch,), jnp.bool_), state, out_tokens, out_conf,
-             out_probs, stats)
-    (_, _, produced, _, _, state, out_tokens, out_conf, out_probs,
-     stats) = jax.lax.while_loop(cond, body, carry)
-    tokens = out_tokens[:, :gamma]
-    conf = out_conf[:, :gamma]
-    probs = None if out_probs is None else out_probs[:, :gamma]
+    zeros = jnp.zeros((batch,), jnp.int32)
+    carry = CascadeLoop(
+        it=jnp.int32(0),
+        local=stream.replace(done=jnp.zeros((batch,), jnp.bool_)),
+        produced=zeros,
+        # Rows whose output is complete propose nothing the engine will use.
+        stopped=stream.done, eos=jnp.zeros((batch,), jnp.bool_),
+        state=state,
+        tokens=jnp.zeros((batch, width), jnp.int32),
+        conf=jnp.zeros((batch, width), jnp.float32),
+        probs=None if self.fast_greedy else jnp.zeros(
+            (batch, width, self.middle.vocab_size), jnp.float32),
+        stats=level_stats(jnp.zeros((batch, self.depth), jnp.int32),
+                          jnp.zeros((batch, self.depth - 1), jnp.float32),
+                          jnp.zeros((batch, self.depth - 1), jnp.int32)))
+    c = jax.lax.while_loop(cond, body, carry)
+    tokens, conf = c.tokens[:, :gamma], c.conf[:, :gamma]
+    probs = None if c.probs is None else c.probs[:, :gamma]
     if keep is None:
       length = jnp.full((batch,), gamma, jnp.int32)
     else:
       length = jnp.minimum(stopping.proposal_length(keep(tokens, conf), limit),
-                           jnp.maximum(produced, 1))
-    return (Proposal(tokens=tokens, probs=probs, conf=conf, length=length),
-            state, stats)
+                           jnp.maximum(c.produced, 1))
+    return Proposal(tokens=tokens, probs=probs, conf=conf, length=length), \
+        c.state, c.stats
 
 
 @flax.struct.dataclass
@@ -496,17 +541,3 @@ def models_of(draft: Model) -> list[Model]:
   else:
     return [draft]
   return [m for d, p in parts for m in models_of(Model(d, p, draft.vocab))]
-
-
-def make_drafter(definition, gamma: int, sampler: sampling.SamplingConfig,
-                 refeed: int, draft_sample: Callable, fast_greedy: bool):
-  """The drafter for a draft definition: a ModelDef, CascadeDef or
-  HorizontalDef."""
-  if isinstance(definition, HorizontalDef):
-    return HorizontalDrafter(definition, gamma, sampler, refeed, draft_sample,
-                             fast_greedy)
-  if isinstance(definition, CascadeDef):
-    return CascadeDrafter(definition, gamma, sampler, refeed, draft_sample,
-                          fast_greedy)
-  return ModelDrafter(definition, gamma, sampler, refeed, draft_sample,
-                      fast_greedy)

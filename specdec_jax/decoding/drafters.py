@@ -3,7 +3,7 @@
 The engine (`engine.build_speculative`) asks a drafter for up to G tokens per
 row, with the probabilities q they were sampled from (a `Proposal`), and
 verifies them with the target. A drafter is a plain Python object built
-once per compiled loop (`cascades.make_drafter`) with three parts:
+once per compiled loop (`make_drafter`) with three parts:
 
   depth, extra_width   models in its chain; scratch positions it needs
   init(params, input_ids, num_positions, check_finite) -> state (a pytree)
@@ -109,7 +109,8 @@ class ModelDrafter:
     self.gamma = gamma
     self.sampler = sampler
     self.refeed = refeed
-    self.draft_sample = draft_sample
+    # None: the exact sampler (tests pass wrong ones as negative controls).
+    self.draft_sample = draft_sample or sampling.sample
     self.fast_greedy = fast_greedy
 
   def init(self, params, input_ids, num_positions,
@@ -215,6 +216,18 @@ class ModelDrafter:
     _, tokens, confs, q, cursor = jax.lax.while_loop(
         cond, body, (jnp.int32(1), tokens, confs, q, cursor))
     return tokens, q, confs, cursor
+
+
+def make_drafter(definition, gamma: int, sampler: sampling.SamplingConfig,
+                 refeed: int, draft_sample: Callable | None, fast_greedy: bool):
+  """The drafter of a draft definition: a ModelDef's `ModelDrafter`, or
+  what a composite definition (`cascades.CascadeDef`, `HorizontalDef`)
+  builds with its `make_drafter` method."""
+  if hasattr(definition, "make_drafter"):
+    return definition.make_drafter(gamma, sampler, refeed, draft_sample,
+                                   fast_greedy)
+  return ModelDrafter(definition, gamma, sampler, refeed, draft_sample,
+                      fast_greedy)
 
 
 def slice_rows(buffer, start, size):

@@ -24,12 +24,12 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import sampling
 from specdec_jax import sharding
-from specdec_jax import theory
-from specdec_jax.decoding import cascades
 from specdec_jax.decoding import drafters
+from specdec_jax.decoding import verify
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor as _cursor
@@ -109,11 +109,6 @@ def _finish(stream: Stream, max_decode_len: int) -> jax.Array:
   return jnp.where(keep, tokens, 0)
 
 
-def _greedy_token(logits: jax.Array) -> jax.Array:
-  """argmax (ties to the lowest id): what sampling a one-hot p returns."""
-  return sampling.argmax(logits)
-
-
 def _new_stream(batch: int, width: int) -> Stream:
   return Stream(tokens=jnp.zeros((batch, width), jnp.int32),
                 length=jnp.zeros((batch,), jnp.int32),
@@ -131,18 +126,46 @@ def jit_with_options(fn: Callable, compiler_options: tuple) -> Callable:
   return jax.jit(fn, compiler_options=dict(compiler_options) or None)
 
 
-@functools.lru_cache(maxsize=64)
+class CompiledLoop:
+  """A jitted loop with its numbers bound: `loop(*args)` runs it and
+  `loop.lower(*args)` lowers it, the numbers (temperature, top_p, lenience:
+  float32 0-d arrays) passed as its last, traced argument. Loops that
+  differ only in these numbers share one compiled program."""
+
+  def __init__(self, jitted: Callable, values: dict):
+    self.jitted = jitted
+    self.values = values
+
+  def __call__(self, *args):
+    return self.jitted(*args, self.values)
+
+  def lower(self, *args):
+    return self.jitted.lower(*args, self.values)
+
+
 def build_generate(model: ModelDef, max_decode_len: int,
                    sampler: sampling.SamplingConfig,
                    check_finite: bool = True,
-                   compiler_options: tuple = ()) -> Callable:
+                   compiler_options: tuple = ()) -> CompiledLoop:
   """The jitted baseline: (params, input_ids, seeds, rows) -> (tokens, stats).
 
   With `check_finite`, stats has `target_nonfinite` (bool [B]).
   `compiler_options`: XLA options of the program, ((name, value), ...).
+  Compiled once per `sampler.static()`: the temperature and top_p are
+  traced inputs (top_k stays static: it is a shape of `lax.top_k`).
   """
+  return CompiledLoop(
+      _build_generate(model, max_decode_len, sampler.static(),
+                      bool(check_finite), tuple(compiler_options)),
+      sampler.values())
 
-  def run(params, input_ids, seeds, rows):
+
+@functools.lru_cache(maxsize=64)
+def _build_generate(model, max_decode_len, static_sampler, check_finite,
+                    compiler_options):
+
+  def run(params, input_ids, seeds, rows, values):
+    sampler = static_sampler.traced(values)
     batch = input_ids.shape[0]
     keys = row_keys(seeds, rows)
     state = AutoregressiveState(
@@ -159,7 +182,7 @@ def build_generate(model: ModelDef, max_decode_len: int,
       index = s.stream.length[:, None]
       logits, cursor = s.model.extend(model, params, s.stream, index)
       if sampler.greedy:
-        token = _greedy_token(logits[:, 0])
+        token = sampling.argmax(logits[:, 0])
       else:
         step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, s.step)
         token = jax.vmap(sampling.sample)(step_keys,
@@ -200,7 +223,7 @@ def verify_widths(gamma: int) -> tuple[int, ...]:
 def build_speculative(target: ModelDef, draft: Any, gamma: int,
                       max_decode_len: int, sampler: sampling.SamplingConfig,
                       lenience: float = 1.0, record_trace: bool = False,
-                      draft_sample: Callable = sampling.sample,
+                      draft_sample: Callable | None = None,
                       check_finite: bool = True,
                       draft_stop: Any = None,
                       compiler_options: tuple = (),
@@ -216,25 +239,35 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
   tokens per iteration; the target verifies at the smallest of
   `verify_widths(gamma)` covering the longest proposal, chosen on device).
   `draft_sample(key, q) -> token` exists so tests can plug in a deliberately
-  wrong drafter (negative controls); everything else must use
-  `sampling.sample`, which draws from exactly q. `compiler_options`: XLA
+  wrong drafter (negative controls); None (everything else) is
+  `sampling.sample`, which draws from exactly q, and allows the fast greedy
+  path (`verify.fast_greedy`). `compiler_options`: XLA
   options of the program, ((name, value), ...). `draft_replicated`: the
   draft's parameters are whole on every device, so its activations and
   caches are traced under `sharding.replicated_rules` (rows over `data`,
   nothing over `model`) and its steps need no collective.
   """
-  return _build_speculative(target, draft, gamma, max_decode_len, sampler,
-                            float(lenience), bool(record_trace), draft_sample,
-                            bool(check_finite), draft_stop,
-                            tuple(compiler_options), bool(draft_replicated))
+  values = dict(sampler.values(),
+                lenience=np.float32(sampling.validate_lenience(lenience)))
+  return CompiledLoop(
+      _build_speculative(target, draft, gamma, max_decode_len,
+                         sampler.static(), bool(record_trace), draft_sample,
+                         bool(check_finite), draft_stop,
+                         tuple(compiler_options), bool(draft_replicated)),
+      values)
 
 
 @functools.lru_cache(maxsize=64)
-def _build_speculative(target, draft, gamma, max_decode_len, sampler,
-                       lenience, record_trace, draft_sample, check_finite,
+def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
+                       record_trace, draft_sample, check_finite,
                        draft_stop, compiler_options, draft_replicated):
-  positions = jnp.arange(gamma + 1)
+  offsets = jnp.arange(gamma + 1)  # of the verified tokens, from n
   rule = draft_stop
+
+  fast = verify.fast_greedy(static_sampler, draft_sample)
+  # Its sizes; `run` builds it again around the traced numbers.
+  drafter = drafters.make_drafter(draft, gamma, static_sampler, 1,
+                                  draft_sample, fast)
 
   def draft_rules():
     """Where the draft runs: a replicated draft's constraints must not name
@@ -244,41 +277,8 @@ def _build_speculative(target, draft, gamma, max_decode_len, sampler,
       return nn.logical_axis_rules(sharding.replicated_rules())
     return contextlib.nullcontext()
 
-  # Greedy decoding needs no probabilities: with one-hot p and q, Algorithm 1
-  # accepts a draft token iff it is the target's argmax and otherwise emits
-  # that argmax, so argmax and a comparison give the same tokens without any
-  # [V]-sized sampling work (the general path below is tested against this).
-  fast_greedy = sampler.greedy and draft_sample is sampling.sample
-  drafter = cascades.make_drafter(draft, gamma, sampler, 1, draft_sample,
-                                  fast_greedy)
   width = max_decode_len + gamma + 1 + drafter.extra_width
   widths = (gamma,) if rule is None else verify_widths(gamma)
-
-  def verify(logits, prop: drafters.Proposal, key):
-    """Algorithm 1 on target logits [B, G+1, V]: accepted [B], next [B],
-    beta [B, G] = sum_x min(p, q) and accept_prob [B, G] = min(1, p(x)/q(x))
-    at each draft position (accept_prob only with a stop rule)."""
-    xs, q, k = prop.tokens, prop.probs, prop.length
-    if fast_greedy:
-      best = _greedy_token(logits)                     # [B, G+1]
-      match = best[:, :gamma] == xs
-      if rule is not None:
-        match &= positions[None, :gamma] < k[:, None]
-      # Leading matches: the first mismatch's index (gamma if none).
-      accepted = jnp.min(jnp.where(match, gamma, positions[None, :gamma]), 1)
-      nxt = jnp.take_along_axis(best, accepted[:, None], axis=1)[:, 0]
-      return accepted, nxt, match.astype(jnp.float32), match.astype(
-          jnp.float32)
-    p = sampler.probs(logits)
-    accepted, nxt = sampling.speculative_accept(
-        key, xs, q, p, lenience, num_proposed=None if rule is None else k)
-    beta = theory.acceptance_rate(p[:, :gamma], q)
-    accept_prob = None
-    if rule is not None:
-      p_x = jnp.take_along_axis(p[:, :gamma], xs[..., None], -1)[..., 0]
-      q_x = jnp.take_along_axis(q, xs[..., None], -1)[..., 0]
-      accept_prob = jnp.minimum(1.0, p_x / jnp.maximum(q_x, 1e-30))
-    return accepted, nxt, beta, accept_prob
 
   def target_call(cursor: ModelCursor, target_params, tokens, index,
                   longest):
@@ -298,7 +298,11 @@ def _build_speculative(target, draft, gamma, max_decode_len, sampler,
     choice = jnp.sum(jnp.asarray(widths) < longest)
     return jax.lax.switch(choice, [branch(w) for w in widths], cursor)
 
-  def run(target_params, draft_params, input_ids, seeds, rows):
+  def run(target_params, draft_params, input_ids, seeds, rows, values):
+    sampler = static_sampler.traced(values)
+    lenience = values["lenience"]
+    drafter = drafters.make_drafter(draft, gamma, sampler, 1, draft_sample,
+                                    fast)
     batch = input_ids.shape[0]
     keys = row_keys(seeds, rows)
     stats = _initial_stats(batch, gamma, drafter.depth, max_decode_len,
@@ -328,30 +332,26 @@ def _build_speculative(target, draft, gamma, max_decode_len, sampler,
       prop, draft_state, level = _in(
           draft_rules(), drafter.propose, draft_params, s.draft, s.stream,
           step_keys[:, :gamma], keep, limit)
-      xs, k = prop.tokens, prop.length
       # One target run scores the pending token and the proposed tokens.
       verify_tokens = jnp.concatenate(
-          [s.target.token_at(s.stream, n[:, None]), xs], axis=1)
-      longest = jnp.max(jnp.where(s.stream.done, 1, k))
+          [s.target.token_at(s.stream, n[:, None]), prop.tokens], axis=1)
+      longest = jnp.max(jnp.where(s.stream.done, 1, prop.length))
       logits, target_cursor = target_call(s.target, target_params,
                                           verify_tokens,
-                                          n[:, None] + positions, longest)
-      accepted, nxt, beta, accept_prob = verify(logits, prop,
-                                                step_keys[:, gamma])
-      new = jnp.concatenate([xs, jnp.zeros((batch, 1), jnp.int32)], axis=1)
-      new = jnp.where(positions[None] == accepted[:, None], nxt[:, None], new)
-      stream, emitted = _advance(s.stream, new, accepted + 1, max_decode_len)
-
+                                          n[:, None] + offsets, longest)
+      verdict = verify.verify(logits, prop, step_keys[:, gamma], sampler,
+                              lenience=lenience, fast=fast)
+      stream, emitted = _advance(s.stream, verdict.tokens, verdict.count,
+                                 max_decode_len)
       active = ~s.stream.done
-      # alpha: beta at every verified position whose prefix was accepted.
-      counted = positions[None, :gamma] < jnp.minimum(accepted + 1,
-                                                      k)[:, None]
-      st = _count_iteration(s.stats, s.step, active, prop, accepted, nxt,
-                            emitted, beta, counted, level)
+      # alpha and the counters: beta at every verified position emitted.
+      counted = verify.counted_positions(emitted, prop.length, gamma)
+      st = _count_iteration(s.stats, s.step, active, prop, verdict, emitted,
+                            counted, level)
       stop_state = s.stop_state
       if rule is not None:
-        stop_state = rule.update(stop_state, prop.conf, accept_prob,
-                                 counted & active[:, None])
+        stop_state = rule.update(stop_state, prop.conf, verdict.accept_prob,
+                                 counted)
       return SpeculativeState(step=s.step + 1, stream=stream,
                               target=target_cursor, draft=draft_state,
                               stats=st, stop_state=stop_state)
@@ -410,8 +410,8 @@ def _initial_stats(batch: int, gamma: int, depth: int, max_decode_len: int,
 
 def _count_iteration(stats: dict[str, jax.Array], step: jax.Array,
                      active: jax.Array, prop: drafters.Proposal,
-                     accepted: jax.Array, nxt: jax.Array, emitted: jax.Array,
-                     beta: jax.Array, counted: jax.Array,
+                     verdict: verify.Verdict, emitted: jax.Array,
+                     counted: jax.Array,
                      level: dict[str, jax.Array]) -> dict[str, jax.Array]:
   """`stats` after one iteration, counted for the rows still decoding.
 
@@ -420,25 +420,27 @@ def _count_iteration(stats: dict[str, jax.Array], step: jax.Array,
     step: int32 scalar, this iteration's index.
     active: bool [B], rows not done before this iteration.
     prop: the draft's proposal (tokens [B, G], length [B]).
-    accepted: int [B], draft tokens accepted; nxt: int [B], the token the
-      target added.
+    verdict: the verification (`verify.verify`).
     emitted: int [B], tokens the row's output grew by (fewer than
       accepted + 1 where it reached EOS or the length limit).
-    beta: float [B, G], sum_x min(p, q) at each draft position.
-    counted: bool [B, G], positions whose beta enters alpha.
+    counted: bool [B, G], positions whose beta enters alpha
+      (`verify.counted_positions`: only emitted ones).
     level: the drafter's per-level "calls", "alpha_sum" and "alpha_count"
       (cascades; [B, depth]).
   """
+  accepted, nxt, beta = verdict.accepted, verdict.next, verdict.beta
+  # Draft tokens that reached the output (none after an accepted EOS).
+  used = jnp.minimum(accepted, emitted)
   gamma = prop.tokens.shape[1]
   act = active.astype(jnp.int32)
   levels = drafters.verified_level(active, beta, counted, level)
   increments = {
       "target_calls": act,
       "draft_calls": levels["calls"][:, 1],
-      "accepted_tokens": act * jnp.minimum(accepted, emitted),
+      "accepted_tokens": act * used,
       "target_tokens": act * (emitted > accepted).astype(jnp.int32),
       "accepted_histogram": act[:, None] * jax.nn.one_hot(
-          accepted, gamma + 1, dtype=jnp.int32),
+          used, gamma + 1, dtype=jnp.int32),
       "proposal_histogram": act[:, None] * jax.nn.one_hot(
           prop.length, gamma + 1, dtype=jnp.int32),
       "alpha_sum": levels["alpha_sum"][:, 0],
@@ -462,3 +464,4 @@ def _count_iteration(stats: dict[str, jax.Array], step: jax.Array,
 
 
 build_speculative.cache_info = _build_speculative.cache_info
+build_generate.cache_info = _build_generate.cache_info

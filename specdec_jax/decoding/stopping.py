@@ -35,6 +35,7 @@ confidence bins.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -65,9 +66,12 @@ class ConfidenceStop:
   threshold: float = 0.4
 
   def __post_init__(self):
-    if not 0.0 <= float(self.threshold) <= 1.0:
+    threshold = _number("ConfidenceStop.threshold", self.threshold,
+                        "a number in [0, 1], e.g. ConfidenceStop(0.4)")
+    if not 0.0 <= threshold <= 1.0:  # False for NaN too
       raise ValueError(f"ConfidenceStop.threshold must be in [0, 1], got "
-                       f"{self.threshold}.")
+                       f"{self.threshold!r}.")
+    object.__setattr__(self, "threshold", threshold)
 
   def init(self, batch: int) -> dict:
     del batch
@@ -133,6 +137,21 @@ class ExpectedGainStop:
   prior_weight: float = 2.0
 
   def __post_init__(self):
+    # Normalised to floats and tuples (hashable: the rule keys the compiled
+    # loop), with the argument named when it is not a number or a sequence.
+    for name in ("cost", "verify_growth", "prior_weight"):
+      object.__setattr__(self, name, _number(
+          f"ExpectedGainStop.{name}", getattr(self, name), "a number"))
+    for name in ("bins", "prior"):
+      value = getattr(self, name)
+      if value is None and name == "prior":
+        continue
+      if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"ExpectedGainStop.{name} must be a sequence of "
+                        f"numbers, got {value!r}.")
+      object.__setattr__(self, name, tuple(
+          _number(f"ExpectedGainStop.{name}", v, "a sequence of numbers")
+          for v in value))
     if not float(self.cost) >= 0.0 or not float(self.verify_growth) >= 0.0:
       raise ValueError(
           f"ExpectedGainStop needs cost >= 0 and verify_growth >= 0 (times "
@@ -191,6 +210,16 @@ class ExpectedGainStop:
 
 
 StopRule = ConfidenceStop | ExpectedGainStop
+
+
+def _number(name: str, value, what: str) -> float:
+  """float(value) for a real number (numpy ones too); a TypeError naming
+  `name` for anything else (None, strings, bools)."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(
+      value, (numbers.Real, np.number)):
+    raise TypeError(f"{name} must be {what}, got {value!r} "
+                    f"({type(value).__name__}).")
+  return float(value)
 
 
 def calibration(rule: ExpectedGainStop, stats) -> tuple[float, ...]:
