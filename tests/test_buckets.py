@@ -6,7 +6,10 @@ there without losing or repeating an example; the workdir lock is an object
 created only if absent, so a second run stops naming the first; the shipped
 demo model uploaded to a bucket loads as `gs://models/target` with the same
 parameters; and a call to an unreachable endpoint fails within the bounded
-wait with an error naming the bucket and the likely causes.
+wait with an error naming the bucket and the likely causes. Checkpoints
+written into a bucket (`save`, `write_t5x`, `convert_checkpoint
+--output=gs://`) read back bit for bit, and the script against a closed
+endpoint exits within the bounded wait with that message, no traceback.
 
 The emulator (tests/gcs_emulator.py) runs in a subprocess on a free port;
 these tests skip, saying so, only when it cannot start.

@@ -63,11 +63,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 from typing import Any, Iterator
 
-from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
