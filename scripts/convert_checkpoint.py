@@ -9,6 +9,10 @@ r"""Converts a Hugging Face or T5X checkpoint into our format.
   python scripts/convert_checkpoint.py --input=demo:target --format=hf \
       --output=/tmp/demo_target_hf   # for Hugging Face transformers
 
+--output may be gs://BUCKET/DIR: written locally, then uploaded with
+progress logged; an unreachable bucket fails within SPECDEC_IO_TIMEOUT_S
+(default 120 s) naming the bucket and the likely causes.
+
 Expected: it prints the output directory, which then loads with
 `specdec_jax.load_model(DIR)` (config.json + orbax params), or with
 --format=hf, as a Hugging Face T5 directory (config.json +
@@ -18,10 +22,14 @@ need --config (a config name or a gin file under configs/models), since
 they do not record their architecture.
 """
 
+import sys
+
 from absl import app
 from absl import flags
+from absl import logging
 
 from specdec_jax import checkpoints
+from specdec_jax import paths
 from specdec_jax.checkpoints import hf
 from specdec_jax.experiments import workdir
 
@@ -51,6 +59,17 @@ def main(argv):
     workdir.check_directory_path(_OUTPUT.value, "--output")
   except workdir.WorkdirError as e:
     raise app.UsageError(str(e)) from None
+  try:
+    _convert()
+  except paths.RemoteStorageError as e:
+    sys.exit(f"convert_checkpoint: {e}")
+
+
+def _convert():
+  if paths.is_remote(_OUTPUT.value):
+    # Before minutes of loading: is the bucket there and reachable?
+    logging.info("checking %s", _OUTPUT.value)
+    paths.exists(paths.join(_OUTPUT.value, "config.json"))
   if _FORMAT.value == "hf":
     if _VOCAB.value:
       raise app.UsageError("--vocab is for --format=specdec; a Hugging Face "

@@ -137,6 +137,15 @@ def _remote(path: str, what: str, make_future, size: int = 0) -> Any:
     raise _explain(path, what, e) from e
 
 
+def bounded(path: str, what: str, make_future, size: int = 0) -> Any:
+  """`make_future(context)`'s result, with a tensorstore context of bounded
+  retries, within the bounded wait (plus `size` bytes at 1 MB/s) when
+  `path` is gs://; a failure is a RemoteStorageError naming the bucket."""
+  if not is_remote(path):
+    return make_future(None).result()
+  return _remote(path, what, make_future, size)
+
+
 def _store(directory: str, context: Any) -> Any:
   # tensorstore only when files are read or written.
   import tensorstore as ts  # pylint: disable=g-import-not-at-top

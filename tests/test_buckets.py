@@ -6,7 +6,10 @@ there without losing or repeating an example; the workdir lock is an object
 created only if absent, so a second run stops naming the first; the shipped
 demo model uploaded to a bucket loads as `gs://models/target` with the same
 parameters; and a call to an unreachable endpoint fails within the bounded
-wait with an error naming the bucket and the likely causes.
+wait with an error naming the bucket and the likely causes. Checkpoints
+written into a bucket (`save`, `write_t5x`, `convert_checkpoint
+--output=gs://`) read back bit for bit, and the script against a closed
+endpoint exits within the bounded wait with that message, no traceback.
 
 The emulator (tests/gcs_emulator.py) runs in a subprocess on a free port;
 these tests skip, saying so, only when it cannot start.
@@ -16,6 +19,8 @@ import dataclasses
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import jax
@@ -195,3 +200,136 @@ def test_an_unreachable_bucket_fails_within_the_bounded_wait(monkeypatch):
   assert "gs://unreachable-bucket" in message
   assert f"localhost:{port}" in message
   assert "no network" in message and "credentials" in message
+
+
+# --- Writing checkpoints into buckets (issue 34; issue 38 item 5). ---
+
+
+def _assert_same_params(a, b):
+  flat_a = jax.tree_util.tree_leaves_with_path(a)
+  flat_b = dict(jax.tree_util.tree_leaves_with_path(b))
+  assert len(flat_a) == len(flat_b)
+  for name, value in flat_a:
+    assert np.asarray(value).dtype == np.asarray(flat_b[name]).dtype, name
+    np.testing.assert_array_equal(np.asarray(value),
+                                  np.asarray(flat_b[name]))
+
+
+@pytest.fixture(scope="module")
+def t5_tiny():
+  model = checkpoints.load_model("t5_tiny", seed=3)
+  return Model(model.definition, jax.tree.map(np.asarray, model.params))
+
+
+def test_save_into_a_bucket_round_trips_exactly(gcs_emulator, t5_tiny,  # noqa: F811
+                                                tmp_path, monkeypatch):
+  """checkpoints.save(model, gs://...) then load_model(gs://...) gives the
+  same parameters bit for bit; overwrite=True replaces them (no stale
+  orbax files mixed in); nothing lands in a local `gs:` folder."""
+  monkeypatch.chdir(tmp_path)
+  directory = "gs://models/saved_tiny"
+  checkpoints.save(t5_tiny, directory)
+  assert "config.json" in paths.list_files(directory)
+  loaded = checkpoints.load_model(directory)
+  assert loaded.config == t5_tiny.config
+  _assert_same_params(loaded.params, t5_tiny.params)
+  with pytest.raises(FileExistsError):
+    checkpoints.save(t5_tiny, directory)
+  doubled = jax.tree.map(lambda x: x * 2, t5_tiny.params)
+  checkpoints.save(Model(t5_tiny.definition, doubled), directory,
+                   overwrite=True)
+  _assert_same_params(checkpoints.load_model(directory).params, doubled)
+  assert not os.path.exists(tmp_path / "gs:"), os.listdir(tmp_path)
+
+
+def test_t5x_written_to_a_bucket_reads_as_the_local_copy(gcs_emulator,  # noqa: F811
+                                                         t5_tiny, tmp_path):
+  """write_t5x to gs:// (tensorstore leaves, inline leaves, and the orbax
+  layout) reads back through `t5x:gs://...` exactly as the same checkpoint
+  written locally does."""
+  for layout, kwargs in (("msgpack", {"inline_below": 200}),
+                         ("orbax", {"use_orbax": True})):
+    local = checkpoints.write_t5x(t5_tiny.params, str(tmp_path / layout), 7,
+                                  **kwargs)
+    remote = checkpoints.write_t5x(t5_tiny.params, f"gs://models/t5x_{layout}",
+                                   7, **kwargs)
+    assert remote == f"gs://models/t5x_{layout}/checkpoint_7"
+    from_bucket = checkpoints.load_model("t5x:" + remote, config="t5_tiny")
+    from_disk = checkpoints.load_model("t5x:" + local, config="t5_tiny")
+    _assert_same_params(from_bucket.params, from_disk.params)
+    _assert_same_params(from_bucket.params, t5_tiny.params)
+
+
+def _convert(*args, timeout=240):
+  root = os.path.join(os.path.dirname(__file__), os.pardir)
+  return subprocess.run(
+      [sys.executable, os.path.join(root, "scripts", "convert_checkpoint.py"),
+       *args], cwd=root, capture_output=True, text=True, timeout=timeout,
+      env=dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.path.abspath(root)))
+
+
+def test_convert_script_writes_into_a_bucket(gcs_emulator, t5_tiny,  # noqa: F811
+                                             tmp_path):
+  """convert_checkpoint --output=gs://... (our format and --format=hf)
+  writes into the bucket, logging the upload, and the result loads back
+  (ours from the bucket, hf from a download) with the input's parameters."""
+  source = checkpoints.save(t5_tiny, str(tmp_path / "source"))
+  for fmt, spec in (("specdec", "gs://models/converted"),
+                    ("hf", "gs://models/converted_hf")):
+    result = _convert("--input=" + source, "--output=" + spec,
+                      "--format=" + fmt)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == spec
+    # The upload is logged (file by file, or as each file starts).
+    logged = "copied" if fmt == "specdec" else "uploading model.safetensors"
+    assert logged in result.stderr and spec in result.stderr, result.stderr
+    if fmt == "hf":  # hf: reads local directories only: download it
+      spec = "hf:" + str(tmp_path / "downloaded_hf")
+      paths.copy_tree("gs://models/converted_hf", spec[3:])
+    loaded = checkpoints.load_model(spec)
+    _assert_same_params(loaded.params, t5_tiny.params)
+  assert sorted(paths.list_files("gs://models/converted_hf")) == [
+      "config.json", "model.safetensors"]
+
+
+def test_convert_to_an_unreachable_bucket_fails_fast_and_says_why(
+    t5_tiny, tmp_path):
+  """With the endpoint closed (no network), the script exits non-zero
+  within the bounded wait (4 s here), before loading the input, with one
+  message naming the bucket and the likely causes (not a traceback)."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]  # closed once the block ends
+  source = checkpoints.save(t5_tiny, str(tmp_path / "source"))
+  env = {"TENSORSTORE_GCS_HTTP_URL": f"http://localhost:{port}",
+         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test", paths.TIMEOUT_ENV: "4"}
+  saved = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  try:
+    result = _convert("--input=" + source,
+                      "--output=gs://unreachable-bucket/model", timeout=120)
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+  assert result.returncode != 0
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert "gs://unreachable-bucket" in result.stderr
+  assert "no network" in result.stderr and "credentials" in result.stderr
+  assert paths.TIMEOUT_ENV in result.stderr
+
+
+def test_a_bucket_training_workdir_is_refused_naming_the_workaround():
+  """Training into gs:// is refused by the config check, before any data or
+  model is loaded, with the local-then-upload workaround; a local workdir
+  passes the same check (negative control)."""
+  from specdec_jax.training import train  # pylint: disable=g-import-not-at-top
+  config = train.TrainConfig(workdir="gs://results/train", num_steps=1)
+  with pytest.raises(ValueError) as error:
+    config.check()
+  assert "gs://results/train" in str(error.value)
+  assert "convert_checkpoint.py" in str(error.value)
+  dataclasses.replace(config, workdir="/tmp/train").check()

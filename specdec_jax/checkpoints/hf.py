@@ -63,13 +63,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import tempfile
 from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import paths
 from specdec_jax.checkpoints.errors import CheckpointError
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
 from specdec_jax.checkpoints.errors import MissingParameterError
@@ -486,9 +489,20 @@ def save_t5(model: Any, directory: str, *, overwrite: bool = False) -> str:
   if len(dtypes) == 1:  # what the parameters are, whatever param_dtype says
     hf_config["dtype"] = dtypes.pop()
   for name in (CONFIG_FILE, SAFETENSORS_FILE):
-    if os.path.exists(os.path.join(directory, name)) and not overwrite:
-      raise FileExistsError(f"{os.path.join(directory, name)} exists; pass "
+    if paths.exists(paths.join(directory, name)) and not overwrite:
+      raise FileExistsError(f"{paths.join(directory, name)} exists; pass "
                             "overwrite=True")
+  if paths.is_remote(directory):
+    # safetensors writes local files only: write here, then upload through
+    # specdec_jax.paths (bounded waits, progress), config.json last.
+    with tempfile.TemporaryDirectory(prefix="specdec_jax_hf.") as local:
+      save_t5(model, local)
+      for name in (SAFETENSORS_FILE, CONFIG_FILE):
+        data = paths.read_bytes(os.path.join(local, name))
+        logging.info("uploading %s (%.1f MB) to %s", name, len(data) / 1e6,
+                     directory)
+        paths.write_bytes(paths.join(directory, name), data)
+    return directory
   os.makedirs(directory, exist_ok=True)
   # safetensors only when Hugging Face files are written.
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top

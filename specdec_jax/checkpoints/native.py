@@ -42,6 +42,7 @@ import functools
 import json
 import os
 import re
+import tempfile
 from typing import Any, Mapping
 
 import jax
@@ -182,8 +183,16 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   params_dir = join_path(directory, PARAMS_DIR)
   if not is_gcs(params_dir):
-    params_dir = os.path.abspath(params_dir)
-  ocp.PyTreeCheckpointer().save(params_dir, params, force=overwrite)
+    ocp.PyTreeCheckpointer().save(os.path.abspath(params_dir), params,
+                                  force=overwrite)
+  elif jax.process_count() > 1:
+    # Each host holds only its shards: orbax writes them together (through
+    # its own gs:// client, without our bounded waits).
+    ocp.PyTreeCheckpointer().save(params_dir, params, force=overwrite)
+  else:
+    # orbax's gs:// client is not ours (no bounded waits, not the emulator):
+    # write locally, then upload through specdec_jax.paths.
+    _save_orbax_then_upload(ocp, params, params_dir)
   if not multihost.is_primary():
     return directory
   if vocab_data is not None and copy_vocab:
@@ -194,6 +203,17 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
   # Written last: a directory with config.json is a complete checkpoint.
   write_bytes(config_path, json.dumps(manifest, indent=2).encode())
   return directory
+
+
+def _save_orbax_then_upload(ocp: Any, params: Any, params_dir: str) -> None:
+  """Writes `params` as orbax does into a local temporary directory and
+  uploads it to the gs:// `params_dir` (replacing what was there), with
+  progress logged and each call within the bounded wait."""
+  for name in paths.list_files(params_dir):
+    paths.remove(join_path(params_dir, name))
+  with tempfile.TemporaryDirectory(prefix="specdec_jax_save.") as local:
+    ocp.PyTreeCheckpointer().save(os.path.join(local, PARAMS_DIR), params)
+    paths.copy_tree(os.path.join(local, PARAMS_DIR), params_dir)
 
 
 def _make_vocab(path: str, extra_ids: int = 0) -> Any:

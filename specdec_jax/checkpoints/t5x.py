@@ -29,7 +29,9 @@ storage helpers it reads with (paths, flat parameter trees, orbax) live in
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from typing import Any, Mapping
 
 import flax.serialization
@@ -37,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import paths
 from specdec_jax.checkpoints.errors import CheckpointError
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
 from specdec_jax.checkpoints.storage import StoredParams
@@ -191,7 +194,10 @@ def _write_t5x_array(ckpt_dir: str, name: str, value: np.ndarray) -> dict:
                                               value.dtype.itemsize)}}
   recorded = ts.Spec(spec).to_json()  # normalised, as T5X records it
   spec = dict(spec, kvstore=kvstore_spec(join_path(ckpt_dir, relative)))
-  ts.open(spec, create=True, open=True).result().write(value).result()
+  path = join_path(ckpt_dir, relative)
+  array = paths.bounded(path, "creating", lambda context: ts.open(
+      spec, create=True, open=True, context=context))
+  paths.bounded(path, "writing", lambda _: array.write(value), value.nbytes)
   return recorded
 
 
@@ -224,8 +230,15 @@ def write_t5x(params: Any, path: str, step: int, *, inline_below: int = 0,
   if use_orbax:
     # orbax is slow to import: only when a checkpoint is read or written.
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-    ocp.PyTreeCheckpointer().save(join_path(ckpt_dir, T5X_ORBAX_DIR),
-                                  {"target": host, "state": state})
+    tree = {"target": host, "state": state}
+    if not is_gcs(ckpt_dir):
+      ocp.PyTreeCheckpointer().save(join_path(ckpt_dir, T5X_ORBAX_DIR), tree)
+      return ckpt_dir
+    # orbax's gs:// client is not ours: write locally, upload through paths.
+    with tempfile.TemporaryDirectory(prefix="specdec_jax_t5x.") as local:
+      ocp.PyTreeCheckpointer().save(os.path.join(local, T5X_ORBAX_DIR), tree)
+      paths.copy_tree(os.path.join(local, T5X_ORBAX_DIR),
+                      join_path(ckpt_dir, T5X_ORBAX_DIR))
     return ckpt_dir
 
   def write(tree, prefix):

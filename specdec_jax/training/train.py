@@ -162,6 +162,12 @@ class TrainConfig:
     """Raises ValueError naming the fix for a config that cannot train."""
     problems = [message for bad, message in (
         (not self.workdir, "workdir is required (--workdir)"),
+        (self.workdir.startswith("gs://"),
+         f"a gs:// training workdir ({self.workdir}) is not supported yet "
+         "(its orbax checkpoints would bypass the bounded gs:// waits): "
+         "train into a local or mounted workdir, then upload the model "
+         "with `python scripts/convert_checkpoint.py --input=WORKDIR/model "
+         "--output=gs://BUCKET/DIR`"),
         ((self.num_steps is None) == (self.num_epochs is None),
          "give exactly one of num_steps and num_epochs"),
         (self.optimizer not in ("adamw", "adafactor"),
