@@ -1,14 +1,20 @@
-"""Multi-host runs (specdec_jax/multihost.py), with two real processes.
+"""Multi-host runs (specdec_jax/multihost.py), with two real processes and
+a bucket.
 
 Invariant: two JAX processes on localhost, joined by `jax.distributed`
 (gloo collectives, one CPU device each) and running the demo's
 draft_base sentence row model parallel across them
-(configs/runs/cpu_2_processes.gin), produce one workdir holding each
-example once, even when one process is killed in the middle and both are
-restarted; its greedy outputs are the target's own, and tokens and
-acceptance counts equal a one-process decode of the same examples. Only
-process 0 writes. Also: bad multi-host flags fail with the fix, before any
-device is touched.
+(configs/runs/cpu_2_processes.gin) with the shipped models read from
+objects in an emulated bucket (gs://models/...), produce one workdir in
+that bucket holding each example once, with its table, summary, config and
+TensorBoard events, even when one process is killed in the middle and both
+are restarted; nothing lands in a local `gs:` folder; the greedy outputs
+are the target's own, and tokens and acceptance counts equal a one-process
+local decode of the same examples. Only process 0 writes. Also: bad
+multi-host flags fail with the fix, before any device is touched.
+
+The Cloud Storage emulator is tests/gcs_emulator.py's; the run test skips,
+saying so, only when it cannot start.
 """
 
 import json
@@ -22,15 +28,23 @@ import time
 import numpy as np
 import pytest
 
+from specdec_jax import checkpoints
 from specdec_jax import multihost
+from specdec_jax import paths
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.decoding import api
 from specdec_jax.experiments import experiment
+from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = 3
 GAMMA = 4  # configs/experiments/demo/ende_sentences_draft_base_t0.gin
+# Not gs://results/run: tests/test_buckets.py's run uses that one in the same
+# emulator (one per session).
+WORKDIR = "gs://results/two_processes"
+GCS_ENV = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
+           "GOOGLE_AUTH_TOKEN_FOR_TESTING")
 
 
 def _free_port() -> int:
@@ -39,41 +53,44 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(workdir, cache, extra=()):
-  """Both processes of one job, started at once; their Popen objects."""
+def _launch(cwd, cache, name, extra=()):
+  """Both processes of one job, started at once in `cwd` (logs there as
+  `<name><index>.txt`), the bucket's workdir and models in their flags;
+  their Popen objects."""
   port = _free_port()
   env = dict(os.environ, PYTHONPATH=ROOT)
+  assert all(env.get(var) for var in GCS_ENV), "the emulator's environment"
   # One CPU device per process, not the 8 simulated ones of conftest.py.
   env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
       "--xla_force_host_platform_device_count=8", "")
   procs = []
   for index in range(2):
-    log = open(os.path.join(os.path.dirname(workdir), f"log{index}.txt"), "a")
+    log = open(os.path.join(cwd, f"{name}{index}.txt"), "a")
     procs.append(subprocess.Popen(
-        [sys.executable, "scripts/run_experiment.py",
+        [sys.executable, os.path.join(ROOT, "scripts/run_experiment.py"),
          "--gin_file=experiments/demo/ende_sentences_draft_base_t0.gin",
          "--gin_file=runs/cpu_2_processes.gin",
+         "--gin.ExperimentConfig.target='gs://models/target'",
+         "--gin.ExperimentConfig.draft='gs://models/draft_base'",
          f"--gin.ExperimentConfig.max_examples={EXAMPLES}",
          "--gin.ExperimentConfig.cost_repeats=2",
          "--gin.ExperimentConfig.repeats=1",
-         f"--workdir={workdir}", f"--compilation_cache_dir={cache}",
+         f"--workdir={WORKDIR}", f"--compilation_cache_dir={cache}",
          f"--coordinator_address=localhost:{port}", "--process_count=2",
          f"--process_index={index}", *extra],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+        cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT))
   return procs
 
 
 def _lines(path):
-  """The complete records of a JSONL file (a line being written is not)."""
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f.read().split("\n")[:-1] if line]
+  """The records of a JSONL object (rewritten whole, never half a line)."""
+  data = paths.read_bytes(path)
+  return [json.loads(line) for line in (data or b"").decode().splitlines()]
 
 
 def _tail(tmp_path):
-  logs = [tmp_path / f"log{i}.txt" for i in range(2)]
-  return "\n".join(p.read_text()[-3000:] for p in logs if p.exists())
+  return "\n".join(f"{p.name}: ...{p.read_text()[-3000:]}"
+                   for p in sorted(tmp_path.glob("*.txt")))
 
 
 def _kill(proc):
@@ -82,13 +99,31 @@ def _kill(proc):
   proc.wait()
 
 
+def _wait(procs, tmp_path):
+  """Both exit codes (a process still running after 900 s is killed)."""
+  try:
+    return [p.wait(timeout=900) for p in procs]
+  except subprocess.TimeoutExpired:
+    pytest.fail("a process ran for over 900 s:\n" + _tail(tmp_path))
+  finally:
+    for proc in procs:
+      _kill(proc)
+
+
 @pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory):
-  """A run killed after its first example, then resumed: its workdir."""
+def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
+  """A run into the bucket killed after its first example, refused while
+  its lock object is left, then resumed once the lock is removed: the
+  processes' working directory and the examples done when killed."""
+  del gcs_emulator  # the environment it sets is inherited
   tmp_path = tmp_path_factory.mktemp("two_processes")
-  workdir, cache = str(tmp_path / "run"), str(tmp_path / "xla")
-  results = os.path.join(workdir, "examples.jsonl")
-  procs = _launch(workdir, cache, ["--gin.ExperimentConfig.trace_examples=0"])
+  cache = str(tmp_path / "xla")
+  for name in ("target", "draft_base"):
+    paths.copy_tree(os.path.join(checkpoints.DEMO_DIR, name),
+                    f"gs://models/{name}")
+  results = paths.join(WORKDIR, "examples.jsonl")
+  procs = _launch(tmp_path, cache, "killed",
+                  ["--gin.ExperimentConfig.trace_examples=0"])
   try:
     # Generous: loading and compiling take ~1 min on 2 idle cores, several
     # on a machine shared with other jobs.
@@ -103,34 +138,45 @@ def two_process_run(tmp_path_factory):
   killed_at = len(_lines(results))
   assert killed_at >= 1, "no example finished in 900 s:\n" + _tail(tmp_path)
   assert killed_at < EXAMPLES, "the kill came after the run ended"
-  procs = _launch(workdir, cache, ["--gin.ExperimentConfig.trace_examples=1"])
-  try:
-    codes = [p.wait(timeout=900) for p in procs]
-  finally:
-    for proc in procs:
-      _kill(proc)
+  # SIGKILL released nothing: the lock object stops both processes of a
+  # restart, naming its holder and the command that removes it.
+  lock = paths.join(WORKDIR, ".lock")
+  assert paths.read_bytes(lock) is not None
+  codes = _wait(_launch(tmp_path, cache, "refused"), tmp_path)
+  assert 0 not in codes, _tail(tmp_path)
+  assert f"gcloud storage rm {lock}" in (tmp_path / "refused0.txt").read_text()
+  assert "process 0 stopped the run" in (tmp_path / "refused1.txt").read_text()
+  assert len(_lines(results)) == killed_at
+  paths.remove(lock)  # what that command does
+  codes = _wait(_launch(tmp_path, cache, "resumed",
+                        ["--gin.ExperimentConfig.trace_examples=1"]), tmp_path)
   assert codes == [0, 0], _tail(tmp_path)
-  return workdir, killed_at
+  return tmp_path, killed_at
 
 
-def test_two_processes_resume_without_duplicates(two_process_run):
-  workdir, _ = two_process_run
-  ids = [r["id"] for r in _lines(os.path.join(workdir, "examples.jsonl"))]
+def test_two_processes_resume_into_the_bucket_without_duplicates(
+    two_process_run):
+  cwd, _ = two_process_run
+  ids = [r["id"] for r in _lines(paths.join(WORKDIR, "examples.jsonl"))]
   assert sorted(ids, key=int) == [str(i) for i in range(EXAMPLES)], ids
+  stored = paths.list_files(WORKDIR)
   for name in ("table.md", "summary.json", "config.gin", "costs.json",
                "trace.html"):
-    assert os.path.exists(os.path.join(workdir, name)), name
-  with open(os.path.join(workdir, "summary.json")) as f:
-    summary = json.load(f)
+    assert name in stored, (name, stored)
+  assert any(n.startswith("tensorboard/events.out.") for n in stored), stored
+  assert ".lock" not in stored  # the resumed run released it
+  summary = json.loads(paths.read_text(paths.join(WORKDIR, "summary.json")))
   assert summary["rows"][0]["examples"] == EXAMPLES
   assert summary["rows"][0]["identical"] is True
+  # Nothing went to a local `gs:` folder (the processes ran in `cwd`).
+  assert not os.path.exists(cwd / "gs:"), sorted(os.listdir(cwd))
+  assert not os.path.exists(os.path.join(ROOT, "gs:"))
 
 
 def test_two_processes_decode_as_one_process(two_process_run):
   """The records equal a one-process decode: greedy tokens (the target's
   own) and the draft's acceptance counts, example by example."""
-  workdir, _ = two_process_run
-  by_id = {r["id"]: r for r in _lines(os.path.join(workdir, "examples.jsonl"))}
+  by_id = {r["id"]: r for r in _lines(paths.join(WORKDIR, "examples.jsonl"))}
   config = experiment.ExperimentConfig(
       task="wmt14_ende_local", split="test", target="demo:target",
       draft="demo:draft_base", max_examples=EXAMPLES, max_decode_len=64,
