@@ -131,7 +131,14 @@ def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
     while not _lines(results) and time.monotonic() < deadline:
       assert all(p.poll() is None for p in procs), _tail(tmp_path)
       time.sleep(0.2)
-    _kill(procs[1])  # a host dies mid-run; process 0 is stuck, killed too
+    # The running processes hold the lock object.
+    assert paths.read_bytes(paths.join(WORKDIR, ".lock")) is not None
+    # Both hosts die at once (a slice preempted). Killing one first would
+    # let the other fail on its lost peer and release the lock on its way
+    # out, as it should, and leave no stale lock to test.
+    for proc in procs:
+      if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
   finally:
     for proc in procs:
       _kill(proc)
