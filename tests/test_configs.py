@@ -154,3 +154,33 @@ def test_t5x_fine_tuning_configs_cover_the_papers_models():
       assert "# TPU slice: v4-" in text
       macro = f"{task.upper()}_{size.upper()}"
       assert f"--gin.{macro}=" in text and f"{macro} = " in macros
+
+
+def test_the_draft_recipe_comparison_differs_only_in_the_loss():
+  """configs/training/compare/ is a controlled comparison (docs/
+  demo_models.md): the three recipes start from the same weights, see the
+  same inputs under the same optimiser and schedule, and differ only in
+  what the loss matches (references, the target's translations, or the
+  target scoring the draft's own samples) and in the steps that fill the
+  same time."""
+  configs = {}
+  try:
+    for name in ("supervised", "seqkd", "onpolicy"):
+      _parse(os.path.join(_CONFIGS, "training", "compare", f"{name}.gin"))
+      configs[name] = gin.get_configurable(train.TrainConfig)()
+  finally:
+    gin.clear_config()
+  loss_fields = {"task", "train_translations", "teacher", "onpolicy",
+                 "num_steps"}
+  shared = [{k: v for k, v in dataclasses.asdict(c).items()
+             if k not in loss_fields} for c in configs.values()]
+  assert shared[0] == shared[1] == shared[2]
+  assert shared[0]["init_from"] == "demo:draft_base"
+  assert shared[0]["max_train_examples"] == 6000
+  assert configs["supervised"].train_translations is None
+  assert configs["supervised"].teacher is None
+  assert (configs["seqkd"].train_translations
+          == configs["onpolicy"].train_translations is not None)
+  assert configs["onpolicy"].onpolicy.onpolicy_fraction == 0.5
+  for config in configs.values():
+    dataclasses.replace(config, workdir="w").check()
