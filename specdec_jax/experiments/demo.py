@@ -159,7 +159,7 @@ class DemoConfig:
   variants: Mapping[str, Mapping[str, Any]] = dataclasses.field(
       default_factory=dict)
   variant: str | None = None
-  variant_probe: tuple[str, float] = ("demo:draft_base", 0.71)
+  variant_probe: tuple[str, float] = ("demo:draft_base", 0.76)
 
 
 def _vocab_path(config: DemoConfig) -> str:
