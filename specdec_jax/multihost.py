@@ -37,8 +37,10 @@ import logging
 import jax
 import numpy as np
 
+from specdec_jax import errors
 
-class MultihostError(RuntimeError):
+
+class MultihostError(RuntimeError, errors.UsageError):
   """A multi-host job that cannot start, or a step process 0 failed."""
 
 

@@ -39,6 +39,8 @@ import tempfile
 import time
 from typing import Any, Iterator
 
+from specdec_jax import errors
+
 GCS = "gs://"
 TIMEOUT_ENV = "SPECDEC_IO_TIMEOUT_S"
 _DEFAULT_TIMEOUT_S = 120.0
@@ -50,7 +52,7 @@ _MISSING = b"\x02"
 _MIN_RATE = 1 << 20
 
 
-class RemoteStorageError(OSError):
+class RemoteStorageError(OSError, errors.UsageError):
   """A gs:// call failed or did not answer in time."""
 
 

@@ -339,7 +339,8 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
   """The absl script parses --gin_file and --gin.X=... overrides, writes the
   config into the workdir and the table, and keeps its compiled decoding
   loops in --compilation_cache_dir (what a rerun loads instead of
-  compiling); a bad gin value fails clearly."""
+  compiling); a bad gin value fails clearly, and a refused rerun with its
+  message alone."""
   _, models, task_config = setup
   gin_file = tmp_path / "exp.gin"
   gin_file.write_text(
@@ -370,7 +371,10 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
   assert any(name.startswith("jit_run") for name in cached), cached
   other = subprocess.run(cmd + ["--gin.experiment.ExperimentConfig.gamma=3"],
                          capture_output=True, text=True, env=env, timeout=300)
-  assert other.returncode != 0
+  # A usage error ends with its message and status 1, not a traceback.
+  assert other.returncode == 1
+  assert "Traceback" not in other.stderr, other.stderr[-3000:]
+  assert "WorkdirError: " in other.stderr
   assert "gamma: 2 in the workdir, 3 now" in other.stderr
   assert "--overwrite" in other.stderr
   # Issue 38, finding 3: the refused rerun rewrote config.gin to gamma 3.

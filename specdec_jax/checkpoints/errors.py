@@ -5,12 +5,14 @@ Every checkpoint error is a `CheckpointError` (a ValueError) or a
 family; each message names the file and the fix.
 """
 
+from specdec_jax.errors import UsageError
 
-class CheckpointError(ValueError):
+
+class CheckpointError(ValueError, UsageError):
   """A checkpoint that exists but cannot be loaded."""
 
 
-class CheckpointNotFoundError(FileNotFoundError):
+class CheckpointNotFoundError(FileNotFoundError, UsageError):
   """The directory, its config or its weights are missing."""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from specdec_jax import errors
 from specdec_jax import sampling
 from specdec_jax.decoding import api
 from specdec_jax.decoding import stopping
@@ -124,7 +125,7 @@ class ExperimentConfig:
     return (int(self.gamma),)
 
 
-class ConfigError(ValueError):
+class ConfigError(ValueError, errors.UsageError):
   """An experiment config that cannot run; raised before any model loads."""
 
 

@@ -30,6 +30,7 @@ from absl import flags
 from absl import logging
 import gin
 
+from specdec_jax import errors
 from specdec_jax import paths
 from specdec_jax import versions
 
@@ -192,13 +193,18 @@ def use_compilation_cache(path: str) -> None:
 def run(main: Callable[[Sequence[str]], None]) -> None:
   """absl `app.run` with `--gin.NAME=VALUE` support, quiet orbax logs, a
   check of the Python and jax versions (`versions.check`), the compilation
-  cache of `--compilation_cache_dir` and seqio's `--tfds_data_dir`."""
+  cache of `--compilation_cache_dir` and seqio's `--tfds_data_dir`. A
+  `UsageError` (a bad config, a busy workdir, a missing checkpoint, ...)
+  ends the script with its message and status 1, no traceback."""
   logging.get_absl_logger().addFilter(_QuietOrbax())
 
   def main_with_cache(argv):
     versions.check()
     use_compilation_cache(flags.FLAGS.compilation_cache_dir)
     use_tfds_data_dir(flags.FLAGS.tfds_data_dir)
-    return main(argv)
+    try:
+      return main(argv)
+    except errors.UsageError as e:
+      raise SystemExit(f"{type(e).__name__}: {e}") from None
 
   app.run(main_with_cache, argv=rewrite_gin_args(sys.argv))

@@ -44,6 +44,7 @@ from typing import Any, Iterator
 from absl import logging
 
 import specdec_jax
+from specdec_jax import errors
 from specdec_jax import paths
 from specdec_jax.checkpoints import native
 from specdec_jax.experiments.experiment_config import ConfigError
@@ -63,7 +64,7 @@ EXTENDING_FIELDS = ("max_examples", "trace_examples", "name", "distributed",
 _HASH_LIMIT = 1 << 20
 
 
-class WorkdirError(ValueError):
+class WorkdirError(ValueError, errors.UsageError):
   """The workdir is busy, or holds results of other settings."""
 
 
