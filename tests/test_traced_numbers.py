@@ -1,0 +1,174 @@
+"""Issue 36: the stop rules' numbers are traced inputs of the compiled
+loop, and the smaller items of its point 6.
+
+Invariants: a rule's `static()` (the compiled loop's cache key) depends only
+on its type and bin count, so calibrating a `ConfidenceStop` threshold or an
+`ExpectedGainStop`'s cost and prior compiles the speculative loop once per
+rule type; the numbers still reach the loop (outputs differ between
+settings); and a run that reused the program equals a fresh one compiled
+for that setting alone.
+"""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from specdec_jax.decoding import engine
+from specdec_jax.decoding import stopping
+from tests import toy_models
+from tests.test_decoding import _inputs
+
+VOCAB = 12
+GAMMA = 4
+MAX_LEN = 9  # Settings no other test uses, so the first run compiles.
+
+CONFIDENCE = [sd.ConfidenceStop(t) for t in (0.2, 0.5, 0.8)]
+EXPECTED_GAIN = [
+    sd.ExpectedGainStop(cost=0.05),
+    sd.ExpectedGainStop(cost=0.6, verify_growth=0.1, bins=(0.2, 0.4, 0.6,
+                                                           0.8, 0.9),
+                        prior=(0.05, 0.1, 0.2, 0.3, 0.4, 0.5),
+                        prior_weight=6.0),
+]
+
+
+def _models():
+  target = toy_models.table_model(VOCAB, seed=31, eos_bias=-2.0)
+  draft = toy_models.table_model(VOCAB, seed=32, base=target, noise=1.0)
+  return target, draft
+
+
+def _run(target, draft, rule):
+  ids = np.tile(_inputs(), (4, 1))  # 16 rows, each with its own key.
+  return sd.speculative_generate(target, draft, ids, gamma=GAMMA,
+                                 max_decode_len=MAX_LEN, temperature=1.0,
+                                 seed=3, draft_stop=rule)
+
+
+class _Compiles:
+  """Counts XLA backend compiles while active (as the temperature-sweep
+  test in test_decoding.py does)."""
+
+  def __init__(self):
+    self.count = 0
+
+  def _listener(self, event, duration, **kwargs):
+    del duration, kwargs
+    if event == "/jax/core/compile/backend_compile_duration":
+      self.count += 1
+
+  def __enter__(self):
+    jax.monitoring.register_event_duration_secs_listener(self._listener)
+    return self
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
+def _same(a, b):
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.stats.proposal_histogram,
+                                b.stats.proposal_histogram)
+  np.testing.assert_array_equal(a.stats.accepted_histogram,
+                                b.stats.accepted_histogram)
+
+
+@pytest.mark.parametrize("rules", [CONFIDENCE, EXPECTED_GAIN],
+                         ids=["confidence", "expected_gain"])
+def test_calibrating_a_stop_rule_compiles_the_loop_once(rules):
+  """Running the loop with each setting of one rule type compiles once (the
+  first run; no backend compile and one `_build_speculative` cache miss
+  over the sweep); the proposal histograms differ between every two
+  settings (the numbers reach the loop); each result equals a fresh run,
+  compiled after clearing every cache, with that setting alone."""
+  target, draft = _models()
+  assert len({r.static() for r in rules}) == 1
+  misses = engine.build_speculative.cache_info().misses
+  results = []
+  with _Compiles() as compiles:
+    for i, rule in enumerate(rules):
+      results.append(_run(target, draft, rule))
+      if i == 0:
+        first = compiles.count
+  assert first >= 1 and compiles.count == first, (first, compiles.count)
+  assert engine.build_speculative.cache_info().misses == misses + 1
+  hists = [r.stats.proposal_histogram for r in results]
+  for i in range(len(hists)):
+    for j in range(i):
+      assert not np.array_equal(hists[i], hists[j]), (rules[i], rules[j])
+  for rule, result in zip(rules, results):
+    engine._build_speculative.cache_clear()
+    jax.clear_caches()
+    with _Compiles() as fresh:
+      _same(_run(target, draft, rule), result)
+    assert fresh.count >= 1  # Really compiled anew.
+
+
+def test_each_traced_number_reaches_the_rule():
+  """For every number of each rule, one jitted function of the rule's
+  `values()` (traced once for the static rule) gives exactly what the
+  concrete rule gives, and changing that number alone changes the
+  decision somewhere: init, keep_going and update read the traced values,
+  not the static rule's placeholders."""
+  batch, gamma = 8, 6
+  conf = jax.random.uniform(jax.random.key(0), (batch, gamma))
+  tokens = jnp.full((batch, gamma), 5, jnp.int32)
+  accept = jax.random.uniform(jax.random.key(1), (batch, gamma))
+  verified = jnp.ones((batch, gamma), bool)
+
+  def decide(rule):
+    state = rule.init(batch)
+    state = rule.update(state, conf, accept, verified)
+    return rule.keep_going(tokens, conf, state), state
+
+  base = {sd.ConfidenceStop: sd.ConfidenceStop(0.5),
+          sd.ExpectedGainStop: sd.ExpectedGainStop(cost=0.1)}
+  changed = [
+      sd.ConfidenceStop(0.3),
+      sd.ExpectedGainStop(cost=0.4),
+      sd.ExpectedGainStop(cost=0.1, verify_growth=0.5),
+      sd.ExpectedGainStop(cost=0.1, bins=(0.1, 0.2, 0.3, 0.4, 0.45)),
+      sd.ExpectedGainStop(cost=0.1, prior=(0.9,) * 6),
+      sd.ExpectedGainStop(cost=0.1, prior=(0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
+                          prior_weight=50.0),
+  ]
+  traces = []
+  for rule in changed:
+    static = rule.static()
+    assert static == base[type(rule)].static()
+
+    @jax.jit
+    def traced(values, static=static):
+      traces.append(1)
+      return decide(static.traced(values))
+
+    for r in (base[type(rule)], rule):
+      keep, state = traced(r.values())
+      want_keep, want_state = decide(r)
+      np.testing.assert_array_equal(keep, want_keep)
+      jax.tree.map(np.testing.assert_allclose, state, want_state)
+    assert not np.array_equal(traced(rule.values())[0],
+                              traced(base[type(rule)].values())[0]), rule
+  assert len(traces) == len(changed)  # One trace per jitted function.
+
+
+def test_bin_count_stays_static_and_calibration_reads_the_sums():
+  """The number of bins is a shape (the per-row statistics are [B, N]), so
+  it stays in the static key; `calibration` still turns a run's per-bin
+  sums into a prior: the bin that saw acceptance 0.7 reports 0.7, the
+  others keep the prior (the bins' centers)."""
+  assert (sd.ExpectedGainStop(bins=(0.5,)).static()
+          != sd.ExpectedGainStop().static())
+  rule = sd.ExpectedGainStop(cost=0.2, prior_weight=1.0)
+  state = rule.init(2)
+  state = rule.update(state, jnp.full((2, 3), 0.6), jnp.full((2, 3), 0.7),
+                      jnp.ones((2, 3), bool))
+  prior = stopping.calibration(rule, types.SimpleNamespace(stop_state=state))
+  centers = rule.values()["prior"]
+  np.testing.assert_allclose(prior, np.where(np.arange(6) == 2, 0.7, centers),
+                             atol=1e-4)
+
