@@ -6,7 +6,8 @@ on its type and bin count, so calibrating a `ConfidenceStop` threshold or an
 `ExpectedGainStop`'s cost and prior compiles the speculative loop once per
 rule type; the numbers still reach the loop (outputs differ between
 settings); and a run that reused the program equals a fresh one compiled
-for that setting alone.
+for that setting alone. Every model a cascade or horizontal drafter runs
+is checked against the target before compiling.
 """
 
 import types
@@ -17,7 +18,10 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
+from specdec_jax.decoding import api
+from specdec_jax.decoding import cascades
 from specdec_jax.decoding import engine
+from specdec_jax.decoding import ngram
 from specdec_jax.decoding import stopping
 from tests import toy_models
 from tests.test_decoding import _inputs
@@ -172,3 +176,62 @@ def test_bin_count_stays_static_and_calibration_reads_the_sums():
   np.testing.assert_allclose(prior, np.where(np.arange(6) == 2, 0.7, centers),
                              atol=1e-4)
 
+
+# -- Issue 36, point 6: every level of a cascade is checked ---------------
+
+
+def _ngram(decoder_only=False, vocab=VOCAB):
+  return ngram.fit_ngram([[3, 4, 3, 1], [3, 5, 1]], vocab,
+                         decoder_only=decoder_only)
+
+
+def test_every_level_of_a_cascade_is_checked_against_the_target():
+  """An inner model of another family or vocabulary size, or a part that
+  carries another vocabulary, is refused with a ValueError naming it,
+  before anything compiles (only the top level was checked, so such a
+  cascade compiled and decoded garbage); the same cascade with matching
+  inner models passes the check (negative control)."""
+  target = _ngram()                       # encoder-decoder
+  top = _ngram()
+  before = engine.build_speculative.cache_info().misses
+  inner_family = sd.cascade(top, _ngram(decoder_only=True), gamma=2)
+  with pytest.raises(ValueError, match=(
+      r"the target is encoder-decoder but the draft's model 2 of 2, top "
+      r"first \(params\['drafter'\]\) is decoder-only")):
+    sd.speculative_generate(target, inner_family, _inputs(), gamma=2,
+                            max_decode_len=4)
+  deep = sd.horizontal(top, sd.cascade(top, sd.cascade(
+      top, _ngram(decoder_only=True), gamma=2), gamma=2), split=1)
+  with pytest.raises(ValueError, match=(
+      r"model 4 of 4, top first \(params\['late'\]\['drafter'\]"
+      r"\['drafter'\]\) is decoder-only")):
+    sd.speculative_generate(target, deep, _inputs(), gamma=2,
+                            max_decode_len=4)
+  # `cascade` refuses another size itself; a hand-built definition is
+  # refused by the call.
+  other = _ngram(vocab=VOCAB + 1)
+  with pytest.raises(ValueError, match="vocabularies differ in size"):
+    sd.cascade(top, other, gamma=2)
+  hand_built = sd.Model(
+      cascades.CascadeDef(top.definition, other.definition, 2),
+      {"draft": top.params, "drafter": other.params})
+  with pytest.raises(ValueError, match=(
+      r"draft's model 2 of 2, top first \(params\['drafter'\]\) and target "
+      r"vocabularies differ in size \(target 12, .* 13\)")):
+    sd.speculative_generate(target, hand_built, _inputs(), gamma=2,
+                            max_decode_len=4)
+  spm = lambda data: types.SimpleNamespace(sp_model=data, extra_ids=0)
+  with_vocab = lambda m, data: sd.Model(m.definition, m.params, spm(data))
+  with pytest.raises(ValueError, match=(
+      "cascade: draft and draft_of_draft carry different vocabularies")):
+    sd.cascade(with_vocab(top, b"a"), with_vocab(_ngram(), b"b"), gamma=2)
+  # The inner part's vocabulary stands for the cascade when the top has
+  # none, so the call compares it with the target's.
+  casc = sd.cascade(top, with_vocab(_ngram(), b"b"), gamma=2)
+  with pytest.raises(ValueError, match="different vocabularies of the same"):
+    sd.speculative_generate(with_vocab(target, b"a"), casc, _inputs(),
+                            gamma=2, max_decode_len=4)
+  assert engine.build_speculative.cache_info().misses == before
+  # Negative control: matching levels pass.
+  api._check_compatible(target, sd.cascade(top, _ngram(), gamma=2))
+  api._check_compatible(with_vocab(target, b"b"), casc)
