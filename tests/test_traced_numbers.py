@@ -13,11 +13,13 @@ is checked against the target before compiling.
 import types
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import specdec_jax as sd
+from specdec_jax import sampling
 from specdec_jax.decoding import api
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding import engine
@@ -235,3 +237,43 @@ def test_every_level_of_a_cascade_is_checked_against_the_target():
   # Negative control: matching levels pass.
   api._check_compatible(target, sd.cascade(top, _ngram(), gamma=2))
   api._check_compatible(with_vocab(target, b"b"), casc)
+
+
+def _sorts(target, draft, top_p):
+  """Sort operations the speculative loop runs (top-p sorts each probs),
+  counted in its jaxpr, nested jaxprs included (each call site of a
+  shared helper once; the lowered text shares them)."""
+  ids = _inputs()
+  loop = engine.build_speculative(
+      target.definition, draft.definition, 3, 6,
+      sampling.SamplingConfig(1.0, 0, top_p))
+  jaxpr = jax.make_jaxpr(loop.jitted)(
+      target.params, draft.params, ids, np.zeros(len(ids), np.int32),
+      np.arange(len(ids), dtype=np.int32), loop.values)
+
+  def count(jaxpr):
+    n = 0
+    for eqn in jaxpr.eqns:
+      n += eqn.primitive.name == "sort"
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        n += count(getattr(sub, "jaxpr", sub))
+    return n
+
+  return count(jaxpr.jaxpr)
+
+
+def test_a_cascade_computes_each_probability_once():
+  """Issue 36 point 6 (fixed with the shared verification step): a
+  cascade's middle model turns its logits into probabilities once per
+  inner iteration (the verification's p is reused as the q it proposes,
+  with its confidences), so with top-p a cascade's loop has exactly one
+  sort more than the same loop with its inner drafter as the draft (the
+  middle model's verification); computing q_M again added a second one.
+  Without top-p there is no sort at all (the count's control)."""
+  target, draft = _models()
+  small = toy_models.table_model(VOCAB, seed=33, base=draft, noise=1.0)
+  casc = sd.cascade(draft, small, gamma=2)
+  assert _sorts(target, small, 1.0) == _sorts(target, casc, 1.0) == 0
+  plain = _sorts(target, small, 0.9)
+  assert plain >= 2  # The target's verification and the draft's sampling.
+  assert _sorts(target, casc, 0.9) == plain + 1
