@@ -383,10 +383,16 @@ class CascadeDrafter:
         return write_rows(buf, at, jnp.where(mask, vals, old))
 
       valid = pos < count[:, None]
+      # A stopped row writes nothing: its length may have overshot G by
+      # g + 1, and another g + 1 tokens written there could pass the
+      # buffer's end, where the write would be clamped back over the
+      # tokens it emitted (which its models' caches refeed).
+      local_tokens = jnp.where(active[:, None],
+                               write_rows(c.local.tokens, n, new),
+                               c.local.tokens)
       c = c.replace(
           it=c.it + 1,
-          local=c.local.replace(tokens=write_rows(c.local.tokens, n, new),
-                                length=n + count),
+          local=c.local.replace(tokens=local_tokens, length=n + count),
           produced=c.produced + count,
           eos=c.eos | jnp.any(valid & (new == EOS_ID), axis=1),
           state=CascadeState(middle=middle, inner=inner_state),
