@@ -10,13 +10,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import numbers
 import os
 import re
 from typing import Any
 import warnings
-import weakref
 
 import flax.linen as nn
 import jax
@@ -28,6 +26,7 @@ from specdec_jax.decoding import cascades
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import ngram
 from specdec_jax.decoding import stopping
+from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.models import gpt
@@ -227,23 +226,46 @@ def _seeds(seed: Any, batch: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _check_compatible(target: Model, draft: Model) -> None:
-  """Same vocabulary size, family and (when both carry one) vocabulary."""
-  if target.vocab_size != draft.vocab_size:
-    raise ValueError(
-        f"draft and target vocabularies differ in size (target "
-        f"{target.vocab_size}, draft {draft.vocab_size}): speculative "
-        f"decoding compares their distributions token by token, so both "
-        f"models must share one vocabulary.")
-  # A cascade or horizontal drafter: its top model starts the sequence.
-  families = _family(target), _family(cascades.top_model(draft))
-  if None not in families and families[0] != families[1]:
-    raise ValueError(
-        f"the target is {families[0]} but the draft is {families[1]}: a "
-        f"draft must predict the target's decoder sequence from the same "
-        f"start. Use a draft of the target's family ({families[0]}), or an "
-        f"n-gram drafter (ngram.fit_ngram(..., decoder_only="
-        f"{families[0] == 'decoder-only'})).")
-  mine, theirs = _vocab_fingerprint(target), _vocab_fingerprint(draft)
+  """Same vocabulary size, family and (when both carry one) vocabulary as
+  the target, for every model the draft runs (each level of a cascade and
+  each part of a horizontal drafter, `cascades.levels_of`), naming the one
+  that differs. (`cascade` and `horizontal` refuse parts whose vocabularies
+  differ, so the draft's vocabulary stands for all of them.)"""
+  levels = cascades.levels_of(draft)
+
+  def name(i, path):
+    if len(levels) == 1:
+      return "draft"
+    return (f"draft's model {i + 1} of {len(levels)}, top first "
+            f"(params{''.join(f'[{k!r}]' for k in path)})")
+
+  for i, (path, model) in enumerate(levels):
+    if target.vocab_size != model.vocab_size:
+      raise ValueError(
+          f"{name(i, path)} and target vocabularies differ in size (target "
+          f"{target.vocab_size}, {name(i, path)} {model.vocab_size}): "
+          f"speculative decoding compares their distributions token by "
+          f"token, so every model must share one vocabulary.")
+  # Each level predicts the target's decoder sequence from the same start;
+  # with a target of unknown family, the draft's levels must agree.
+  want = _family(target)
+  for i, (path, model) in enumerate(levels):
+    family = _family(model)
+    if family is None:
+      continue
+    if want is None:
+      want = family
+    elif family != want:
+      what = ("target" if _family(target) is not None
+              else f"{name(0, levels[0][0])}")
+      raise ValueError(
+          f"the {what} is {want} but the {name(i, path)} is {family}: a "
+          f"draft must predict the target's decoder sequence from the same "
+          f"start. Use a draft of the target's family ({want}), or an "
+          f"n-gram drafter (ngram.fit_ngram(..., decoder_only="
+          f"{want == 'decoder-only'})).")
+  mine = protocol.vocab_fingerprint(target)
+  theirs = protocol.vocab_fingerprint(draft)
   if mine is not None and theirs is not None and mine != theirs:
     raise ValueError(
         f"target and draft carry different vocabularies of the same size "
@@ -251,21 +273,6 @@ def _check_compatible(target: Model, draft: Model) -> None:
         f"{theirs[0]}, {theirs[1]}): the same id means different pieces, so "
         f"drafts would almost never be accepted. Use a draft trained with "
         f"the target's vocabulary.")
-
-
-# Fingerprints by Model (weakly: a dropped Model drops its entry).
-_VOCAB_FINGERPRINTS: "weakref.WeakKeyDictionary[Model, Any]" = (
-    weakref.WeakKeyDictionary())
-
-
-def _vocab_fingerprint(model: Model) -> tuple[str, int] | None:
-  """(sha256 of the SentencePiece model, extra ids), or None without one."""
-  if model not in _VOCAB_FINGERPRINTS:
-    proto = getattr(model.vocab, "sp_model", None)
-    _VOCAB_FINGERPRINTS[model] = None if not isinstance(
-        proto, bytes) else (hashlib.sha256(proto).hexdigest()[:16],
-                            int(getattr(model.vocab, "extra_ids", 0) or 0))
-  return _VOCAB_FINGERPRINTS[model]
 
 
 def _available_bytes() -> tuple[int | None, str]:

@@ -49,6 +49,7 @@ from specdec_jax.decoding.drafters import level_stats
 from specdec_jax.decoding.drafters import slice_rows
 from specdec_jax.decoding.drafters import verified_level
 from specdec_jax.decoding.protocol import Model
+from specdec_jax.decoding.protocol import vocab_fingerprint
 from specdec_jax.tokens import EOS_ID
 
 
@@ -158,7 +159,25 @@ def cascade(draft: Model, draft_of_draft: Model, *, gamma: int) -> Model:
   return Model(definition=CascadeDef(draft.definition,
                                      draft_of_draft.definition, int(gamma)),
                params={"draft": draft.params, "drafter": draft_of_draft.params},
-               vocab=draft.vocab)
+               vocab=_shared_vocab("cascade", ("draft", draft),
+                                   ("draft_of_draft", draft_of_draft)))
+
+
+def _shared_vocab(what: str, *parts: tuple[str, Model]) -> Any:
+  """The vocabulary the named parts share (the first one carried; None if
+  none carries one); a ValueError naming both parts when two carry
+  different ones (the target is compared with the result, so every part's
+  vocabulary is checked against it)."""
+  known = [(n, m) for n, m in parts if vocab_fingerprint(m) is not None]
+  for n, m in known[1:]:
+    if vocab_fingerprint(m) != vocab_fingerprint(known[0][1]):
+      raise ValueError(
+          f"{what}: {known[0][0]} and {n} carry different vocabularies of "
+          f"the same size (SentencePiece model sha256 "
+          f"{vocab_fingerprint(known[0][1])[0]} vs {vocab_fingerprint(m)[0]}"
+          f"): every level must share the target's vocabulary.")
+  return known[0][1].vocab if known else next(
+      (m.vocab for _, m in parts if m.vocab is not None), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +247,8 @@ def horizontal(early: Model, late: Model, *, split: int) -> Model:
   return Model(definition=HorizontalDef(early.definition, late.definition,
                                         int(split)),
                params={"early": early.params, "late": late.params},
-               vocab=early.vocab)
+               vocab=_shared_vocab("horizontal", ("early", early),
+                                   ("late", late)))
 
 
 @flax.struct.dataclass
@@ -363,10 +383,16 @@ class CascadeDrafter:
         return write_rows(buf, at, jnp.where(mask, vals, old))
 
       valid = pos < count[:, None]
+      # A stopped row writes nothing: its length may have overshot G by
+      # g + 1, and another g + 1 tokens written there could pass the
+      # buffer's end, where the write would be clamped back over the
+      # tokens it emitted (which its models' caches refeed).
+      local_tokens = jnp.where(active[:, None],
+                               write_rows(c.local.tokens, n, new),
+                               c.local.tokens)
       c = c.replace(
           it=c.it + 1,
-          local=c.local.replace(tokens=write_rows(c.local.tokens, n, new),
-                                length=n + count),
+          local=c.local.replace(tokens=local_tokens, length=n + count),
           produced=c.produced + count,
           eos=c.eos | jnp.any(valid & (new == EOS_ID), axis=1),
           state=CascadeState(middle=middle, inner=inner_state),
@@ -528,16 +554,21 @@ def top_model(draft: Model) -> Model:
   return Model(definition, params, draft.vocab)
 
 
-def models_of(draft: Model) -> list[Model]:
-  """Every plain model a draft runs (itself, or each level of a cascade or
-  part of a horizontal drafter), top first."""
+def levels_of(draft: Model) -> list[tuple[tuple[str, ...], Model]]:
+  """(path into the draft's params, model) of every plain model a draft
+  runs (itself, or each level of a cascade or part of a horizontal
+  drafter), top first; each carries the draft's vocabulary."""
   definition, params = draft.definition, draft.params
   if isinstance(definition, CascadeDef):
-    parts = [(definition.draft, params["draft"]),
-             (definition.drafter, params["drafter"])]
+    parts = [("draft", definition.draft), ("drafter", definition.drafter)]
   elif isinstance(definition, HorizontalDef):
-    parts = [(definition.early, params["early"]),
-             (definition.late, params["late"])]
+    parts = [("early", definition.early), ("late", definition.late)]
   else:
-    return [draft]
-  return [m for d, p in parts for m in models_of(Model(d, p, draft.vocab))]
+    return [((), draft)]
+  return [((key,) + path, m) for key, d in parts
+          for path, m in levels_of(Model(d, params[key], draft.vocab))]
+
+
+def models_of(draft: Model) -> list[Model]:
+  """Every plain model a draft runs (`levels_of` without the paths)."""
+  return [m for _, m in levels_of(draft)]

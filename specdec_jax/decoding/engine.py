@@ -129,8 +129,9 @@ def jit_with_options(fn: Callable, compiler_options: tuple) -> Callable:
 class CompiledLoop:
   """A jitted loop with its numbers bound: `loop(*args)` runs it and
   `loop.lower(*args)` lowers it, the numbers (temperature, top_p, lenience:
-  float32 0-d arrays) passed as its last, traced argument. Loops that
-  differ only in these numbers share one compiled program."""
+  float32 0-d arrays; under "stop" the draft-length rule's `values()`)
+  passed as its last, traced argument. Loops that differ only in these
+  numbers share one compiled program."""
 
   def __init__(self, jitted: Callable, values: dict):
     self.jitted = jitted
@@ -237,7 +238,9 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
   `draft_stop` is None (every iteration proposes exactly gamma tokens: the
   paper's loop, unchanged) or a rule of `stopping.py` (gamma is then the most
   tokens per iteration; the target verifies at the smallest of
-  `verify_widths(gamma)` covering the longest proposal, chosen on device).
+  `verify_widths(gamma)` covering the longest proposal, chosen on device);
+  only the rule's `static()` keys the cache, its numbers are traced (see
+  `stopping.py`), so a threshold calibration compiles once.
   `draft_sample(key, q) -> token` exists so tests can plug in a deliberately
   wrong drafter (negative controls); None (everything else) is
   `sampling.sample`, which draws from exactly q, and allows the fast greedy
@@ -248,11 +251,13 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
   nothing over `model`) and its steps need no collective.
   """
   values = dict(sampler.values(),
-                lenience=np.float32(sampling.validate_lenience(lenience)))
+                lenience=np.float32(sampling.validate_lenience(lenience)),
+                stop={} if draft_stop is None else draft_stop.values())
   return CompiledLoop(
       _build_speculative(target, draft, gamma, max_decode_len,
                          sampler.static(), bool(record_trace), draft_sample,
-                         bool(check_finite), draft_stop,
+                         bool(check_finite),
+                         None if draft_stop is None else draft_stop.static(),
                          tuple(compiler_options), bool(draft_replicated)),
       values)
 
@@ -260,9 +265,8 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
 @functools.lru_cache(maxsize=64)
 def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
                        record_trace, draft_sample, check_finite,
-                       draft_stop, compiler_options, draft_replicated):
+                       static_rule, compiler_options, draft_replicated):
   offsets = jnp.arange(gamma + 1)  # of the verified tokens, from n
-  rule = draft_stop
 
   fast = verify.fast_greedy(static_sampler, draft_sample)
   # Its sizes; `run` builds it again around the traced numbers.
@@ -278,7 +282,7 @@ def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
     return contextlib.nullcontext()
 
   width = max_decode_len + gamma + 1 + drafter.extra_width
-  widths = (gamma,) if rule is None else verify_widths(gamma)
+  widths = (gamma,) if static_rule is None else verify_widths(gamma)
 
   def target_call(cursor: ModelCursor, target_params, tokens, index,
                   longest):
@@ -301,6 +305,8 @@ def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
   def run(target_params, draft_params, input_ids, seeds, rows, values):
     sampler = static_sampler.traced(values)
     lenience = values["lenience"]
+    rule = (None if static_rule is None
+            else static_rule.traced(values["stop"]))
     drafter = drafters.make_drafter(draft, gamma, sampler, 1, draft_sample,
                                     fast)
     batch = input_ids.shape[0]

@@ -32,7 +32,9 @@ S cache length (decoder positions).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any, Protocol, runtime_checkable
+import weakref
 
 import flax
 import jax
@@ -131,3 +133,20 @@ class Model:
   @property
   def max_input_len(self) -> int | None:
     return self.definition.max_input_len
+
+
+# Fingerprints by Model (weakly: a dropped Model drops its entry).
+_VOCAB_FINGERPRINTS: "weakref.WeakKeyDictionary[Model, Any]" = (
+    weakref.WeakKeyDictionary())
+
+
+def vocab_fingerprint(model: Model) -> tuple[str, int] | None:
+  """(sha256 of the SentencePiece model, extra ids) of `model.vocab`, or
+  None without one: two models whose fingerprints differ number different
+  pieces alike."""
+  if model not in _VOCAB_FINGERPRINTS:
+    proto = getattr(model.vocab, "sp_model", None)
+    _VOCAB_FINGERPRINTS[model] = None if not isinstance(
+        proto, bytes) else (hashlib.sha256(proto).hexdigest()[:16],
+                            int(getattr(model.vocab, "extra_ids", 0) or 0))
+  return _VOCAB_FINGERPRINTS[model]

@@ -3,8 +3,8 @@ the draft stops proposing.
 
 `speculative_generate(..., gamma=G, draft_stop=rule)` drafts at most G tokens
 per iteration; after each draft token the rule says whether the row drafts
-one more. A rule is a frozen (hashable) dataclass, a static argument of the
-jitted loop, with three methods the engine calls:
+one more. A rule is a frozen (hashable, validated) dataclass with three
+methods the engine calls:
 
   init(batch) -> state               per-row online statistics (a pytree)
   keep_going(tokens, conf, state)    bool [B, G]: after draft token j (with
@@ -27,6 +27,20 @@ tokens. So at each position the draft token is still a sample from q given
 the prefix, and Algorithm 1's acceptance emits a sample from p there; where
 nothing was proposed the target samples from p directly
 (`sampling.speculative_accept(num_proposed=...)`).
+
+What is compiled and what is traced. Like `sampling.SamplingConfig`, a rule
+splits into `static()`, the part of the compiled loop's cache key, and
+`values()`, float32 arrays passed to the loop as traced inputs; inside the
+loop the engine uses `static().traced(values)`, the same rule whose numbers
+are those (traced) arrays. Static is only what fixes the program's
+structure: the rule's type and, for `ExpectedGainStop`, the number of
+confidence bins (the shape of its per-row statistics). Every number is
+traced: `ConfidenceStop.threshold`; `ExpectedGainStop`'s cost,
+verify_growth, prior_weight, the bins' edges and the per-bin prior (the
+bins' centers when no prior is given, so whether one is given is not
+static either). So calibrating a threshold or a prior reuses one compiled
+loop per rule type and bin count. (`top_k` of the sampler stays static: it
+is a shape of `lax.top_k`.)
 
 Dimension letters: B batch, G most draft tokens per iteration (gamma), N
 confidence bins.
@@ -73,13 +87,27 @@ class ConfidenceStop:
                        f"{self.threshold!r}.")
     object.__setattr__(self, "threshold", threshold)
 
+  def static(self) -> "ConfidenceStop":
+    """The compiled loop's cache key: the type alone (threshold traced)."""
+    return ConfidenceStop()
+
+  def values(self) -> dict:
+    """The traced numbers: {"threshold": float32 0-d array}."""
+    return {"threshold": np.float32(self.threshold)}
+
+  def traced(self, values: dict) -> "ConfidenceStop":
+    """This rule with the numbers `values` (possibly traced arrays); not
+    validated nor hashable, for use inside the compiled loop only."""
+    return _with_numbers(self, values)
+
   def init(self, batch: int) -> dict:
     del batch
     return {}
 
   def keep_going(self, tokens, conf, state):
     del state
-    return (conf >= jnp.float32(self.threshold)) & (tokens != EOS_ID)
+    threshold = jnp.asarray(self.threshold, jnp.float32)
+    return (conf >= threshold) & (tokens != EOS_ID)
 
   def update(self, state, conf, accept_prob, verified):
     del conf, accept_prob, verified
@@ -171,20 +199,46 @@ class ExpectedGainStop:
       raise ValueError(f"ExpectedGainStop.prior_weight must be > 0, got "
                        f"{self.prior_weight}.")
 
-  def _centers(self) -> jax.Array:
+  def static(self) -> "ExpectedGainStop":
+    """The compiled loop's cache key: the type and the number of bins
+    (canonical edges and defaults stand in for the traced numbers)."""
+    n = len(self.bins)
+    return ExpectedGainStop(bins=tuple((i + 1) / (n + 1) for i in range(n)))
+
+  def values(self) -> dict:
+    """The traced numbers, float32 arrays: cost, verify_growth and
+    prior_weight (0-d), bins [N - 1] and prior [N] (the bins' centers when
+    no prior is given)."""
     if self.prior is not None:
-      return jnp.asarray(self.prior, jnp.float32)
-    edges = (0.0,) + tuple(self.bins) + (1.0,)
-    return jnp.asarray([(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])],
-                       jnp.float32)
+      prior = self.prior
+    else:
+      edges = (0.0,) + tuple(self.bins) + (1.0,)
+      prior = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
+    return {"cost": np.float32(self.cost),
+            "verify_growth": np.float32(self.verify_growth),
+            "prior_weight": np.float32(self.prior_weight),
+            "bins": np.asarray(self.bins, np.float32),
+            "prior": np.asarray(prior, np.float32)}
+
+  def traced(self, values: dict) -> "ExpectedGainStop":
+    """This rule with the numbers `values` (possibly traced arrays); not
+    validated nor hashable, for use inside the compiled loop only."""
+    return _with_numbers(self, values)
+
+  def _centers(self) -> jax.Array:
+    return jnp.asarray(self.values()["prior"] if self.prior is None
+                       else self.prior, jnp.float32)
 
   def _bin(self, conf):
     return jnp.searchsorted(jnp.asarray(self.bins, jnp.float32), conf,
                             side="right")
 
+  def _num_bins(self) -> int:
+    return len(self.bins) + 1
+
   def init(self, batch: int) -> dict:
-    w = jnp.float32(self.prior_weight)
-    centers = jnp.broadcast_to(self._centers(), (batch, len(self.bins) + 1))
+    w = jnp.asarray(self.prior_weight, jnp.float32)
+    centers = jnp.broadcast_to(self._centers(), (batch, self._num_bins()))
     return {"accept_sum": w * centers, "count": w * jnp.ones_like(centers)}
 
   def keep_going(self, tokens, conf, state):
@@ -193,7 +247,8 @@ class ExpectedGainStop:
     reach = jnp.cumprod(a_hat, axis=1)                        # P_1 .. P_G
     expected = 1.0 + jnp.cumsum(reach, axis=1)                # E(1) .. E(G)
     k = jnp.arange(1, tokens.shape[1] + 1, dtype=jnp.float32)[None, :]
-    c, g = jnp.float32(self.cost), jnp.float32(self.verify_growth)
+    c = jnp.asarray(self.cost, jnp.float32)
+    g = jnp.asarray(self.verify_growth, jnp.float32)
     time = k * c + 1.0 + g * k                                # T(1) .. T(G)
     next_accept = (jnp.sum(state["accept_sum"], 1, keepdims=True)
                    / jnp.sum(state["count"], 1, keepdims=True))
@@ -201,7 +256,7 @@ class ExpectedGainStop:
     return (gain > expected / time * (c + g)) & (tokens != EOS_ID)
 
   def update(self, state, conf, accept_prob, verified):
-    onehot = jax.nn.one_hot(self._bin(conf), len(self.bins) + 1,
+    onehot = jax.nn.one_hot(self._bin(conf), self._num_bins(),
                             dtype=jnp.float32)
     w = onehot * verified.astype(jnp.float32)[..., None]      # [B, G, N]
     return {"accept_sum": state["accept_sum"] + jnp.sum(
@@ -210,6 +265,18 @@ class ExpectedGainStop:
 
 
 StopRule = ConfidenceStop | ExpectedGainStop
+
+
+def _with_numbers(rule, values: dict):
+  """A copy of `rule` whose fields named in `values` hold those arrays.
+  Built without `__post_init__` (its checks and float() conversions would
+  fail on traced arrays); the numbers were validated when `values()` was
+  taken from a constructed rule."""
+  copy = object.__new__(type(rule))
+  for field in dataclasses.fields(rule):
+    object.__setattr__(copy, field.name,
+                       values.get(field.name, getattr(rule, field.name)))
+  return copy
 
 
 def _number(name: str, value, what: str) -> float:
