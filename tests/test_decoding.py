@@ -24,6 +24,7 @@ from specdec_jax.decoding import stopping as sd_stopping
 from specdec_jax.decoding import verify
 from specdec_jax.decoding.api import generate, speculative_generate
 from specdec_jax.models import registry
+from specdec_jax.tokens import EOS_ID
 from tests import toy_models
 
 SIGNIFICANCE = 1e-3
@@ -118,17 +119,35 @@ def _sequence_counts(tokens):
   return {tuple(k): c for k, c in zip(keys.tolist(), counts)}
 
 
-def _chisquare_vs_exact(tokens, exact):
+def _chisquare_vs_exact(tokens, exact, min_expected=5.0):
+  """p-value of Pearson's chi-square of the sampled sequences `tokens` [N, T]
+  against `exact` ({sequence: probability}); cells expected fewer than
+  `min_expected` times are pooled into one (the chi-square approximation
+  needs it), and a sequence of probability 0 fails outright."""
   counts = _sequence_counts(tokens)
   assert set(counts) <= set(exact), "sampled a sequence of probability 0"
   keys = sorted(exact)
   probs = np.array([exact[k] for k in keys])
   observed = np.array([counts.get(k, 0) for k in keys], np.float64)
-  return stats.chisquare(observed, probs / probs.sum() * observed.sum()).pvalue
+  expected = probs / probs.sum() * observed.sum()
+  small = expected < min_expected
+  if small.any():
+    observed = np.append(observed[~small], observed[small].sum())
+    expected = np.append(expected[~small], expected[small].sum())
+  return stats.chisquare(observed, expected).pvalue
+
+
+def _bonus_tokens(result, gamma):
+  """Rows whose first iteration accepted all gamma draft tokens, none of them
+  EOS, so the target's bonus token was emitted after them."""
+  st = result.stats
+  clean = np.all(result.tokens[:, :gamma] != EOS_ID, axis=1)
+  return int(np.sum((st.trace_accepted[:, 0] == gamma) & clean))
 
 
 N_SEQ = 20_000
-SEQ_LEN = 3
+# gamma + 2 for gamma 2: the bonus token and the rollback after it happen.
+SEQ_LEN = 4
 
 
 @pytest.fixture(scope="module")
@@ -138,20 +157,24 @@ def small_models():
   return target, draft
 
 
-@pytest.mark.parametrize("gamma", [1, 3])
+@pytest.mark.parametrize("gamma", [1, 2])
 def test_sampled_sequences_follow_the_target_distribution(small_models, gamma):
-  """Whole sequences (3 tokens, vocabulary 4) from speculative_generate have
+  """Whole sequences (4 tokens, vocabulary 4) from speculative_generate have
   the exact target distribution (chi-square over all sequences at level
-  1e-3, N=20,000 rows of one batch, independent per-row keys)."""
+  1e-3, cells expected < 5 times pooled, N=20,000 rows of one batch,
+  independent per-row keys); max_decode_len >= gamma + 2, and rows where
+  every draft token was accepted and the bonus token followed are in the
+  sample."""
   target, draft = small_models
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
   exact = toy_models.exact_distribution(target, ids[0], SEQ_LEN)
   result = speculative_generate(target, draft, ids, gamma=gamma,
                                 max_decode_len=SEQ_LEN, temperature=1.0,
-                                seed=11)
+                                seed=11, record_trace=True)
   assert _chisquare_vs_exact(result.tokens, exact) > SIGNIFICANCE
   # The draft was genuinely different: some drafts were rejected.
   assert result.stats.alpha.mean() < 0.95
+  assert _bonus_tokens(result, gamma) > 100
   baseline = generate(target, ids, max_decode_len=SEQ_LEN, temperature=1.0,
                       seed=12)
   assert _chisquare_vs_exact(baseline.tokens, exact) > SIGNIFICANCE
@@ -162,8 +185,8 @@ def test_sampled_sequences_at_temperature_07_top_p_09(small_models, drafter):
   """Issue 36: exactness away from temperature 0 and 1 and with top-p
   (temperature 0.7, top_p 0.9: p and q are truncated differently, so the
   residual and the q of unproposed slots matter), for fixed gamma, a stop
-  rule and a cascade; gamma 1 with 3 tokens so the bonus token and the
-  rollback are exercised. Chi-square over all sequences at level 1e-3,
+  rule and a cascade; 4 tokens with gamma 1 or 2, so the bonus token and
+  the rollback are exercised. Chi-square over all sequences at level 1e-3,
   N = 20,000 rows (the argmax-draft negative control above fails this
   statistic by thousands)."""
   target, draft = small_models
