@@ -30,7 +30,9 @@ proposes its argmax while reporting its softmax q (p-value < 1e-3).
 
 Cost: 15 compiled loops (5 drafters x 2 static samplers, 4 greedy, 1
 control; about 17 s each) plus 500 rows per sampled test: 7 min 41 s with
-`-n 0` on 2 shared CPU cores, over the 3 minutes hoped for.
+`-n 0` on 2 shared CPU cores, the suite's longest module (temperature and
+top-p are traced, but top-k and whether top-p is on are shapes of the
+compiled loop, so the two settings cannot share one).
 """
 
 import functools
