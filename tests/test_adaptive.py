@@ -145,11 +145,7 @@ def test_verified_level_stacks_the_verifier_on_its_drafter():
 
 @pytest.fixture(scope="module")
 def small_models():
-  target = toy_models.table_model(4, seed=3, scale=1.0, eos_bias=-1.0)
-  draft = toy_models.table_model(4, seed=4, base=target, noise=1.5)
-  small = toy_models.table_model(4, seed=5, base=draft, noise=1.5)
-  bigram = ngram.fit_ngram([[2, 3, 0, 1], [3, 3, 2, 1], [0, 2, 1]], 4)
-  return target, draft, small, bigram
+  return toy_models.chi_square_family()
 
 
 def _sample(target, draft, top_k, **kwargs):

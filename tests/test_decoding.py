@@ -488,6 +488,25 @@ def test_statistics_stop_at_eos_hand_computed():
     assert st.level_alpha_count[b, 0] == sum(used)
 
 
+class CompileCounter:
+  """Counts XLA backend compiles while active (a `with` block)."""
+
+  def __init__(self):
+    self.count = 0
+
+  def _listener(self, event, duration, **kwargs):
+    del duration, kwargs
+    if event == "/jax/core/compile/backend_compile_duration":
+      self.count += 1
+
+  def __enter__(self):
+    jax.monitoring.register_event_duration_secs_listener(self._listener)
+    return self
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
 def test_a_temperature_sweep_compiles_the_speculative_loop_once():
   """Issue 36: temperature, top_p and lenience are traced inputs of the
   compiled loops, not parts of their cache key: sweeping the temperature
@@ -497,22 +516,14 @@ def test_a_temperature_sweep_compiles_the_speculative_loop_once():
   target = toy_models.table_model(VOCAB, seed=21, eos_bias=-2.0)
   draft = toy_models.table_model(VOCAB, seed=22, base=target, noise=1.0)
   ids = _inputs()
-  compiles = []
-  def listener(event, duration, **kwargs):
-    del duration, kwargs
-    if event == "/jax/core/compile/backend_compile_duration":
-      compiles.append(event)
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
-    outs = []
+  outs = []
+  with CompileCounter() as compiles:
     for i, (t, top_p, lenience) in enumerate(
         ((0.5, 0.9, 1.0), (0.7, 0.8, 1.0), (1.0, 0.9, 0.5))):
       outs.append(speculative_generate(
           target, draft, ids, gamma=3, max_decode_len=7, temperature=t,
           top_p=top_p, lenience=lenience, seed=1).tokens)
       if i == 0:
-        first = len(compiles)
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
-  assert first >= 1 and len(compiles) == first, (first, len(compiles))
+        first = compiles.count
+  assert first >= 1 and compiles.count == first, (first, compiles.count)
   assert not np.array_equal(outs[0], outs[2])

@@ -28,7 +28,6 @@ import specdec_jax as sd
 from specdec_jax import sampling
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding import engine
-from specdec_jax.decoding import ngram
 from specdec_jax.decoding import verify
 from tests import toy_models
 from tests.test_decoding import _chisquare_vs_exact
@@ -41,11 +40,7 @@ GAMMA = 3
 
 @pytest.fixture(scope="module")
 def small_models():
-  target = toy_models.table_model(4, seed=3, scale=1.0, eos_bias=-1.0)
-  draft = toy_models.table_model(4, seed=4, base=target, noise=1.5)
-  small = toy_models.table_model(4, seed=5, base=draft, noise=1.5)
-  bigram = ngram.fit_ngram([[2, 3, 0, 1], [3, 3, 2, 1], [0, 2, 1]], 4)
-  return target, draft, small, bigram
+  return toy_models.chi_square_family()
 
 
 def _patched_verify(**overrides):

@@ -26,6 +26,7 @@ from specdec_jax.decoding import engine
 from specdec_jax.decoding import ngram
 from specdec_jax.decoding import stopping
 from tests import toy_models
+from tests.test_decoding import CompileCounter
 from tests.test_decoding import _inputs
 
 VOCAB = 12
@@ -55,26 +56,6 @@ def _run(target, draft, rule):
                                  seed=3, draft_stop=rule)
 
 
-class _Compiles:
-  """Counts XLA backend compiles while active (as the temperature-sweep
-  test in test_decoding.py does)."""
-
-  def __init__(self):
-    self.count = 0
-
-  def _listener(self, event, duration, **kwargs):
-    del duration, kwargs
-    if event == "/jax/core/compile/backend_compile_duration":
-      self.count += 1
-
-  def __enter__(self):
-    jax.monitoring.register_event_duration_secs_listener(self._listener)
-    return self
-
-  def __exit__(self, *exc):
-    jax.monitoring.unregister_event_duration_listener(self._listener)
-
-
 def _same(a, b):
   np.testing.assert_array_equal(a.tokens, b.tokens)
   np.testing.assert_array_equal(a.stats.proposal_histogram,
@@ -95,7 +76,7 @@ def test_calibrating_a_stop_rule_compiles_the_loop_once(rules):
   assert len({r.static() for r in rules}) == 1
   misses = engine.build_speculative.cache_info().misses
   results = []
-  with _Compiles() as compiles:
+  with CompileCounter() as compiles:
     for i, rule in enumerate(rules):
       results.append(_run(target, draft, rule))
       if i == 0:
@@ -109,7 +90,7 @@ def test_calibrating_a_stop_rule_compiles_the_loop_once(rules):
   for rule, result in zip(rules, results):
     engine._build_speculative.cache_clear()
     jax.clear_caches()
-    with _Compiles() as fresh:
+    with CompileCounter() as fresh:
       _same(_run(target, draft, rule), result)
     assert fresh.count >= 1  # Really compiled anew.
 

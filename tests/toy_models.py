@@ -17,6 +17,7 @@ import itertools
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.decoding import ngram
 from specdec_jax.decoding.protocol import Prefill
 from specdec_jax.decoding.protocol import Model
 
@@ -146,3 +147,14 @@ def exact_distribution(model, row, length, temperature=1.0, eos=1, top_k=0,
     if (len(emitted) == length or emitted[-1] == eos) and prob > 0:
       out[key] = prob  # each truncated sequence is reached exactly once
   return out
+
+
+def chi_square_family():
+  """The vocabulary-4 models of the adaptive and negative-control chi-square
+  tests: a target, its draft, the draft's own draft (each a noisy copy of
+  the one above) and a bigram drafter fitted on three short sequences."""
+  target = table_model(4, seed=3, scale=1.0, eos_bias=-1.0)
+  draft = table_model(4, seed=4, base=target, noise=1.5)
+  small = table_model(4, seed=5, base=draft, noise=1.5)
+  bigram = ngram.fit_ngram([[2, 3, 0, 1], [3, 3, 2, 1], [0, 2, 1]], 4)
+  return target, draft, small, bigram

@@ -248,16 +248,14 @@ def _check_compatible(target: Model, draft: Model) -> None:
           f"token, so every model must share one vocabulary.")
   # Each level predicts the target's decoder sequence from the same start;
   # with a target of unknown family, the draft's levels must agree.
-  want = _family(target)
+  want, what = _family(target), "target"
   for i, (path, model) in enumerate(levels):
     family = _family(model)
     if family is None:
       continue
     if want is None:
-      want = family
+      want, what = family, name(i, path)
     elif family != want:
-      what = ("target" if _family(target) is not None
-              else f"{name(0, levels[0][0])}")
       raise ValueError(
           f"the {what} is {want} but the {name(i, path)} is {family}: a "
           f"draft must predict the target's decoder sequence from the same "
