@@ -8,7 +8,8 @@ demo model uploaded to a bucket loads as `gs://models/target` with the same
 parameters; and a call to an unreachable endpoint fails within the bounded
 wait with an error naming the bucket and the likely causes. Checkpoints
 written into a bucket (`save`, `write_t5x`, `convert_checkpoint
---output=gs://`) read back bit for bit, and the script against a closed
+--output=gs://`) read back bit for bit (`hf:gs://...` too, sharded
+safetensors included), and the script against a closed
 endpoint exits within the bounded wait with that message, no traceback.
 
 The emulator (tests/gcs_emulator.py) runs in a subprocess on a free port;
@@ -30,6 +31,7 @@ import pytest
 import specdec_jax
 from specdec_jax import Model
 from specdec_jax import checkpoints
+from specdec_jax.checkpoints import hf
 from specdec_jax import paths
 from specdec_jax.data import tasks
 from specdec_jax.experiments import experiment
@@ -273,7 +275,7 @@ def test_convert_script_writes_into_a_bucket(gcs_emulator, t5_tiny,  # noqa: F81
                                              tmp_path):
   """convert_checkpoint --output=gs://... (our format and --format=hf)
   writes into the bucket, logging the upload, and the result loads back
-  (ours from the bucket, hf from a download) with the input's parameters."""
+  (both straight from the bucket) with the input's parameters."""
   source = checkpoints.save(t5_tiny, str(tmp_path / "source"))
   for fmt, spec in (("specdec", "gs://models/converted"),
                     ("hf", "gs://models/converted_hf")):
@@ -284,13 +286,48 @@ def test_convert_script_writes_into_a_bucket(gcs_emulator, t5_tiny,  # noqa: F81
     # The upload is logged (file by file, or as each file starts).
     logged = "copied" if fmt == "specdec" else "uploading model.safetensors"
     assert logged in result.stderr and spec in result.stderr, result.stderr
-    if fmt == "hf":  # hf: reads local directories only: download it
-      spec = "hf:" + str(tmp_path / "downloaded_hf")
-      paths.copy_tree("gs://models/converted_hf", spec[3:])
-    loaded = checkpoints.load_model(spec)
+    loaded = checkpoints.load_model(("hf:" if fmt == "hf" else "") + spec)
     _assert_same_params(loaded.params, t5_tiny.params)
   assert sorted(paths.list_files("gs://models/converted_hf")) == [
       "config.json", "model.safetensors"]
+
+
+def test_sharded_hf_checkpoint_loads_from_a_bucket(gcs_emulator, t5_tiny,  # noqa: F811
+                                                  tmp_path):
+  """`hf:gs://...` with sharded safetensors (an index and two shards, as
+  `save_pretrained` writes large models) loads the same parameters as the
+  local directory; a shard the index lists but the bucket lacks, or no
+  config.json, is a CheckpointNotFoundError naming the gs:// path."""
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  single = hf.save_t5(t5_tiny, str(tmp_path / "single"))
+  tensors = load_file(os.path.join(single, "model.safetensors"))
+  names = sorted(tensors)
+  shards = {"model-00001-of-00002.safetensors": names[::2],
+            "model-00002-of-00002.safetensors": names[1::2]}
+  local = tmp_path / "sharded"
+  local.mkdir()
+  for shard, members in shards.items():
+    save_file({n: tensors[n] for n in members}, str(local / shard),
+              metadata={"format": "pt"})
+  index = {"metadata": {}, "weight_map": {n: shard for shard, members in
+                                          shards.items() for n in members}}
+  (local / "model.safetensors.index.json").write_text(json.dumps(index))
+  (local / "config.json").write_text(
+      open(os.path.join(single, "config.json")).read())
+  paths.copy_tree(str(local), "gs://models/sharded_hf")
+  from_bucket = checkpoints.load_model("hf:gs://models/sharded_hf")
+  assert from_bucket.config == checkpoints.load_model("hf:" + str(local)).config
+  _assert_same_params(from_bucket.params, t5_tiny.params)
+
+  paths.copy_tree(str(local), "gs://models/sharded_hf_short")
+  paths.remove("gs://models/sharded_hf_short/"
+               "model-00002-of-00002.safetensors")
+  with pytest.raises(checkpoints.CheckpointNotFoundError,
+                     match="gs://models/sharded_hf_short.*index.json"):
+    checkpoints.load_model("hf:gs://models/sharded_hf_short")
+  with pytest.raises(checkpoints.CheckpointNotFoundError,
+                     match="directory not found: 'gs://models/no_such_hf'"):
+    checkpoints.load_model("hf:gs://models/no_such_hf")
 
 
 def test_convert_to_an_unreachable_bucket_fails_fast_and_says_why(

@@ -5,7 +5,8 @@
 
 A checkpoint directory holds `config.json` and the weights as
 `model.safetensors`, sharded safetensors with `model.safetensors.index.json`,
-or `pytorch_model.bin` (which needs torch: `pip install -e '.[hf]'`).
+or `pytorch_model.bin` (which needs torch: `pip install -e '.[hf]'`). A
+gs:// directory is first downloaded into a temporary local one.
 Safetensors are read with `safetensors` in numpy, one tensor at a time, and
 each is transposed into T5X's layout and cast before the next is read, so
 the parameters are never held twice.
@@ -324,12 +325,55 @@ def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
   tree[path[-1]] = value
 
 
+@contextlib.contextmanager
+def _local_directory(path: str) -> Iterator[str]:
+  """`path` itself, or for gs:// a temporary local copy of the files
+  `load_t5` reads (config.json and the weights its directory has); safetensors
+  and torch open local files only. Errors raised inside name `path`."""
+  if not paths.is_remote(path):
+    yield path
+    return
+  present = set(paths.list_dir(path))
+  if CONFIG_FILE not in present:
+    raise CheckpointNotFoundError(
+        f"HF checkpoint directory not found: {path!r}" if not present else
+        f"missing {CONFIG_FILE} in HF checkpoint directory {path!r}")
+  names = [CONFIG_FILE]
+  for weights in (SAFETENSORS_FILE, SAFETENSORS_INDEX, TORCH_FILE):
+    if weights in present:
+      names.append(weights)
+      break
+  if names[-1] == SAFETENSORS_INDEX:
+    index = json.loads(paths.read_text(paths.join(path, SAFETENSORS_INDEX)))
+    # A shard the index lists but the bucket lacks stays missing, for
+    # `_Tensors` to name.
+    names += sorted(set(index["weight_map"].values()) & present)
+  with tempfile.TemporaryDirectory(prefix="specdec_jax_hf.") as local:
+    for i, name in enumerate(names, start=1):
+      data = paths.read_bytes(paths.join(path, name))
+      if data is None:
+        raise CheckpointNotFoundError(
+            f"{paths.join(path, name)} disappeared while being downloaded")
+      logging.info("downloaded %s (%d/%d, %.1f MB) from %s", name, i,
+                   len(names), len(data) / 1e6, path)
+      with open(os.path.join(local, name), "wb") as f:
+        f.write(data)
+      del data
+    try:
+      yield local
+    except (CheckpointError, CheckpointNotFoundError) as e:
+      raise type(e)(str(e).replace(local, path)) from e
+
+
 def load_t5(path: str, *, dtype: str = "float32",
             param_dtype: str = "float32") -> tuple[T5Config, Any]:
   """Loads an HF T5ForConditionalGeneration directory.
 
   Args:
-    path: directory with config.json and the weights.
+    path: directory with config.json and the weights, local or gs:// (then
+      its files are downloaded into a temporary directory first, one at a
+      time within the bounded waits of `specdec_jax.paths`; it needs local
+      disk for the weights).
     dtype: compute dtype of the returned config.
     param_dtype: dtype of the returned parameters.
 
@@ -343,6 +387,12 @@ def load_t5(path: str, *, dtype: str = "float32",
     ParameterShapeError: a tensor has the wrong shape for the config.
     ImportError: a pytorch_model.bin without torch installed.
   """
+  with _local_directory(path) as local:
+    return _load_local(local, dtype, param_dtype)
+
+
+def _load_local(path: str, dtype: str,
+                param_dtype: str) -> tuple[T5Config, Any]:
   hf = read_hf_config(path)
   tensors = _Tensors(path)
   if "shared.weight" not in tensors:
