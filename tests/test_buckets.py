@@ -37,7 +37,7 @@ from specdec_jax.data import tasks
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import gin_flags
 from specdec_jax.experiments import workdir as workdir_lib
-from specdec_jax.models import registry
+from tests import toy_models
 from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
 SENTENCES = ["the cat sat on the mat", "the house is wonderful",
@@ -104,17 +104,7 @@ def test_the_demo_model_loads_from_a_bucket(gcs_emulator):  # noqa: F811
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, tiny_vocab):
   root = tmp_path_factory.mktemp("bucket_exp")
-  (root / "mini.en").write_text("".join(s + "\n" for s in SENTENCES))
-  (root / "mini.de").write_text("".join(s + "\n" for s in SENTENCES))
-  models = {}
-  for name, layers, seed in [("target", 2, 0), ("draft", 1, 1)]:
-    cfg = registry.get_config("t5_1_1_tiny", vocab_size=320,
-                              num_encoder_layers=layers,
-                              num_decoder_layers=layers)
-    definition = registry.make_def(cfg)
-    params = definition.init_params(jax.random.PRNGKey(seed))
-    models[name] = checkpoints.save(Model(definition, params),
-                                    str(root / name), config=cfg)
+  models = toy_models.tiny_ende(root, SENTENCES)
   config = experiment.ExperimentConfig(
       task="wmt14_ende_local", split="test", target=models["target"],
       draft=models["draft"], gamma=2, max_decode_len=6, cost_repeats=1,

@@ -12,10 +12,8 @@ import os
 import subprocess
 import sys
 
-import jax
 import pytest
 
-from specdec_jax import Model
 from specdec_jax import checkpoints
 from specdec_jax.experiments import costs
 from specdec_jax.experiments import experiment
@@ -24,7 +22,7 @@ from specdec_jax.experiments import timing
 from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.data import tasks
 from specdec_jax import theory
-from specdec_jax.models import registry
+from tests import toy_models
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SENTENCES = ["the cat sat on the mat", "the house is wonderful",
@@ -36,17 +34,7 @@ SENTENCES = ["the cat sat on the mat", "the house is wonderful",
 def setup(tmp_path_factory, tiny_vocab):
   """Local EnDe files, the tiny vocabulary, and two tiny T5s saved to disk."""
   root = tmp_path_factory.mktemp("exp")
-  (root / "mini.en").write_text("".join(s + "\n" for s in SENTENCES))
-  (root / "mini.de").write_text("".join(s + "\n" for s in SENTENCES))
-  models = {}
-  for name, layers, seed in [("target", 2, 0), ("draft", 1, 1)]:
-    cfg = registry.get_config("t5_1_1_tiny", vocab_size=320,
-                              num_encoder_layers=layers,
-                              num_decoder_layers=layers)
-    definition = registry.make_def(cfg)
-    params = definition.init_params(jax.random.PRNGKey(seed))
-    models[name] = checkpoints.save(Model(definition, params),
-                                    str(root / name), config=cfg)
+  models = toy_models.tiny_ende(root, SENTENCES)
   task_config = dict(vocab_path=tiny_vocab, local_data_dir=str(root),
                      wmt_ende_files={"test": "mini"})
   return root, models, task_config

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -158,3 +159,25 @@ def chi_square_family():
   small = table_model(4, seed=5, base=draft, noise=1.5)
   bigram = ngram.fit_ngram([[2, 3, 0, 1], [3, 3, 2, 1], [0, 2, 1]], 4)
   return target, draft, small, bigram
+
+
+def tiny_ende(root, sentences) -> dict[str, str]:
+  """A local EnDe source: `root`/mini.{en,de} holding `sentences` (both
+  sides alike), and two random tiny T5 v1.1 models saved there in our
+  format, a 2+2-layer "target" and a 1+1-layer "draft" (vocabulary 320,
+  room for `tiny_vocab`). Returns {name: model directory}."""
+  # Imported here: the table models above need neither Flax nor orbax.
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from specdec_jax.models import registry  # pylint: disable=g-import-not-at-top
+  for language in ("en", "de"):
+    (root / f"mini.{language}").write_text("".join(s + "\n" for s in sentences))
+  models = {}
+  for name, layers, seed in [("target", 2, 0), ("draft", 1, 1)]:
+    cfg = registry.get_config("t5_1_1_tiny", vocab_size=320,
+                              num_encoder_layers=layers,
+                              num_decoder_layers=layers)
+    definition = registry.make_def(cfg)
+    params = definition.init_params(jax.random.PRNGKey(seed))
+    models[name] = checkpoints.save(Model(definition, params),
+                                    str(root / name), config=cfg)
+  return models
