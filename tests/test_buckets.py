@@ -347,16 +347,3 @@ def test_convert_to_an_unreachable_bucket_fails_fast_and_says_why(
   assert "gs://unreachable-bucket" in result.stderr
   assert "no network" in result.stderr and "credentials" in result.stderr
   assert paths.TIMEOUT_ENV in result.stderr
-
-
-def test_a_bucket_training_workdir_is_refused_naming_the_workaround():
-  """Training into gs:// is refused by the config check, before any data or
-  model is loaded, with the local-then-upload workaround; a local workdir
-  passes the same check (negative control)."""
-  from specdec_jax.training import train  # pylint: disable=g-import-not-at-top
-  config = train.TrainConfig(workdir="gs://results/train", num_steps=1)
-  with pytest.raises(ValueError) as error:
-    config.check()
-  assert "gs://results/train" in str(error.value)
-  assert "convert_checkpoint.py" in str(error.value)
-  dataclasses.replace(config, workdir="/tmp/train").check()

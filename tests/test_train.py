@@ -8,6 +8,7 @@ so nothing here needs /work/shared or the network.
 import json
 import os
 import random
+import shutil
 
 import jax
 import numpy as np
@@ -17,14 +18,17 @@ import sentencepiece as spm
 
 from specdec_jax import checkpoints
 from specdec_jax import generate
+from specdec_jax import paths
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.training import steps
 from specdec_jax.training import train
 from specdec_jax.training import batches
+from specdec_jax.training import mirror
 from specdec_jax.data import vocabularies
 from specdec_jax.models import registry
+from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
 _LEXICON = {
     "red": "rot", "dog": "Hund", "cat": "Katze", "runs": "rennt",
@@ -504,3 +508,32 @@ def test_metrics_do_not_repeat_steps_after_a_kill(corpus, trained, tmp_path):
   (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + '\n{"kind": "tr')
   train.train(_config(tmp_path, corpus))
   assert [r["step"] for r in _rows(tmp_path)] == list(range(1, 11))
+
+
+def test_a_bucket_workdir_trains_uploads_and_resumes_from_the_bucket(
+    gcs_emulator, corpus, trained):  # noqa: F811
+  """A gs:// workdir (trained in a local mirror, uploaded at each
+  checkpoint): run to step 4, then with the mirror deleted (a fresh machine)
+  on to 10, it resumes from the bucket alone and ends with exactly the
+  parameters of the uninterrupted local run. The bucket then holds one
+  metrics row a step, the model, the last `keep_checkpoints` (2) checkpoints
+  only (older ones deleted there too), train_config.json naming the gs://
+  workdir, and no lock."""
+  remote = "gs://results/train_tiny"
+  settings = dict(checkpoint_every=2, keep_checkpoints=2)
+  train.train(_config(remote, corpus, num_steps=4, **settings))
+  assert "checkpoints/4/meta/metadata" in paths.list_files(remote)
+  shutil.rmtree(mirror.BucketMirror(remote).local)
+  train.train(_config(remote, corpus, **settings))
+  rows = [json.loads(line) for line in
+          paths.read_text(remote + "/metrics.jsonl").splitlines()]
+  assert [r["step"] for r in rows if r["kind"] == "train"] == list(
+      range(1, 11))
+  files = paths.list_files(remote)
+  assert sorted({f.split("/")[1] for f in files
+                 if f.startswith("checkpoints/")}) == ["10", "8"], files
+  assert ".lock" not in files and "model/config.json" in files
+  assert json.loads(paths.read_text(remote + "/train_config.json"))[
+      "workdir"] == remote
+  jax.tree.map(np.testing.assert_array_equal, _params(trained[0]),
+               checkpoints.load_model(remote + "/model").params)

@@ -20,7 +20,8 @@ steps and `evaluate` are in `steps.py`; this module is the loop around them.
 The workdir holds `checkpoints/` (orbax: params, optimizer state, step and
 data position; a restarted run resumes from the latest), `metrics.jsonl`,
 `train_config.json` and, at the end, `model/` in `specdec_jax.checkpoints`
-format: `load_model(workdir + "/model")`.
+format: `load_model(workdir + "/model")`. A gs:// workdir holds the same,
+trained in a local mirror and uploaded (`mirror.py`).
 
 Dimension letters: B batch rows, L input width, T target width, V vocabulary.
 """
@@ -43,9 +44,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from specdec_jax import checkpoints
+from specdec_jax import paths
 from specdec_jax import summaries
 from specdec_jax.data import tasks
 from specdec_jax.training import distill
+from specdec_jax.training import mirror
 from specdec_jax.training import steps
 from specdec_jax.training.batches import load_split
 from specdec_jax.decoding.protocol import Model
@@ -162,12 +165,6 @@ class TrainConfig:
     """Raises ValueError naming the fix for a config that cannot train."""
     problems = [message for bad, message in (
         (not self.workdir, "workdir is required (--workdir)"),
-        (self.workdir.startswith("gs://"),
-         f"a gs:// training workdir ({self.workdir}) is not supported yet "
-         "(its orbax checkpoints would bypass the bounded gs:// waits): "
-         "train into a local or mounted workdir, then upload the model "
-         "with `python scripts/convert_checkpoint.py --input=WORKDIR/model "
-         "--output=gs://BUCKET/DIR`"),
         ((self.num_steps is None) == (self.num_epochs is None),
          "give exactly one of num_steps and num_epochs"),
         (self.optimizer not in ("adamw", "adafactor"),
@@ -461,7 +458,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
   """Trains, resuming from the workdir's latest checkpoint if there is one.
 
   Args:
-    config: what to train; see `TrainConfig`.
+    config: what to train; see `TrainConfig`. A gs:// workdir is trained in
+      a local mirror, uploaded after each checkpoint and at the end
+      (`mirror.py`).
 
   Returns:
     The last window's training metrics (loss, nll, kl, accuracy, lr, rates)
@@ -470,14 +469,30 @@ def train(config: TrainConfig) -> dict[str, Any]:
     checkpoint and returns what it has with stopped=True.
   """
   config.check()
+  if not paths.is_remote(config.workdir):
+    return _train(config)
+  with mirror.bucket_mirror(config.workdir) as copy:
+    logging.info("training %s in its local mirror %s", config.workdir,
+                 copy.local)
+    return _train(dataclasses.replace(config, workdir=copy.local),
+                  after_checkpoint=copy.upload, recorded=config)
+
+
+def _train(config: TrainConfig,
+           after_checkpoint: Callable[[], None] | None = None,
+           recorded: TrainConfig | None = None) -> dict[str, Any]:
+  """`train` in a local workdir; `after_checkpoint` runs once each
+  periodic checkpoint is written; train_config.json records `recorded`
+  (default: `config`)."""
   model_config = config.model_config()
   definition = registry.make_def(model_config)
   vocab_path, vocab, teacher, train_data, eval_data, examples = _prepare(
       config, definition)
   os.makedirs(config.workdir, exist_ok=True)
   with open(os.path.join(config.workdir, "train_config.json"), "w") as f:
-    json.dump(dataclasses.asdict(config), f, indent=2, default=lambda v: (
-        dataclasses.asdict(v) if dataclasses.is_dataclass(v) else str(v)))
+    json.dump(dataclasses.asdict(recorded or config), f, indent=2,
+              default=lambda v: (dataclasses.asdict(v) if
+                                 dataclasses.is_dataclass(v) else str(v)))
   per_epoch = train_data.batches_per_epoch
   total = config.num_steps or int(np.ceil(config.num_epochs * per_epoch))
   logging.info("%d examples, %d batches an epoch, %d steps; batch shapes "
@@ -572,6 +587,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
         check_finite()
         _save(manager, state, per_epoch)
         writer.flush()
+        if after_checkpoint:
+          manager.wait_until_finished()
+          after_checkpoint()
       if config.eval_every and step % config.eval_every == 0 and step < total:
         check_finite()
         paused = time.time()
