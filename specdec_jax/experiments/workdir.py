@@ -3,9 +3,9 @@
 An experiment's workdir accumulates results across resumed runs
 (`examples.jsonl`), so two things must hold or results get mixed silently:
 
-1. One process at a time: `lock` takes an OS lock (`fcntl.flock`) on
-   `<workdir>/.lock` for the whole run; a second run stops at once, naming the
-   pid that holds it. The OS drops the lock when its holder dies (`kill -9`
+1. One process at a time: `lock` (`specdec_jax/locks.py`) takes an OS lock
+   (`fcntl.flock`) on `<workdir>/.lock` for the whole run; a second run stops
+   at once, naming the pid that holds it. The OS drops the lock when its holder dies (`kill -9`
    included), so a crashed run never leaves a stale lock behind.
 2. Same settings: `fingerprint.json` records everything that determines the
    results (models and their files, task and its data, decoding settings, γ,
@@ -29,25 +29,20 @@ holder dies, so the error says how to remove a stale one.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
-import fcntl
 import hashlib
 import json
 import os
-import socket
 import subprocess
-import time
-from typing import Any, Iterator
+from typing import Any
 
 from absl import logging
 
 import specdec_jax
-from specdec_jax import errors
 from specdec_jax import paths
 from specdec_jax.checkpoints import native
 from specdec_jax.experiments.experiment_config import ConfigError
+from specdec_jax import locks
 
 
 FINGERPRINT = "fingerprint.json"
@@ -57,15 +52,15 @@ RESULT_FILES = ("examples.jsonl", "costs.json", "optimal_gamma.json",
                 "summary.json", "table.md", "table.csv", "acceptance.png",
                 "speedup_vs_gamma.png", "trace.html", "trace.png",
                 "operative_config.gin", FINGERPRINT)
+# The lock is shared with gs:// training workdirs (`training/mirror.py`), so
+# it lives in the core; its error is this module's too.
+lock = locks.lock
+WorkdirError = locks.WorkdirError
 # ExperimentConfig fields that do not change any recorded number.
 EXTENDING_FIELDS = ("max_examples", "trace_examples", "name", "distributed",
                     "overwrite")
 # Files up to this size are hashed; larger ones (weights) by size and mtime.
 _HASH_LIMIT = 1 << 20
-
-
-class WorkdirError(ValueError, errors.UsageError):
-  """The workdir is busy, or holds results of other settings."""
 
 
 def check_directory_path(path: str, what: str = "workdir") -> None:
@@ -89,53 +84,6 @@ def make_directory(path: str, what: str = "workdir") -> None:
   there."""
   check_directory_path(path, what)
   paths.makedirs(path)
-
-
-@contextlib.contextmanager
-def _remote_lock(workdir: str) -> Iterator[None]:
-  path = paths.join(workdir, ".lock")
-  holder = {"host": socket.gethostname(), "pid": os.getpid(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-  if not paths.create_exclusive(path, json.dumps(holder).encode()):
-    found = (paths.read_bytes(path) or b"?").decode(errors="replace").strip()
-    raise WorkdirError(
-        f"workdir {workdir} is in use by another run ({path} holds {found}):"
-        " two runs in one workdir would decode every example twice. Wait for"
-        " it to finish, or give this run another --workdir. If that run is "
-        "dead (a bucket lock outlives a crashed run), remove the stale lock:"
-        f" gcloud storage rm {path}")
-  try:
-    yield
-  finally:
-    paths.remove(path)
-
-
-@contextlib.contextmanager
-def lock(workdir: str) -> Iterator[None]:
-  """Holds an exclusive lock on `<workdir>/.lock` while the block runs: an
-  OS lock locally, a lock object on gs://."""
-  if paths.is_remote(workdir):
-    with _remote_lock(workdir):
-      yield
-    return
-  path = os.path.join(workdir, ".lock")
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-  try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-        raise
-      holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-      raise WorkdirError(
-          f"workdir {workdir} is in use by another run (pid {holder}): two "
-          "runs in one workdir would decode every example twice. Wait for "
-          "it to finish, or give this run another --workdir.") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    yield
-  finally:
-    os.close(fd)  # releases the lock
 
 
 def _code_version() -> dict:

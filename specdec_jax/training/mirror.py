@@ -34,7 +34,7 @@ from typing import Iterator
 from absl import logging
 
 from specdec_jax import paths
-from specdec_jax.experiments import workdir as workdir_lib
+from specdec_jax import locks
 
 
 class BucketMirror:
@@ -92,7 +92,7 @@ class BucketMirror:
 @contextlib.contextmanager
 def bucket_mirror(remote: str) -> Iterator[BucketMirror]:
   """Locks `remote`, downloads it, yields the mirror; uploads on exit."""
-  with workdir_lib.lock(remote):
+  with locks.lock(remote):
     mirror = BucketMirror(remote)
     mirror.download()
     try:
