@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import flax
 import flax.linen as nn
@@ -34,9 +34,7 @@ from specdec_jax.decoding.protocol import Model
 from specdec_jax.models import gpt
 from specdec_jax.models import layers
 from specdec_jax.training.batches import BucketedData
-
-if TYPE_CHECKING:  # Annotations only: train.py imports this module.
-  from specdec_jax.training.train import TrainConfig
+from specdec_jax.training.config import TrainConfig
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,

@@ -15,7 +15,8 @@ Dropout: the models have none of their own, so `dropout_rate` applies it
 around them with a flax method interceptor, to the token embeddings and to
 the output of every attention and MLP block (the residual branches, where T5
 puts it). Evaluation and decoding run without it. The losses, the jitted
-steps and `evaluate` are in `steps.py`; this module is the loop around them.
+steps and `evaluate` are in `steps.py`, `TrainConfig` in `config.py`; this
+module is the loop around them.
 
 The workdir holds `checkpoints/` (orbax: params, optimizer state, step and
 data position; a restarted run resumes from the latest), `metrics.jsonl`,
@@ -35,7 +36,7 @@ import logging as py_logging
 import os
 import signal
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from absl import logging
 import jax
@@ -48,163 +49,15 @@ from specdec_jax import paths
 from specdec_jax import summaries
 from specdec_jax.data import tasks
 from specdec_jax.training import distill
+# TrainConfig is bound in gin files as train.TrainConfig: it is imported
+# here for them and for the scripts.
+from specdec_jax.training.config import TrainConfig
 from specdec_jax.training import mirror
 from specdec_jax.training import steps
 from specdec_jax.training.batches import load_split
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.models import gpt
 from specdec_jax.models import registry
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """What to train and how. Bind it with gin (configs/training/*.gin).
-
-  Attributes:
-    task: a task of `specdec_jax.data.tasks`.
-    model: a `registry` config name, or a T5Config/GPTConfig.
-    model_overrides: config fields replaced on top of `model`.
-    vocab_path: SentencePiece model for the task (None: `TaskConfig`'s);
-      relative to the cwd.
-    train_split, eval_split: split names.
-    max_train_examples: train on the first this many only (None: all).
-    max_input_len, max_target_len: longer rows are cut keeping EOS last
-      (None: the task's feature lengths).
-    length_buckets: allowed row widths (the longest row is always allowed).
-    batch_tokens: padded input + target tokens per batch (0: batch_size).
-    batch_size: rows per batch when batch_tokens is 0.
-    num_steps, num_epochs: how long to train; give exactly one.
-    optimizer: "adamw" or "adafactor".
-    learning_rate: peak learning rate.
-    schedule: after a linear warmup, "rsqrt" (1/sqrt(step)), "cosine" (to
-      10% of the peak at the end) or "constant".
-    warmup_steps: warmup length.
-    weight_decay: AdamW's decoupled weight decay, on matrices only.
-    adam_b2: AdamW's second-moment decay.
-    grad_clip: global-norm clipping (0: none).
-    label_smoothing: probability mass spread uniformly over the vocabulary.
-    dropout_rate: see the module docstring.
-    seed: parameter init, data order and dropout.
-    log_every: steps between progress lines (and metrics.jsonl rows).
-    eval_every: steps between evaluations (0: at the end only).
-    eval_examples: validation examples for loss/accuracy (None: all, 0: no
-      loss).
-    bleu_examples: the first this many validation examples are decoded
-      greedily for BLEU (0: no BLEU).
-    eval_batch_size: rows per decoding batch.
-    max_decode_len: decoding limit for BLEU.
-    checkpoint_every: steps between checkpoints (0: at the end only).
-    keep_checkpoints: how many to keep.
-    workdir: where everything is written; required.
-    init_from: a `checkpoints.load_model` spec whose parameters start the
-      run instead of a random init (fine-tuning); its shapes must match
-      the model's. A T5X checkpoint ('t5x:gs://.../checkpoint_1000000') is
-      read with the model's own architecture (`model_config()`). Ignored
-      when the workdir already has a checkpoint.
-    teacher: a `checkpoints.load_model` spec (e.g. a directory) to distil.
-    teacher_config: the teacher's architecture when it is a T5X checkpoint
-      (which does not record one), e.g. 't5_1_1_xxl'.
-    distill_alpha: weight of the KL term; the cross-entropy gets 1 - alpha.
-    distill_temperature: divides both logits in the KL, which is multiplied
-      by its square so the gradients keep their scale (Hinton et al.).
-  """
-
-  task: str = "multi30k_ende_local"
-  model: Any = "t5_tiny"
-  model_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  vocab_path: str | None = None
-  train_split: str = "train"
-  eval_split: str = "validation"
-  max_train_examples: int | None = None
-  max_input_len: int | None = None
-  max_target_len: int | None = None
-  length_buckets: Sequence[int] = (16, 24, 32, 48, 64, 96, 128)
-  batch_tokens: int = 4096
-  batch_size: int = 64
-  num_steps: int | None = None
-  num_epochs: float | None = None
-  optimizer: str = "adamw"
-  learning_rate: float = 1e-3
-  schedule: str = "rsqrt"
-  warmup_steps: int = 1000
-  weight_decay: float = 0.0
-  adam_b2: float = 0.98
-  grad_clip: float = 1.0
-  label_smoothing: float = 0.0
-  dropout_rate: float = 0.0
-  seed: int = 0
-  log_every: int = 50
-  eval_every: int = 0
-  eval_examples: int | None = None
-  bleu_examples: int = 256
-  eval_batch_size: int = 64
-  max_decode_len: int = 96
-  checkpoint_every: int = 1000
-  keep_checkpoints: int = 2
-  workdir: str = ""
-  init_from: str | None = None
-  teacher_config: Any = None
-  teacher: str | None = None
-  distill_alpha: float = 0.0
-  distill_temperature: float = 1.0
-  train_translations: str | None = None
-  onpolicy: Any = None
-
-  def model_config(self) -> Any:
-    """The architecture: `model` with `model_overrides` applied."""
-    if isinstance(self.model, str):
-      return registry.get_config(self.model, **self.model_overrides)
-    return dataclasses.replace(self.model, **self.model_overrides)
-
-  def max_lengths(self) -> tuple[int, int]:
-    lengths = tasks.feature_lengths(self.task)
-    return (self.max_input_len or lengths["inputs"],
-            self.max_target_len or lengths["targets"])
-
-  def check(self) -> None:
-    """Raises ValueError naming the fix for a config that cannot train."""
-    problems = [message for bad, message in (
-        (not self.workdir, "workdir is required (--workdir)"),
-        ((self.num_steps is None) == (self.num_epochs is None),
-         "give exactly one of num_steps and num_epochs"),
-        (self.optimizer not in ("adamw", "adafactor"),
-         f"optimizer {self.optimizer!r} is not 'adamw' or 'adafactor'"),
-        (self.schedule not in ("rsqrt", "cosine", "constant"),
-         f"schedule {self.schedule!r} is not rsqrt, cosine or constant"),
-        (self.batch_tokens <= 0 and self.batch_size <= 0,
-         "set batch_tokens > 0 or batch_size > 0"),
-        (not (0 <= self.dropout_rate < 1 and 0 <= self.label_smoothing < 1),
-         "dropout_rate and label_smoothing must be in [0, 1)"),
-        (not 0 <= self.distill_alpha <= 1 or self.distill_temperature <= 0,
-         "distill_alpha must be in [0, 1] and distill_temperature > 0"),
-        (self.distill_alpha > 0 and not self.teacher,
-         "distill_alpha > 0 needs a teacher (a load_model spec)"),
-        (self.train_translations is not None
-         and self.task != tasks.MULTI30K_ENDE_LOCAL,
-         f"train_translations replaces the train split of "
-         f"{tasks.MULTI30K_ENDE_LOCAL!r} only (task is {self.task!r})"),
-        (_file_in_the_way(self.workdir),
-         f"workdir {self.workdir} {_file_in_the_way(self.workdir)} a regular "
-         "file, not a directory: give a directory path, or move the file "
-         "away"),
-        (self.onpolicy is not None and not self.teacher,
-         "onpolicy distillation needs a teacher (a load_model spec)"))
-                if bad]
-    if problems:
-      raise ValueError("Bad TrainConfig: " + "; ".join(problems) + ".")
-
-
-def _file_in_the_way(path: str) -> str:
-  """'is' or 'lies under FILE, which is' when a local `path` cannot be a
-  directory because of a regular file, else ''."""
-  if not path or "://" in path:
-    return ""
-  part = os.path.abspath(path)
-  while not os.path.exists(part) and os.path.dirname(part) != part:
-    part = os.path.dirname(part)
-  if not os.path.exists(part) or os.path.isdir(part):
-    return ""
-  return "is" if part == os.path.abspath(path) else f"lies under {part}, which is"
 
 
 # ------------------------------- training -------------------------------------
