@@ -511,14 +511,15 @@ def test_metrics_do_not_repeat_steps_after_a_kill(corpus, trained, tmp_path):
 
 
 def test_a_bucket_workdir_trains_uploads_and_resumes_from_the_bucket(
-    gcs_emulator, corpus, trained):  # noqa: F811
+    gcs_emulator, corpus, trained, tmp_path, monkeypatch):  # noqa: F811
   """A gs:// workdir (trained in a local mirror, uploaded at each
   checkpoint): run to step 4, then with the mirror deleted (a fresh machine)
   on to 10, it resumes from the bucket alone and ends with exactly the
   parameters of the uninterrupted local run. The bucket then holds one
   metrics row a step, the model, the last `keep_checkpoints` (2) checkpoints
   only (older ones deleted there too), train_config.json naming the gs://
-  workdir, and no lock."""
+  workdir, and no lock; nothing lands in a local `gs:` folder."""
+  monkeypatch.chdir(tmp_path)
   remote = "gs://results/train_tiny"
   settings = dict(checkpoint_every=2, keep_checkpoints=2)
   train.train(_config(remote, corpus, num_steps=4, **settings))
@@ -537,3 +538,4 @@ def test_a_bucket_workdir_trains_uploads_and_resumes_from_the_bucket(
       "workdir"] == remote
   jax.tree.map(np.testing.assert_array_equal, _params(trained[0]),
                checkpoints.load_model(remote + "/model").params)
+  assert not os.path.exists(tmp_path / "gs:"), os.listdir(tmp_path)

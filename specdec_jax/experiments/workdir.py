@@ -5,8 +5,9 @@ An experiment's workdir accumulates results across resumed runs
 
 1. One process at a time: `lock` (`specdec_jax/locks.py`) takes an OS lock
    (`fcntl.flock`) on `<workdir>/.lock` for the whole run; a second run stops
-   at once, naming the pid that holds it. The OS drops the lock when its holder dies (`kill -9`
-   included), so a crashed run never leaves a stale lock behind.
+   at once, naming the pid that holds it. The OS drops the lock when its
+   holder dies (`kill -9` included), so a crashed run never leaves a stale
+   lock behind.
 2. Same settings: `fingerprint.json` records everything that determines the
    results (models and their files, task and its data, decoding settings, γ,
    lengths, seed, code version). `check_fingerprint` refuses a rerun whose

@@ -41,7 +41,7 @@ class TrainConfig:
     adam_b2: AdamW's second-moment decay.
     grad_clip: global-norm clipping (0: none).
     label_smoothing: probability mass spread uniformly over the vocabulary.
-    dropout_rate: see the module docstring.
+    dropout_rate: see `train.py`'s module docstring.
     seed: parameter init, data order and dropout.
     log_every: steps between progress lines (and metrics.jsonl rows).
     eval_every: steps between evaluations (0: at the end only).

@@ -49,12 +49,11 @@ from specdec_jax import paths
 from specdec_jax import summaries
 from specdec_jax.data import tasks
 from specdec_jax.training import distill
-# TrainConfig is bound in gin files as train.TrainConfig: it is imported
-# here for them and for the scripts.
-from specdec_jax.training.config import TrainConfig
 from specdec_jax.training import mirror
 from specdec_jax.training import steps
 from specdec_jax.training.batches import load_split
+# Gin files bind TrainConfig as train.TrainConfig: imported here for them.
+from specdec_jax.training.config import TrainConfig
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.models import gpt
 from specdec_jax.models import registry
