@@ -140,7 +140,9 @@ def test_demo_runs_on_one_sentence_and_one_paragraph(tmp_path):
                            paragraph_drafts=(("demo:draft_small", 4),),
                            sweep_draft=None, max_examples=1,
                            paragraph_max_examples=1, repeats=1,
-                           cost_repeats=1, trace_examples=1)
+                           cost_repeats=1, trace_examples=1,
+                           # A traced loop is one more compile a row.
+                           trace_temperatures=(0.0,))
   rows = demo.run(config, str(tmp_path))
   assert [(r["task"], r["draft"], r["temperature"], r["gamma"])
           for r in rows] == [
@@ -161,6 +163,7 @@ def test_demo_runs_on_one_sentence_and_one_paragraph(tmp_path):
                "draft_small_t0/trace.html",
                "paragraphs_draft_small_t0/trace.html"]:
     assert os.path.getsize(tmp_path / name) > 0
+  assert not os.path.exists(tmp_path / "draft_small_t1" / "trace.html")
   timing = json.loads((tmp_path / "timing.json").read_text())
   assert [(g["task"], g["temperature"]) for g in timing["groups"]] == [
       (r["task"], r["temperature"]) for r in rows]
