@@ -411,7 +411,7 @@ def _load_local(path: str, dtype: str,
   logits_source = "shared.weight" if tied else "lm_head.weight"
   logits_scale = config.emb_dim**-0.5 if scale and not tied else None
 
-  shapes = jax.eval_shape(T5Def(config).init_params, jax.random.PRNGKey(0))
+  shapes = T5Def(config).param_shapes()
   params: dict[str, Any] = {}
   for ours, shape_dtype in _paths(shapes):
     name, transpose = _hf_name(ours)
@@ -572,7 +572,7 @@ def save_t5(model: Any, directory: str, *, overwrite: bool = False) -> str:
 
 def _hf_tensors(config: T5Config, params: Any) -> dict[str, np.ndarray]:
   """HF name -> tensor in HF's layout, for every parameter of `config`."""
-  shapes = jax.eval_shape(T5Def(config).init_params, jax.random.PRNGKey(0))
+  shapes = T5Def(config).param_shapes()
   expected = dict(_paths(shapes))
   found = dict(_paths(params))
   extra = sorted("/".join(p) for p in set(found) - set(expected))

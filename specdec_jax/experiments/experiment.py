@@ -74,7 +74,7 @@ def replicate_draft(config: ExperimentConfig, draft_def: Any,
     return bool(config.replicate_draft)
   if not mesh_shape or not hasattr(draft_def, "param_logical_axes"):
     return False
-  shapes = jax.eval_shape(draft_def.init_params, jax.random.PRNGKey(0))
+  shapes = draft_def.param_shapes()
   sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
   specs = jax.tree.leaves(draft_def.param_logical_axes(),
                           is_leaf=lambda x: isinstance(

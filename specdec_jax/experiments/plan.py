@@ -138,13 +138,11 @@ def _shard_bytes(shapes, logical_specs, mesh_shape) -> int:
   return total
 
 
-@functools.lru_cache(maxsize=64)
 def param_shapes(definition) -> Any:
   """ShapeDtypeStructs of the parameters (traced once per definition)."""
-  return jax.eval_shape(definition.init_params, jax.random.PRNGKey(0))
+  return definition.param_shapes()
 
 
-@functools.lru_cache(maxsize=64)
 def param_logical_axes(definition) -> Any:
   return definition.param_logical_axes()
 

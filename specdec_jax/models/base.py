@@ -22,6 +22,18 @@ def _jitted_init(module_class: type, config: Any):
   return jax.jit(module_class(config).init)
 
 
+@functools.lru_cache(maxsize=64)
+def _abstract_params(module_class: type, config: Any,
+                     num_init_inputs: int) -> tuple[Any, Any]:
+  """(ShapeDtypeStructs, PartitionSpecs of logical axis names) of the
+  parameters, from one abstract init per (module, config): tracing a large
+  model's init takes seconds, and planning asks for both many times."""
+  inputs = (jnp.ones((1, 4), jnp.int32),) * num_init_inputs
+  boxed = jax.eval_shape(module_class(config).init, jax.random.PRNGKey(0),
+                         *inputs)["params"]
+  return nn.unbox(boxed), nn.get_partition_spec(boxed)
+
+
 class FlaxModelDef:
   """Shared half of `T5Def` and `GPTDef` (see `decoding.protocol.ModelDef`).
 
@@ -54,11 +66,15 @@ class FlaxModelDef:
         rng, *self._init_inputs())
     return nn.unbox(variables["params"])
 
+  def param_shapes(self) -> Any:
+    """ShapeDtypeStructs of the parameters (no arrays, computed once)."""
+    return _abstract_params(self.module_class, self.config,
+                            self.num_init_inputs)[0]
+
   def param_logical_axes(self) -> Any:
     """PartitionSpecs of logical axis names, same tree as the parameters."""
-    shapes = jax.eval_shape(self.module.init, jax.random.PRNGKey(0),
-                            *self._init_inputs())
-    return nn.get_partition_spec(shapes)["params"]
+    return _abstract_params(self.module_class, self.config,
+                            self.num_init_inputs)[1]
 
 
 def constrain_cache(cache: Any, logical_axes: Any) -> Any:
