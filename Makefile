@@ -22,7 +22,7 @@ demo: $(STAMP)
 
 # Two worker processes (pytest-xdist), each test module in one of them: XLA
 # compiles on one core at a time, so two processes keep both busy (the
-# suite: 22.5 min on 2 cores, 43 min of CPU; docs/reliability.md says what
+# suite: 17.5 min on 2 cores, 33 min of CPU; docs/reliability.md says what
 # it checks). TEST_FLAGS="-n 0" runs in one; add --durations=30 to see the
 # slowest tests.
 TEST_FLAGS ?= -n 2 --dist loadfile
