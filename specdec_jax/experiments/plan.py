@@ -138,21 +138,12 @@ def _shard_bytes(shapes, logical_specs, mesh_shape) -> int:
   return total
 
 
-def param_shapes(definition) -> Any:
-  """ShapeDtypeStructs of the parameters (traced once per definition)."""
-  return definition.param_shapes()
-
-
-def param_logical_axes(definition) -> Any:
-  return definition.param_logical_axes()
-
-
 @functools.lru_cache(maxsize=64)
 def _cache_shapes(definition, batch: int, length: int, positions: int) -> Any:
   ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
   return jax.eval_shape(
       lambda p, i: definition.prefill(p, i, positions).cache,
-      param_shapes(definition), ids)
+      definition.param_shapes(), ids)
 
 
 def cache_shapes(definition, params, batch: int, length: int,
@@ -173,9 +164,9 @@ def estimate(shape: RunShape) -> dict[str, Any]:
   positions = shape.max_decode_len + shape.gamma + 1
   out = {}
   for role, definition in (("target", shape.target), ("draft", shape.draft)):
-    params = param_shapes(definition)
+    params = definition.param_shapes()
     replicate = role == "draft" and shape.replicate_draft
-    specs = None if replicate else param_logical_axes(definition)
+    specs = None if replicate else definition.param_logical_axes()
     out[f"{role}_param_bytes"] = _shard_bytes(params, specs, mesh)
     out[f"{role}_param_bytes_total"] = _shard_bytes(params, None, (1, 1))
     cache = cache_shapes(definition, params, shape.batch, shape.input_len,
@@ -262,7 +253,7 @@ def _mesh(shape: RunShape):
 
 
 def abstract_params(definition, mesh, replicate: bool = False) -> Any:
-  shapes = param_shapes(definition)
+  shapes = definition.param_shapes()
   shards = sharding.param_shardings(definition, shapes, mesh,
                                     replicate=replicate)
   return jax.tree.map(
@@ -485,10 +476,10 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
   steps = {}
   for name in ("target_step", "verify_step", "draft_step"):
     step = dict(programs[name])
-    params = shape.draft if name == "draft_step" else shape.target
+    definition = shape.draft if name == "draft_step" else shape.target
     spec = None if (name == "draft_step" and shape.replicate_draft) else \
-        param_logical_axes(params)
-    weights = _decoder_weights(param_shapes(params))
+        definition.param_logical_axes()
+    weights = _decoder_weights(definition.param_shapes())
     if spec is not None:
       spec = _decoder_weights(spec)
     step["weight_bytes"] = _shard_bytes(weights, spec, shape.mesh_shape)
@@ -556,7 +547,7 @@ def decoder_step_bytes(shape: RunShape) -> dict[str, int]:
   for role, definition in (("target", shape.target), ("draft", shape.draft)):
     replicate = role == "draft" and shape.replicate_draft
     spec = None if replicate else _decoder_weights(
-        param_logical_axes(definition))
-    out[role] = _shard_bytes(_decoder_weights(param_shapes(definition)), spec,
+        definition.param_logical_axes())
+    out[role] = _shard_bytes(_decoder_weights(definition.param_shapes()), spec,
                              shape.mesh_shape)
   return out

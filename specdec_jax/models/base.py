@@ -23,13 +23,12 @@ def _jitted_init(module_class: type, config: Any):
 
 
 @functools.lru_cache(maxsize=64)
-def _abstract_params(module_class: type, config: Any,
-                     num_init_inputs: int) -> tuple[Any, Any]:
+def _abstract_params(definition: "FlaxModelDef") -> tuple[Any, Any]:
   """(ShapeDtypeStructs, PartitionSpecs of logical axis names) of the
-  parameters, from one abstract init per (module, config): tracing a large
+  parameters, from one abstract init per definition: tracing a large
   model's init takes seconds, and planning asks for both many times."""
-  inputs = (jnp.ones((1, 4), jnp.int32),) * num_init_inputs
-  boxed = jax.eval_shape(module_class(config).init, jax.random.PRNGKey(0),
+  inputs = definition._init_inputs()  # pylint: disable=protected-access
+  boxed = jax.eval_shape(definition.module.init, jax.random.PRNGKey(0),
                          *inputs)["params"]
   return nn.unbox(boxed), nn.get_partition_spec(boxed)
 
@@ -68,13 +67,11 @@ class FlaxModelDef:
 
   def param_shapes(self) -> Any:
     """ShapeDtypeStructs of the parameters (no arrays, computed once)."""
-    return _abstract_params(self.module_class, self.config,
-                            self.num_init_inputs)[0]
+    return _abstract_params(self)[0]
 
   def param_logical_axes(self) -> Any:
     """PartitionSpecs of logical axis names, same tree as the parameters."""
-    return _abstract_params(self.module_class, self.config,
-                            self.num_init_inputs)[1]
+    return _abstract_params(self)[1]
 
 
 def constrain_cache(cache: Any, logical_axes: Any) -> Any:
