@@ -32,7 +32,7 @@ orders of magnitude, so N was halved from 500 to save the suite's time).
 
 Cost: 15 compiled loops (5 drafters x 2 static samplers, 4 greedy, 1
 control; about 17 s each) plus N rows per sampled test (about 0.03 s
-each), the suite's longest module (temperature and
+each), one of the suite's longest modules (temperature and
 top-p are traced, but top-k and whether top-p is on are shapes of the
 compiled loop, so the two settings cannot share one).
 """
