@@ -34,6 +34,7 @@ import optax
 import specdec_jax as sd
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
+from specdec_jax.data import readers
 from specdec_jax.models import t5
 from specdec_jax.training.batches import BucketedData
 from specdec_jax.tokens import EOS_ID
@@ -73,10 +74,10 @@ def main(argv):
   tparams = jax.tree.map(jnp.asarray, target.params)
   with tasks.override_config(
       vocab_path=target.vocab.sentencepiece_model_file):
-    train = batching.load_examples("multi30k_ende_mix_local", "train")
-    sentences = batching.load_examples("multi30k_ende_local", "validation",
+    train = readers.load_examples("multi30k_ende_mix_local", "train")
+    sentences = readers.load_examples("multi30k_ende_local", "validation",
                                        max_examples=256)
-    paragraphs = batching.load_examples("multi30k_ende_paragraphs_local",
+    paragraphs = readers.load_examples("multi30k_ende_paragraphs_local",
                                         "validation", max_examples=96)
   data = BucketedData([e.inputs[:128] for e in train],
                       [e.targets[:128] for e in train],

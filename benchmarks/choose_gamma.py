@@ -32,6 +32,7 @@ import specdec_jax as sd
 from specdec_jax import theory
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
+from specdec_jax.data import readers
 from specdec_jax.decoding import api
 from specdec_jax.experiments import costs
 
@@ -54,7 +55,7 @@ def main(argv):
   del argv
   target = sd.load_model(args.target)
   with tasks.override_config(vocab_path=target.vocab.sentencepiece_model_file):
-    examples = batching.load_examples(args.task, "validation",
+    examples = readers.load_examples(args.task, "validation",
                                       max_examples=args.examples)
   batches = list(batching.batches(examples, batch_size=32, max_length=128))
   one = next(batching.batches(examples[:1], batch_size=1, max_length=128))

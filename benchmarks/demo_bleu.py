@@ -20,6 +20,7 @@ from absl import flags
 import specdec_jax as sd
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
+from specdec_jax.data import readers
 from specdec_jax.training import steps
 from specdec_jax.training import train
 
@@ -39,7 +40,7 @@ def main(argv):
     model = sd.load_model(spec)
     vocab_path = model.vocab.sentencepiece_model_file
     with tasks.override_config(vocab_path=vocab_path):
-      examples = batching.load_examples(args.task, "validation",
+      examples = readers.load_examples(args.task, "validation",
                                         max_examples=args.examples or None)
     config = train.TrainConfig(
         task=args.task, workdir="unused", num_steps=1, eval_examples=0,

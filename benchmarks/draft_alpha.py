@@ -11,7 +11,7 @@ Decodes the first --examples Multi30k validation sentences (needs
 prints the pooled alpha (`theory.pooled_alpha`: the mean of
 sum_x min(p, q) over verified positions; docs/demo_models.md). With
 --task, the first --examples of that task's --split instead
-(`batching.load_examples`, tokenized with the target's vocabulary).
+(`readers.load_examples`, tokenized with the target's vocabulary).
 """
 
 from absl import app
@@ -22,6 +22,7 @@ from specdec_jax import theory
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.data import text
+from specdec_jax.data import readers
 
 _TARGET = flags.DEFINE_string("target", "demo:target", "Target model spec.")
 _DRAFTS = flags.DEFINE_list(
@@ -49,7 +50,7 @@ def _batches(target):
     return [text.encode(target.vocab, sentences)]
   with tasks.override_config(
       vocab_path=target.vocab.sentencepiece_model_file):
-    examples = batching.load_examples(_TASK.value, _SPLIT.value,
+    examples = readers.load_examples(_TASK.value, _SPLIT.value,
                                       max_examples=_EXAMPLES.value)
   return [b.input_ids for b in batching.batches(examples, batch_size=32,
                                                 max_length=128)]

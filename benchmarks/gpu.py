@@ -19,7 +19,7 @@ Next to each measured time it puts the roofline projection that
 scripts/plan_run.py makes for --chip (default: the chip JAX reports, h200
 on the lent GPU): the step compiled for this device, its flops and bytes
 accessed from `cost_analysis()`, max(flops / peak, bytes / HBM bandwidth)
-(specdec_jax/experiments/plan.py, chips.py). `step_over_roofline` and
+(specdec_jax/planning/plan.py, chips.py). `step_over_roofline` and
 `c_roofline` against `c` say how far the projection is from the device.
 """
 
@@ -35,7 +35,7 @@ import numpy as np
 from specdec_jax import Model, theory
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import costs
-from specdec_jax.experiments import plan
+from specdec_jax.planning import plan
 from specdec_jax.experiments import timing
 from specdec_jax.models import registry
 

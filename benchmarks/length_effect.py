@@ -24,7 +24,7 @@ from absl import logging
 from specdec_jax import theory
 from specdec_jax.data import tasks
 from specdec_jax.data import text
-from specdec_jax.experiments import demo
+from specdec_jax.tables import demo
 
 flags.DEFINE_integer("examples", 40, "Sentences in each set.")
 flags.DEFINE_string("data_dir", None, "Multi30k files (default: "

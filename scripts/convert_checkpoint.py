@@ -29,7 +29,7 @@ from absl import flags
 from absl import logging
 
 from specdec_jax import checkpoints
-from specdec_jax import paths
+from specdec_jax.infra import paths
 from specdec_jax.checkpoints import hf
 from specdec_jax.experiments import workdir
 

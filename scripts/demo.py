@@ -5,7 +5,7 @@ r"""The main job on its embedded default: `make demo`.
 
 Runs the scaled Table 2 EnDe rows with the shipped demo models and prints
 a summary of the table (`demo.summary`; every column is in table.md); see
-specdec_jax/experiments/demo.py and configs/demo.gin.
+specdec_jax/tables/demo.py and configs/demo.gin.
 """
 
 import dataclasses
@@ -15,8 +15,8 @@ import os
 from absl import flags
 import gin
 
-from specdec_jax.experiments import demo
-from specdec_jax.experiments import gin_flags
+from specdec_jax.tables import demo
+from specdec_jax.launch import gin_flags
 
 _WORKDIR = flags.DEFINE_string("workdir", "results/demo", "Output directory.")
 _OVERWRITE = flags.DEFINE_bool(

@@ -9,7 +9,7 @@ r"""Ships a trained model as demo:NAME (bfloat16 on disk, float32 on load).
 from absl import app
 from absl import flags
 
-from specdec_jax.experiments import demo
+from specdec_jax.tables import demo
 
 _SOURCE = flags.DEFINE_string("source", None, "load_model spec of the model.",
                               required=True)

@@ -16,7 +16,7 @@ from absl import app
 from absl import flags
 
 from specdec_jax.data import tasks
-from specdec_jax.data import vocabularies
+from specdec_jax.data import readers
 
 _TFDS_NAME = flags.DEFINE_string("tfds_name", None,
                                  "e.g. lm1b or lm1b:1.1.0.", required=True)
@@ -34,7 +34,7 @@ _TFDS_DATA_DIR = flags.DEFINE_string(
 def main(argv):
   del argv
   with tasks.override_config(tfds_data_dir=_TFDS_DATA_DIR.value):
-    lines = vocabularies.export_tfds_text(
+    lines = readers.export_tfds_text(
         _TFDS_NAME.value, _SPLIT.value, _FIELD.value, _OUTPUT.value,
         max_examples=_MAX_EXAMPLES.value or None)
   print(f"{lines} lines -> {_OUTPUT.value}")

@@ -8,7 +8,7 @@ Compiles the run's exact programs from abstract shapes on simulated CPU
 devices shaped like its mesh (no checkpoint is read, no weight allocated)
 and writes per-device memory, the decoding loop's collectives, per-step
 costs and a roofline projection for --chip (see
-specdec_jax/experiments/plan.py). A config that cannot fit exits non-zero
+specdec_jax/planning/plan.py). A config that cannot fit exits non-zero
 with the numbers and the fix, before compiling anything.
 
   python scripts/plan_run.py --experiments='experiments/table2/*.gin' \
@@ -21,7 +21,7 @@ parallel) and one H100 and H200, and writes the Markdown tables
 A gin file that binds `distill.DistillConfig` (e.g.
 training/distill_t5_1_1_small_from_xxl.gin) plans one distillation step
 of the draft beside the sharded target instead of decoding
-(specdec_jax/experiments/plan_training.py).
+(specdec_jax/planning/plan_training.py).
 """
 
 import glob
@@ -45,10 +45,10 @@ import gin  # noqa: E402
 from specdec_jax.data import tasks  # noqa: E402,F401  (registers TaskConfig)
 from specdec_jax.experiments import chips  # noqa: E402
 from specdec_jax.experiments import experiment  # noqa: E402
-from specdec_jax.experiments import gin_flags  # noqa: E402
-from specdec_jax.experiments import plan  # noqa: E402
-from specdec_jax.experiments import plan_table  # noqa: E402
-from specdec_jax.experiments import plan_training  # noqa: E402
+from specdec_jax.launch import gin_flags  # noqa: E402
+from specdec_jax.planning import plan  # noqa: E402
+from specdec_jax.planning import plan_table  # noqa: E402
+from specdec_jax.planning import plan_training  # noqa: E402
 from specdec_jax.training import distill  # noqa: E402
 
 _CHIP = flags.DEFINE_enum("chip", None, list(chips.CHIPS),

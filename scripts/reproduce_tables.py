@@ -18,11 +18,11 @@ import gin
 
 import jax
 
-from specdec_jax import paths
+from specdec_jax.infra import paths
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
-from specdec_jax.experiments import gin_flags
-from specdec_jax.experiments import reproduce
+from specdec_jax.launch import gin_flags
+from specdec_jax.tables import reproduce
 from specdec_jax.data import tasks  # noqa: F401  (registers tasks and TaskConfig)
 
 _EXPERIMENTS = flags.DEFINE_multi_string(

@@ -18,10 +18,10 @@ from absl import flags
 from absl import logging
 import gin
 
-from specdec_jax import multihost
-from specdec_jax import paths
+from specdec_jax.infra import multihost
+from specdec_jax.infra import paths
 from specdec_jax.experiments import experiment
-from specdec_jax.experiments import gin_flags
+from specdec_jax.launch import gin_flags
 from specdec_jax.experiments import workdir
 from specdec_jax.data import tasks  # noqa: F401  (registers tasks and TaskConfig)
 

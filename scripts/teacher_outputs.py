@@ -28,8 +28,8 @@ from absl import flags
 from absl import logging
 
 import specdec_jax as sd
-from specdec_jax.data import batching
 from specdec_jax.data import tasks
+from specdec_jax.data import readers
 from specdec_jax.training import teacher
 
 flags.DEFINE_string("model", "demo:target", "The teacher (load_model spec).")
@@ -59,7 +59,7 @@ def main(argv):
               "max_examples": args.max_examples}
   model = sd.load_model(args.model, config=args.model_config)
   with tasks.override_config(vocab_path=model.vocab.sentencepiece_model_file):
-    examples = batching.load_examples(args.task, args.split,
+    examples = readers.load_examples(args.task, args.split,
                                       max_examples=args.max_examples or None)
   try:
     teacher.write_translations(

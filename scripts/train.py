@@ -18,7 +18,7 @@ from absl import flags
 from absl import logging
 import gin
 
-from specdec_jax.experiments import gin_flags
+from specdec_jax.launch import gin_flags
 from specdec_jax.training import train
 
 _WORKDIR = flags.DEFINE_string("workdir", None,

@@ -32,10 +32,10 @@ import specdec_jax
 from specdec_jax import Model
 from specdec_jax import checkpoints
 from specdec_jax.checkpoints import hf
-from specdec_jax import paths
+from specdec_jax.infra import paths
 from specdec_jax.data import tasks
 from specdec_jax.experiments import experiment
-from specdec_jax.experiments import gin_flags
+from specdec_jax.launch import gin_flags
 from specdec_jax.experiments import workdir as workdir_lib
 from tests import toy_models
 from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)

@@ -401,7 +401,7 @@ def test_import_needs_only_jax_flax_numpy(tmp_path):
       "specdec_jax.checkpoints.t5x.read_bytes(sys.argv[1])\n"
       # A local read needs no tensorstore; the gs:// client's setup does.
       "assert not imported()\n"
-      "specdec_jax.paths._context(1.0)\n"
+      "specdec_jax.infra.paths._context(1.0)\n"
       "print(imported())\n")
   result = subprocess.run(
       [sys.executable, "-c", code, str(tmp_path / "absent")], check=True,

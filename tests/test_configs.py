@@ -8,11 +8,11 @@ import gin
 import pytest
 
 from specdec_jax.data import tasks
+from specdec_jax.experiments import fit
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
-from specdec_jax.experiments import gin_flags
-from specdec_jax.experiments import plan
-from specdec_jax.experiments import reproduce
+from specdec_jax.launch import gin_flags
+from specdec_jax.tables import reproduce
 from specdec_jax.models import registry
 from specdec_jax.training import train
 
@@ -123,7 +123,7 @@ def test_table2_rows_on_the_public_t5_v1_0_checkpoints():
       assert config.target.startswith(
           "t5x:gs://t5-data/pretrained_models/t5x/t5_11B/checkpoint_")
       assert f"/t5x/t5_{size}/checkpoint_" in config.draft
-      plan.check_fits(config, chips.get_chip("tpu_v4"))
+      fit.check_fits(config, chips.get_chip("tpu_v4"))
       gin.clear_config()
   finally:
     gin.clear_config()

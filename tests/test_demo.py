@@ -1,4 +1,4 @@
-"""Tests for the shipped demo models and `make demo` (specdec_jax.experiments.demo).
+"""Tests for the shipped demo models and `make demo` (specdec_jax.tables.demo).
 
 Invariants: the four shipped models load from the package alone and keep
 speculative decoding exact (greedy output identical to the target's); their
@@ -19,9 +19,9 @@ import specdec_jax as sd
 from specdec_jax import checkpoints
 from specdec_jax.data import text
 from specdec_jax.experiments import costs
-from specdec_jax.experiments import demo
+from specdec_jax.tables import demo
 from specdec_jax import generate
-from specdec_jax.experiments import gin_flags
+from specdec_jax.launch import gin_flags
 from specdec_jax import load_model
 from specdec_jax import speculative_generate
 

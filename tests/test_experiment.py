@@ -17,7 +17,7 @@ import pytest
 from specdec_jax import checkpoints
 from specdec_jax.experiments import costs
 from specdec_jax.experiments import experiment
-from specdec_jax.experiments import reproduce
+from specdec_jax.tables import reproduce
 from specdec_jax.experiments import timing
 from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.data import tasks

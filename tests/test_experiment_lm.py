@@ -13,8 +13,9 @@ import pytest
 from specdec_jax import Model
 from specdec_jax import checkpoints
 from specdec_jax.data import tasks
+from specdec_jax.data import readers
 from specdec_jax.experiments import experiment
-from specdec_jax.experiments import reproduce
+from specdec_jax.tables import reproduce
 from specdec_jax.models import registry
 
 
@@ -72,14 +73,13 @@ def test_ngram_draft_for_decoder_only_target_learns_across_the_prompt(
   (decoder_only): a bigram that only occurs from the prompt's last token into
   the continuation gets most of its row's mass, where a T5-style fit on the
   targets alone (the negative control) leaves it at the smoothing floor."""
-  from specdec_jax.data import batching  # pylint: disable=g-import-not-at-top
   from specdec_jax.decoding import ngram  # pylint: disable=g-import-not-at-top
   _, task_config = lm_setup
   target = checkpoints.load_model("gpt_tiny")
   with tasks.override_config(**task_config):
     draft = experiment.fit_ngram_draft(_lm_config(), target)
     unigram = experiment.fit_ngram_draft(_lm_config(draft="unigram"), target)
-    examples = batching.load_examples("lm1b_local", "train")
+    examples = readers.load_examples("lm1b_local", "train")
   assert draft.definition.decoder_only and draft.definition.order == 2
   assert unigram.definition.decoder_only and unigram.definition.order == 1
   pairs = {(int(e.inputs[-1]), int(e.targets[0])) for e in examples}

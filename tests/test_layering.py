@@ -1,15 +1,25 @@
 """The layout is the architecture: each layer imports only from layers below.
 
-  core         sampling, theory, sharding, tokens, decoding/, models/
-  checkpoints  checkpoints/          (core)
-  data         data/                 (core)
-  training     training/             (core, checkpoints, data)
-  experiments  experiments/          (everything)
+  core         sampling, theory, sharding, tokens, errors, versions,
+               decoding/, models/
+  infra        infra/                (core): paths, locks, multihost, summaries
+  checkpoints  checkpoints/          (core, infra)
+  data         data/                 (core, infra)
+  training     training/             (core, infra, checkpoints, data)
+  experiments  experiments/          (everything above but training)
+  planning     planning/             (experiments and below, training)
+  launch       launch/               (experiments and below)
+  tables       tables/               (everything)
 
-Two invariants: (1) no module imports from a layer above its own (checked
-on the source, function-local imports included); (2) the core and the
-checkpoint formats import with TensorFlow, seqio and gin unimportable, so a
-user who only decodes needs jax, flax and numpy.
+Inside the core, models/ sit above decoding/: a model satisfies the
+decoder's protocol (`decoding.protocol`), and decoding/ imports no model
+module (it tells families apart by the `family` a definition declares).
+
+Invariants: (1) no module imports from a layer above its own; (2) no import
+inside a function, where it would hide an arrow; (3) no import circle
+between modules; (4) the core and the checkpoint formats import with
+TensorFlow, seqio and gin unimportable, so a user who only decodes needs
+jax, flax and numpy.
 """
 
 import ast
@@ -21,13 +31,19 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
                     "specdec_jax")
-LAYERS = ("core", "checkpoints", "data", "training", "experiments")
+LAYERS = ("core", "infra", "checkpoints", "data", "training", "experiments",
+          "planning", "launch", "tables")
+_BELOW_TRAINING = {"core", "infra", "checkpoints", "data"}
 ALLOWED = {
     "core": {"core"},
-    "checkpoints": {"core", "checkpoints"},
-    "data": {"core", "data"},
-    "training": {"core", "checkpoints", "data", "training"},
-    "experiments": set(LAYERS),
+    "infra": {"core", "infra"},
+    "checkpoints": {"core", "infra", "checkpoints"},
+    "data": {"core", "infra", "data"},
+    "training": _BELOW_TRAINING | {"training"},
+    "experiments": _BELOW_TRAINING | {"experiments"},
+    "planning": _BELOW_TRAINING | {"training", "experiments", "planning"},
+    "launch": _BELOW_TRAINING | {"experiments", "launch"},
+    "tables": set(LAYERS),
 }
 
 
@@ -38,20 +54,31 @@ def _layer(module: str) -> str:
   return top if top in LAYERS else "core"
 
 
-def _imports(path: str) -> list[str]:
+def _is_module(dotted: str) -> bool:
+  path = os.path.join(os.path.dirname(ROOT), *dotted.split("."))
+  return os.path.isfile(path + ".py") or os.path.isdir(path)
+
+
+def _imports(path: str, local_only: bool = False) -> list[str]:
+  """The specdec_jax modules a file imports (`from p import m` names p.m
+  where m is a module); `local_only`: only those inside a function."""
   with open(path) as f:
     tree = ast.parse(f.read(), path)
+  nodes = list(ast.walk(tree))
+  if local_only:
+    nodes = [n for f in nodes
+             if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for n in ast.walk(f)]
   found = []
-  for node in ast.walk(tree):
+  for node in nodes:
     if isinstance(node, ast.ImportFrom) and node.module and (
         node.module.startswith("specdec_jax")):
-      if node.module == "specdec_jax":
-        found += [f"specdec_jax.{a.name}" for a in node.names]
-      else:
-        found.append(node.module)
+      for alias in node.names:
+        full = f"{node.module}.{alias.name}"
+        found.append(full if _is_module(full) else node.module)
     elif isinstance(node, ast.Import):
       found += [a.name for a in node.names if a.name.startswith("specdec_jax")]
-  return found
+  return sorted(set(found))
 
 
 def _modules():
@@ -63,25 +90,96 @@ def _modules():
         yield path, rel.replace(os.sep, ".").removesuffix(".__init__")
 
 
+def _violations(module: str, imported: list[str]) -> list[str]:
+  layer = _layer(module)
+  out = [f"{module} ({layer}) imports {m} ({_layer(m)})"
+         for m in imported if _layer(m) not in ALLOWED[layer]]
+  if module.startswith("specdec_jax.decoding"):
+    out += [f"{module} (decoding) imports the model module {m}"
+            for m in imported if m.startswith("specdec_jax.models")]
+  return out
+
+
 def test_no_module_imports_from_a_layer_above_its_own():
   violations = []
   for path, module in _modules():
     if module == "specdec_jax":  # the package re-exports the public API
       continue
-    layer = _layer(module)
-    for imported in _imports(path):
-      if _layer(imported) not in ALLOWED[layer]:
-        violations.append(f"{module} ({layer}) imports {imported}")
+    violations += _violations(module, _imports(path))
   assert not violations, "\n".join(violations)
 
 
-def test_the_layer_check_catches_an_upward_import(tmp_path):
-  """Negative control: the checker sees a core module importing data."""
+def test_no_import_hides_inside_a_function():
+  hidden = [f"{module} imports {m} inside a function"
+            for path, module in _modules()
+            for m in _imports(path, local_only=True)]
+  assert not hidden, "\n".join(hidden)
+
+
+def _cycle(graph: dict[str, list[str]]) -> list[str] | None:
+  """One import circle of `graph` (module -> imported modules), or None."""
+  state, stack = {}, []
+
+  def visit(node):
+    state[node] = "open"
+    stack.append(node)
+    for nxt in graph.get(node, ()):
+      if state.get(nxt) == "open":
+        return stack[stack.index(nxt):] + [nxt]
+      if nxt not in state:
+        found = visit(nxt)
+        if found:
+          return found
+    stack.pop()
+    state[node] = "done"
+    return None
+
+  for node in sorted(graph):
+    if node not in state:
+      found = visit(node)
+      if found:
+        return found
+  return None
+
+
+def test_no_import_circle():
+  graph = {module: [m for m in _imports(path) if m != module]
+           for path, module in _modules() if module != "specdec_jax"}
+  cycle = _cycle(graph)
+  assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_checks_catch_an_upward_import_a_hidden_one_and_a_circle(
+    tmp_path):
+  """Negative controls: each check sees what it exists to catch."""
   bad = tmp_path / "bad.py"
   bad.write_text("def f():\n  from specdec_jax.data import tasks\n")
-  imported = _imports(str(bad))
-  assert imported == ["specdec_jax.data"]
-  assert _layer(imported[0]) not in ALLOWED["core"]
+  assert _imports(str(bad), local_only=True) == ["specdec_jax.data.tasks"]
+  assert _violations("specdec_jax.sampling", _imports(str(bad)))
+  assert _violations("specdec_jax.decoding.api", ["specdec_jax.models.t5"])
+  assert _violations("specdec_jax.experiments.fit",
+                     ["specdec_jax.planning.plan"])
+  assert not _violations("specdec_jax.planning.plan",
+                         ["specdec_jax.experiments.fit"])
+  assert _cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]
+  assert _cycle({"a": ["b"], "b": ["c"], "c": []}) is None
+
+
+def test_the_package_root_keeps_only_the_core():
+  """At most 6 modules beside __init__; no folder holds over 20% of the
+  package's lines (one home per role, none swallowing the rest)."""
+  root_modules = sorted(n for n in os.listdir(ROOT)
+                        if n.endswith(".py") and n != "__init__.py")
+  assert len(root_modules) <= 6, root_modules
+  lines = {}
+  for path, module in _modules():
+    with open(path) as f:
+      count = sum(1 for _ in f)
+    folder = module.split(".")[1] if module.count(".") >= 2 else "(root)"
+    lines[folder] = lines.get(folder, 0) + count
+  total = sum(lines.values())
+  big = {k: f"{v / total:.0%}" for k, v in lines.items() if v > 0.2 * total}
+  assert not big, big
 
 
 _BLOCKED = ("tensorflow", "tensorflow_text", "tensorflow_datasets", "seqio",
@@ -122,7 +220,8 @@ def test_gpu_benchmark_modules_import_without_tensorflow_seqio_gin():
   """benchmarks/gpu.py runs on an accelerator box with jax, flax and optax
   only: the run plan and its helpers must import there."""
   code = _IMPORT_CORE.split("import specdec_jax\n")[0] + (
-      "from specdec_jax.experiments import chips, costs, plan, timing\n"
+      "from specdec_jax.experiments import chips, costs, fit, timing\n"
+      "from specdec_jax.planning import plan\n"
       "print('ok')\n")
   result = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, check=False)

@@ -1,4 +1,4 @@
-"""Multi-host runs (specdec_jax/multihost.py), with two real processes and
+"""Multi-host runs (specdec_jax/infra/multihost.py), with two real processes and
 a bucket.
 
 Invariant: two JAX processes on localhost, joined by `jax.distributed`
@@ -29,10 +29,11 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
-from specdec_jax import multihost
-from specdec_jax import paths
+from specdec_jax.infra import multihost
+from specdec_jax.infra import paths
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
+from specdec_jax.data import readers
 from specdec_jax.decoding import api
 from specdec_jax.experiments import experiment
 from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
@@ -194,7 +195,7 @@ def test_two_processes_decode_as_one_process(two_process_run):
                               "vocab.model"),
       local_data_dir=os.path.join(ROOT, "specdec_jax/demo_data"),
       wmt_ende_files={"test": "sentences"}):
-    examples = batching.load_examples(config.task, "test",
+    examples = readers.load_examples(config.task, "test",
                                       max_examples=EXAMPLES)
   for batch in batching.batches(examples, batch_size=1, buckets=config.buckets,
                                 max_length=target.max_input_len or 512):

@@ -15,10 +15,10 @@ import os
 import numpy as np
 import pytest
 
-from specdec_jax.data import batching
 from specdec_jax import load_model
 from specdec_jax.data import paragraphs
 from specdec_jax.data import tasks
+from specdec_jax.data import readers
 
 
 def _corpus(n):
@@ -115,9 +115,9 @@ def test_mix_task_holds_singles_then_paragraphs(tmp_path, tiny_vocab):
            "validation": str(tmp_path / "val")}
   par_en, par_de = paragraphs.build_paragraphs(en, de)
   with tasks.override_config(vocab_path=tiny_vocab, multi30k_files=files):
-    mix = batching.load_examples(tasks.MULTI30K_ENDE_MIX_LOCAL, "train")
-    val = batching.load_examples(tasks.MULTI30K_ENDE_MIX_LOCAL, "validation")
-    par = batching.load_examples(tasks.MULTI30K_ENDE_PARAGRAPHS_LOCAL,
+    mix = readers.load_examples(tasks.MULTI30K_ENDE_MIX_LOCAL, "train")
+    val = readers.load_examples(tasks.MULTI30K_ENDE_MIX_LOCAL, "validation")
+    par = readers.load_examples(tasks.MULTI30K_ENDE_PARAGRAPHS_LOCAL,
                                  "validation")
   prefix = tasks.TRANSLATE_PREFIX
   assert [e.inputs_text for e in mix] == [prefix + s for s in en + par_en]

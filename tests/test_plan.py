@@ -1,4 +1,4 @@
-"""Planning a run from abstract shapes (specdec_jax/experiments/plan.py).
+"""Planning a run from abstract shapes (specdec_jax/planning/plan.py).
 
 Invariants: a plan compiles the run's programs without weights and reports
 positive per-device memory; sharding over `model` puts about a 1/model share
@@ -20,10 +20,11 @@ import pytest
 
 from specdec_jax import sharding
 from specdec_jax.decoding import api
+from specdec_jax.experiments import fit
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
-from specdec_jax.experiments import hlo
-from specdec_jax.experiments import plan
+from specdec_jax.planning import hlo
+from specdec_jax.planning import plan
 from specdec_jax.models import registry
 
 V4 = chips.get_chip("tpu_v4")
@@ -89,7 +90,7 @@ def test_a_replicated_draft_steps_without_collectives():
     pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
   from specdec_jax import sampling  # pylint: disable=g-import-not-at-top
   from specdec_jax.decoding import engine  # pylint: disable=g-import-not-at-top
-  shape = plan.run_shape(_config((1, 4), replicate_draft=True), input_len=8)
+  shape = fit.run_shape(_config((1, 4), replicate_draft=True), input_len=8)
   mesh = sharding.make_mesh(1, 4)
   args = [plan.abstract_params(shape.target, mesh),
           plan.abstract_params(shape.draft, mesh, replicate=True),
@@ -111,17 +112,17 @@ def test_a_replicated_draft_steps_without_collectives():
 
 def test_fit_check_passes_what_fits_and_refuses_with_numbers_and_fix():
   config = _config(None, dtype="float32")
-  assert plan.check_fits(config, V4)["total_bytes"] > 0
-  one = plan.estimate(plan.run_shape(config))["total_bytes"]
-  four = plan.estimate(plan.run_shape(_config((1, 4), dtype="float32")))
+  assert fit.check_fits(config, V4)["total_bytes"] > 0
+  one = fit.estimate(fit.run_shape(config))["total_bytes"]
+  four = fit.estimate(fit.run_shape(_config((1, 4), dtype="float32")))
   # A chip too small for one device's share but not for a quarter of it.
   small = dataclasses.replace(V4, hbm_bytes=(one + four["total_bytes"]) // 2)
   with pytest.raises(experiment.ConfigError) as e:
-    plan.check_fits(config, small)
+    fit.check_fits(config, small)
   message = str(e.value)
   assert "use dtype bfloat16 or runs/tpu_v4_8_model_parallel.gin" in message
   assert "float32" in message and "GB" in message
-  plan.check_fits(_config((1, 4), dtype="float32"), small)  # the fix fits
+  fit.check_fits(_config((1, 4), dtype="float32"), small)  # the fix fits
 
 
 def test_t5_xxl_fit_on_one_v4_from_shapes_alone():
@@ -129,21 +130,21 @@ def test_t5_xxl_fit_on_one_v4_from_shapes_alone():
   (45 GB of parameters > 32 GiB), without compiling anything."""
   xxl = dict(target_config="t5_1_1_xxl", draft_config="t5_1_1_small",
              max_decode_len=512, gamma=7)
-  est = plan.check_fits(_config((1, 1), **xxl), V4)
+  est = fit.check_fits(_config((1, 1), **xxl), V4)
   assert 22e9 < est["target_param_bytes"] < 23e9
   with pytest.raises(experiment.ConfigError,
                      match="use dtype bfloat16 or runs/tpu_v4_8_model_parallel"):
-    plan.check_fits(_config((1, 1), **dict(xxl, dtype="float32")), V4)
+    fit.check_fits(_config((1, 1), **dict(xxl, dtype="float32")), V4)
 
 
 def test_draft_replicated_only_where_it_cannot_be_split():
   small = registry.make_def(registry.get_config("t5_1_1_small"))
   config = _config(None)
-  assert experiment.replicate_draft(config, small, (1, 4))  # 6 heads
-  assert not experiment.replicate_draft(config, small, (1, 2))
-  assert not experiment.replicate_draft(config, small, None)
+  assert fit.replicate_draft(config, small, (1, 4))  # 6 heads
+  assert not fit.replicate_draft(config, small, (1, 2))
+  assert not fit.replicate_draft(config, small, None)
   forced = _config(None, replicate_draft=True)
-  assert experiment.replicate_draft(forced, small, (1, 2))
+  assert fit.replicate_draft(forced, small, (1, 2))
 
 
 def test_cpu_converts_found_in_bf16_programs_only():
@@ -157,7 +158,7 @@ def test_cpu_converts_found_in_bf16_programs_only():
 
 
 def test_no_fit_check_on_cpu_devices():
-  assert plan.check_fits_on_devices(_config(None)) is None
+  assert fit.check_fits_on_devices(_config(None)) is None
   assert chips.chip_of_device_kind("cpu") is None
   assert chips.chip_of_device_kind("TPU v4").name == "tpu_v4"
   assert chips.chip_of_device_kind("TPU v5 lite").name == "tpu_v5e"
@@ -182,7 +183,7 @@ def test_load_models_replicates_the_draft_as_planned():
   assert api._replicated(draft.params, mesh)  # pylint: disable=protected-access
   assert not api._replicated(target.params, mesh)  # pylint: disable=protected-access
   assert jnp.dtype(query.dtype) == jnp.bfloat16  # param_dtype follows dtype
-  shape = plan.run_shape(config)
+  shape = fit.run_shape(config)
   assert shape.replicate_draft
-  est = plan.estimate(shape)
+  est = fit.estimate(shape)
   assert est["draft_param_bytes"] == est["draft_param_bytes_total"]

@@ -1,5 +1,5 @@
 """Planning a distillation step from abstract shapes
-(specdec_jax/experiments/plan_training.py).
+(specdec_jax/planning/plan_training.py).
 
 Invariants: the step compiles from shapes alone on a 1x4 mesh and on one
 device; the teacher's parameters per device are a quarter of the
@@ -17,8 +17,8 @@ import pytest
 
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
-from specdec_jax.experiments import gin_flags
-from specdec_jax.experiments import plan_training
+from specdec_jax.launch import gin_flags
+from specdec_jax.planning import plan_training
 from specdec_jax.training import distill
 
 V4 = chips.get_chip("tpu_v4")

@@ -11,8 +11,8 @@ import pytest
 
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
-from specdec_jax.experiments import reproduce
-from specdec_jax.experiments import table_cost
+from specdec_jax.tables import reproduce
+from specdec_jax.planning import table_cost
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIGS = os.path.join(REPO, "configs")

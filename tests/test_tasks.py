@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
+from specdec_jax.data import readers
 
 SHARED = Path(os.environ.get("SPECDEC_SHARED_DATA")
               or Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -114,7 +115,7 @@ def test_unprepared_tfds_data_says_how_to_prepare_it(tmp_path, tiny_vocab,
   with tasks.override_config(vocab_path=tiny_vocab,
                              tfds_data_dir=str(tmp_path)):
     with pytest.raises(tasks.TfdsNotPreparedError) as info:
-      batching.load_examples(name, "test")
+      readers.load_examples(name, "test")
   message = str(info.value)
   assert f"tfds build {tfds_name} --data_dir={tmp_path}" in message
   assert "TaskConfig.tfds_data_dir" in message and repr(local) in message
@@ -175,11 +176,11 @@ def test_lm1b_local_task_splits_prompt_and_continuation(tmp_path,
   path.write_text("\n".join(lines) + "\n", "utf-8")
   with tasks.override_config(vocab_path=tiny_vocab,
                              lm1b_files={"test": str(path)}):
-    examples = batching.load_examples(tasks.LM1B_LOCAL, "test")
+    examples = readers.load_examples(tasks.LM1B_LOCAL, "test")
     vocab = tasks.get_vocabulary()
-    (batch,) = batching.iterate_examples(tasks.LM1B_LOCAL, "test", batch_size=4)
+    (batch,) = readers.iterate_examples(tasks.LM1B_LOCAL, "test", batch_size=4)
     with tasks.override_config(lm1b_prompt_words=2):
-      (two,) = batching.load_examples(tasks.LM1B_LOCAL, "test", max_examples=1)
+      (two,) = readers.load_examples(tasks.LM1B_LOCAL, "test", max_examples=1)
     for e, line in zip(examples, [lines[0], lines[1], lines[3], lines[4]]):
       assert vocab.decode(e.inputs.tolist()) == e.inputs_text
       whole = np.concatenate([e.inputs, e.targets[:-1]]).tolist()
@@ -206,13 +207,13 @@ def test_lm1b_local_needs_configuring(tmp_path, tiny_vocab):
   make; a prompt of no words is refused with the setting to fix."""
   with tasks.override_config(vocab_path=tiny_vocab):
     with pytest.raises(ValueError, match="TaskConfig.lm1b_files"):
-      batching.load_examples(tasks.LM1B_LOCAL, "test")
+      readers.load_examples(tasks.LM1B_LOCAL, "test")
     path = tmp_path / "s.txt"
     path.write_text("a b c\n", "utf-8")
     with tasks.override_config(lm1b_files={"train": str(path)},
                                lm1b_prompt_words=0):
       with pytest.raises(ValueError, match="lm1b_prompt_words"):
-        batching.load_examples(tasks.LM1B_LOCAL, "train")
+        readers.load_examples(tasks.LM1B_LOCAL, "train")
 
 
 def test_lm1b_prompt_truncation_matches_seqio(tmp_path, tiny_vocab):
@@ -227,7 +228,7 @@ def test_lm1b_prompt_truncation_matches_seqio(tmp_path, tiny_vocab):
     seqio_rows = [ex["inputs"] for ex in task.get_dataset(
         {"inputs": 12, "targets": 12}, split="test",
         shuffle=False).as_numpy_iterator()]
-    (batch,) = batching.iterate_examples(tasks.LM1B_LOCAL, "test", batch_size=2,
+    (batch,) = readers.iterate_examples(tasks.LM1B_LOCAL, "test", batch_size=2,
                                          max_length=12)
   for row, length, expected in zip(batch.input_ids, batch.input_lengths,
                                    seqio_rows):
@@ -253,8 +254,8 @@ def test_local_parallel_text_task(tmp_path, tiny_vocab):
   prefix = _write_parallel(tmp_path, en, de)
   with tasks.override_config(vocab_path=tiny_vocab,
                              wmt_ende_files={"test": prefix}):
-    examples = batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
-    batches = list(batching.iterate_examples(
+    examples = readers.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    batches = list(readers.iterate_examples(
         tasks.WMT14_ENDE_LOCAL, "test", batch_size=2, buckets=(8, 16, 32),
         max_length=32))
     vocab = tasks.get_vocabulary()
@@ -281,8 +282,8 @@ def test_local_jsonl_task(tmp_path, tiny_vocab):
   path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", "utf-8")
   with tasks.override_config(vocab_path=tiny_vocab,
                              cnndm_files={"test": str(path)}):
-    examples = batching.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
-    first = batching.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test",
+    examples = readers.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
+    first = readers.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test",
                                    max_examples=1)
   assert [e.id for e in examples] == ["x1", "1", "x3"]
   assert examples[0].inputs_text == "summarize: the cat sat"
@@ -297,18 +298,18 @@ def test_local_data_errors_name_the_file(tmp_path, tiny_vocab):
                              local_data_dir=str(tmp_path)):
     with pytest.raises(FileNotFoundError, match=r"nowhere\.en"):
       with tasks.override_config(wmt_ende_files={"test": "nowhere"}):
-        batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+        readers.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
     with pytest.raises(ValueError, match="TaskConfig.multi30k_files"):
       with tasks.override_config(multi30k_files={}):
-        batching.load_examples(tasks.MULTI30K_ENDE_LOCAL, "test")
+        readers.load_examples(tasks.MULTI30K_ENDE_LOCAL, "test")
     prefix = _write_parallel(tmp_path, ["a", "b"], ["a"], name="skew")
     with pytest.raises(ValueError, match="Misaligned.*2 lines.*1"):
       with tasks.override_config(wmt_ende_files={"test": prefix}):
-        batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+        readers.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
     (tmp_path / "bad.jsonl").write_text('{"article": "a"}\n', "utf-8")
     with pytest.raises(ValueError, match=r"bad\.jsonl line 1"):
       with tasks.override_config(cnndm_files={"test": "bad.jsonl"}):
-        batching.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
+        readers.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
 
 
 def test_bad_bytes_and_blank_pairs_in_local_files_are_named(tmp_path,
@@ -325,12 +326,12 @@ def test_bad_bytes_and_blank_pairs_in_local_files_are_named(tmp_path,
       f.write(b"a\nb\ngr\xfcn\n")
     with pytest.raises(ValueError, match=r"latin\.de .*line 3.*UTF-8"):
       with tasks.override_config(wmt_ende_files={"test": prefix}):
-        batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+        readers.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
     prefix = _write_parallel(tmp_path, ["a", "", "c", "d"], ["a", "b", "c", " "],
                              name="blank")
     with pytest.raises(ValueError, match=r"blank\.en/\.de .*2 pair.*\[2, 4\]"):
       with tasks.override_config(wmt_ende_files={"test": prefix}):
-        batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+        readers.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
 
 
 def test_vocabulary_that_does_not_load(tmp_path):
@@ -347,7 +348,7 @@ def test_vocabulary_that_does_not_load(tmp_path):
   with tasks.override_config(vocab_path=str(garbage),
                              wmt_ende_files={"test": prefix}):
     with pytest.raises(tasks.VocabularyError, match="garbage.model"):
-      batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+      readers.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
 
 
 def test_configured_vocabulary_follows_the_config(tmp_path, tiny_vocab):
@@ -392,7 +393,7 @@ def test_batch_truncation_matches_seqio(tmp_path, tiny_vocab):
     seqio_rows = [ex["inputs"] for ex in task.get_dataset(
         {"inputs": 12, "targets": 12}, split="test",
         shuffle=False).as_numpy_iterator()]
-    (batch,) = batching.iterate_examples(tasks.WMT14_ENDE_LOCAL, "test",
+    (batch,) = readers.iterate_examples(tasks.WMT14_ENDE_LOCAL, "test",
                                          batch_size=2, max_length=12)
   for row, length, expected in zip(batch.input_ids, batch.input_lengths,
                                    seqio_rows):
@@ -407,7 +408,7 @@ def test_t5_vocabulary_matches_reference_ids(tmp_path):
   prefix = _write_parallel(tmp_path, [HOUSE], ["Das Haus ist wunderbar."])
   with tasks.override_config(vocab_path=str(T5_VOCAB),
                              wmt_ende_files={"test": prefix}):
-    (example,) = batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    (example,) = readers.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
     vocab = tasks.get_vocabulary()
     assert vocab.vocab_size == 32100
     assert vocab.decode(example.inputs.tolist()) == example.inputs_text
@@ -422,7 +423,7 @@ def test_shared_newstest_dev100():
   en = (SHARED / "newstest2014.dev100.en").read_text("utf-8").splitlines()
   with tasks.override_config(vocab_path=str(T5_VOCAB),
                              local_data_dir=str(SHARED)):
-    examples = batching.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    examples = readers.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
     vocab = tasks.get_vocabulary()
     for e in examples:
       for ids, text in ((e.inputs, e.inputs_text), (e.targets, e.targets_text)):
@@ -444,7 +445,7 @@ def test_shared_cnndm_dev100_truncates_long_articles():
          .splitlines()]
   with tasks.override_config(vocab_path=str(T5_VOCAB),
                              local_data_dir=str(SHARED)):
-    examples = batching.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
+    examples = readers.load_examples(tasks.CNN_DAILYMAIL_LOCAL, "test")
   assert [e.id for e in examples] == ids
   out = list(batching.batches(examples, batch_size=10, max_length=512))
   truncated = np.concatenate([b.truncated for b in out])

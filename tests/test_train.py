@@ -18,7 +18,7 @@ import sentencepiece as spm
 
 from specdec_jax import checkpoints
 from specdec_jax import generate
-from specdec_jax import paths
+from specdec_jax.infra import paths
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.decoding.protocol import Model
@@ -27,6 +27,7 @@ from specdec_jax.training import train
 from specdec_jax.training import batches
 from specdec_jax.training import mirror
 from specdec_jax.data import vocabularies
+from specdec_jax.data import readers
 from specdec_jax.models import registry
 from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
@@ -339,12 +340,12 @@ def test_export_tfds_text_writes_one_value_a_line(tmp_path, monkeypatch):
   monkeypatch.setattr(tasks, "read_tfds_split", lambda name, split: (
       tf.data.Dataset.from_tensor_slices(rows)))
   output = tmp_path / "out" / "text.txt"
-  lines = vocabularies.export_tfds_text("lm1b", "train", "text",
+  lines = readers.export_tfds_text("lm1b", "train", "text",
                                         str(output), max_examples=4)
   assert lines == 3
   assert output.read_text("utf-8") == "the red dog\na small cat\nbig tree\n"
   with pytest.raises(ValueError, match=r"no feature 'txt'.*\['id', 'text'\]"):
-    vocabularies.export_tfds_text("lm1b", "train", "txt", str(output))
+    readers.export_tfds_text("lm1b", "train", "txt", str(output))
 
 
 def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(

@@ -73,7 +73,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import paths
+from specdec_jax.infra import paths
 from specdec_jax.checkpoints.errors import CheckpointError
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
 from specdec_jax.checkpoints.errors import MissingParameterError
@@ -372,7 +372,7 @@ def load_t5(path: str, *, dtype: str = "float32",
   Args:
     path: directory with config.json and the weights, local or gs:// (then
       its files are downloaded into a temporary directory first, one at a
-      time within the bounded waits of `specdec_jax.paths`; it needs local
+      time within the bounded waits of `specdec_jax.infra.paths`; it needs local
       disk for the weights).
     dtype: compute dtype of the returned config.
     param_dtype: dtype of the returned parameters.
@@ -544,7 +544,7 @@ def save_t5(model: Any, directory: str, *, overwrite: bool = False) -> str:
                             "overwrite=True")
   if paths.is_remote(directory):
     # safetensors writes local files only: write here, then upload through
-    # specdec_jax.paths (bounded waits, progress), config.json last.
+    # specdec_jax.infra.paths (bounded waits, progress), config.json last.
     with tempfile.TemporaryDirectory(prefix="specdec_jax_hf.") as local:
       save_t5(model, local)
       for name in (SAFETENSORS_FILE, CONFIG_FILE):

@@ -48,8 +48,8 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-from specdec_jax import multihost
-from specdec_jax import paths
+from specdec_jax.infra import multihost
+from specdec_jax.infra import paths
 from specdec_jax import sharding as sharding_lib
 from specdec_jax.checkpoints import hf
 from specdec_jax.checkpoints.configs import FAMILIES
@@ -191,7 +191,7 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
     ocp.PyTreeCheckpointer().save(params_dir, params, force=overwrite)
   else:
     # orbax's gs:// client is not ours (no bounded waits, not the emulator):
-    # write locally, then upload through specdec_jax.paths.
+    # write locally, then upload through specdec_jax.infra.paths.
     _save_orbax_then_upload(ocp, params, params_dir)
   if not multihost.is_primary():
     return directory

@@ -1,7 +1,7 @@
 """Where checkpoints live and how their parameters are read, leaf by leaf.
 
 What every checkpoint format here shares: paths that are local or gs://
-(through `specdec_jax.paths`, the one I/O layer), parameter trees as flat
+(through `specdec_jax.infra.paths`, the one I/O layer), parameter trees as flat
 {"a/b/c": leaf} dicts, `StoredParams` (shapes known, arrays read only when
 placed) and the orbax PyTree reader that our format and newer T5X
 checkpoints both use. tensorstore and orbax are imported inside the
@@ -21,18 +21,18 @@ from typing import Any, Callable, Mapping
 import jax
 import numpy as np
 
-from specdec_jax import multihost
+from specdec_jax.infra import multihost
 from specdec_jax import sharding as sharding_lib
-# Paths (local or gs://) live in the one I/O layer, `specdec_jax.paths`;
+# Paths (local or gs://) live in the one I/O layer, `specdec_jax.infra.paths`;
 # re-exported here for the checkpoint formats.
-from specdec_jax.paths import is_gcs  # pylint: disable=unused-import
-from specdec_jax.paths import isdir  # pylint: disable=unused-import
-from specdec_jax.paths import join_path  # pylint: disable=unused-import
-from specdec_jax.paths import kvstore_spec  # pylint: disable=unused-import
-from specdec_jax.paths import list_dir  # pylint: disable=unused-import
-from specdec_jax.paths import read_bytes  # pylint: disable=unused-import
-from specdec_jax.paths import split_path  # pylint: disable=unused-import
-from specdec_jax.paths import write_bytes  # pylint: disable=unused-import
+from specdec_jax.infra.paths import is_gcs  # pylint: disable=unused-import
+from specdec_jax.infra.paths import isdir  # pylint: disable=unused-import
+from specdec_jax.infra.paths import join_path  # pylint: disable=unused-import
+from specdec_jax.infra.paths import kvstore_spec  # pylint: disable=unused-import
+from specdec_jax.infra.paths import list_dir  # pylint: disable=unused-import
+from specdec_jax.infra.paths import read_bytes  # pylint: disable=unused-import
+from specdec_jax.infra.paths import split_path  # pylint: disable=unused-import
+from specdec_jax.infra.paths import write_bytes  # pylint: disable=unused-import
 from specdec_jax.checkpoints.errors import CheckpointError
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
 

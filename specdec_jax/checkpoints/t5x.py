@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import paths
+from specdec_jax.infra import paths
 from specdec_jax.checkpoints.errors import CheckpointError
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
 from specdec_jax.checkpoints.storage import StoredParams

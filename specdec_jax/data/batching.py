@@ -1,6 +1,6 @@
 """Examples for decoding: task data as plain numpy, padded into length buckets.
 
-`load_examples` runs a seqio task's TensorFlow pipeline once, up front, and
+`readers.load_examples` runs a seqio task's TensorFlow pipeline once, up front, and
 keeps plain Python/numpy records, so no TensorFlow runs during (or competes
 with) the decode loop. `batches` then pads them into `Batch`es ready for
 `generate`: int32 input ids [batch, length], 0-padded on the right. Each row
@@ -16,9 +16,8 @@ Over-long inputs are truncated, not rejected: a row longer than `max_length`
 keeps its first `max_length - 1` tokens and then EOS, the same rule as
 seqio's `append_eos_after_trim` that T5 evaluated with; a prompt without EOS
 keeps its first `max_length` tokens, as seqio trims a feature without EOS.
-`Batch.truncated` marks those rows. Only `load_examples` needs TensorFlow
-(through `specdec_jax.data.tasks`); the rest of this module is numpy.
-
+`Batch.truncated` marks those rows. This module is numpy only: reading a
+seqio task (TensorFlow) is `specdec_jax.data.readers`, whose
 `iterate_examples(task, split)` does both steps:
 
   for batch in iterate_examples("wmt14_ende_local", "test", batch_size=1):
@@ -183,7 +182,7 @@ def batch_examples(token_lists: Sequence[Sequence[int]],
   return ids
 
 
-def _check_batching(batch_size: int, buckets: Sequence[int] | None,
+def check_batching(batch_size: int, buckets: Sequence[int] | None,
                     max_length: int) -> tuple[int, ...]:
   """Validated buckets (default `default_buckets(max_length)`)."""
   if batch_size < 1:
@@ -214,7 +213,7 @@ def batches(examples: Sequence[Example], *, batch_size: int = 1,
   Returns:
     An iterator of batches.
   """
-  buckets = _check_batching(batch_size, buckets, max_length)
+  buckets = check_batching(batch_size, buckets, max_length)
   if not examples:
     raise ValueError("No examples to batch.")
 
@@ -233,91 +232,3 @@ def batches(examples: Sequence[Example], *, batch_size: int = 1,
           targets_text=tuple(e.targets_text for e in chunk))
 
   return generator()
-
-
-def _text(value, ids: np.ndarray, vocab) -> str:
-  if value is None:
-    return vocab.decode([int(t) for t in ids if t != EOS_ID])
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def load_examples(task_name: str, split: str, *,
-                  max_examples: int | None = None) -> list[Example]:
-  """Runs a seqio task's pipeline and returns its examples as numpy.
-
-  Inputs and targets come back whole (seqio is asked for no sequence
-  length); targets end in EOS, inputs too unless the task's inputs feature
-  has add_eos=False (a decoder-only prompt, `Example.inputs_eos`). `batches`
-  applies the truncation.
-
-  Args:
-    task_name: a registered seqio task, e.g. one of
-      `specdec_jax.data.tasks.FEATURE_LENGTHS`.
-    split: "train", "validation" or "test".
-    max_examples: keep only the first this many (None: all).
-
-  Returns:
-    The examples in the split's order.
-  """
-  # Only here does this module need TensorFlow; importing tasks registers them.
-  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
-
-  if max_examples is not None and max_examples < 1:
-    raise ValueError(f"max_examples must be positive or None, got "
-                     f"{max_examples}.")
-  task = tasks.get_task(task_name)
-  vocab = task.output_features["inputs"].vocabulary
-  inputs_eos = bool(task.output_features["inputs"].add_eos)
-  # Loading now raises a VocabularyError as it is; inside the tf.data map it
-  # would arrive wrapped in an autograph StagingError.
-  _ = vocab.vocab_size
-  dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False,
-                             trim_output_features=False,
-                             try_in_mem_cache=False)
-  if max_examples is not None:
-    dataset = dataset.take(max_examples)
-  examples = []
-  for index, record in enumerate(dataset.as_numpy_iterator()):
-    inputs = np.asarray(record["inputs"], dtype=np.int32)
-    targets = np.asarray(record["targets"], dtype=np.int32)
-    examples.append(Example(
-        id=_text(record.get("id", str(index)), inputs, vocab),
-        inputs=inputs, targets=targets,
-        inputs_text=_text(record.get("inputs_pretokenized"), inputs, vocab),
-        targets_text=_text(record.get("targets_pretokenized"), targets,
-                           task.output_features["targets"].vocabulary),
-        inputs_eos=inputs_eos))
-  if not examples:
-    raise ValueError(f"Task {task_name!r} split {split!r} has no examples.")
-  return examples
-
-
-def iterate_examples(task_name: str, split: str, *, batch_size: int = 1,
-                     buckets: Sequence[int] | None = None,
-                     max_length: int | None = None,
-                     max_examples: int | None = None) -> Iterator[Batch]:
-  """Loads a task split up front and iterates it in padded batches.
-
-  Args:
-    task_name: a registered seqio task.
-    split: the split to read.
-    batch_size: rows per batch (1: one example at a time).
-    buckets: allowed row widths; default powers of two from 16 up to
-      `max_length`.
-    max_length: longest input row, EOS included; longer inputs are truncated
-      keeping EOS last (a prompt without EOS keeps its first `max_length`
-      tokens). Default the task's input feature length
-      (`specdec_jax.data.tasks.FEATURE_LENGTHS`).
-    max_examples: read only the first this many examples.
-
-  Returns:
-    An iterator of `Batch`es in the split's order.
-  """
-  if max_length is None:
-    # TensorFlow only when a task is read.
-    from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
-    max_length = tasks.feature_lengths(task_name)["inputs"]
-  _check_batching(batch_size, buckets, max_length)  # Fail before loading.
-  examples = load_examples(task_name, split, max_examples=max_examples)
-  return batches(examples, batch_size=batch_size, buckets=buckets,
-                 max_length=max_length)

@@ -25,7 +25,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from specdec_jax import paths
+from specdec_jax.infra import paths
 from specdec_jax.data import paragraphs
 
 SHARED_DATA_ENV = "SPECDEC_SHARED_DATA"
@@ -34,7 +34,7 @@ DatasetFn = Callable[..., tf.data.Dataset]
 
 
 def read_text(path: str, task: str, field: str) -> str:
-  """A data file's text, local or gs:// (through `specdec_jax.paths`)."""
+  """A data file's text, local or gs:// (through `specdec_jax.infra.paths`)."""
   data = paths.read_bytes(path)
   if data is None:
     raise FileNotFoundError(

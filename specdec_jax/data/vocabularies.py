@@ -17,8 +17,8 @@ that (the demo configs round it up to a multiple of 128).
                      line_prefixes={"multi30k.train.en":
                                     tasks.TRANSLATE_PREFIX})
 
-The paper's GPT-like models use an 8k vocabulary of lm1b; `export_tfds_text`
-writes a sample of a prepared TFDS dataset (e.g. lm1b's train sentences) to
+The paper's GPT-like models use an 8k vocabulary of lm1b;
+`readers.export_tfds_text` writes a sample of a prepared TFDS dataset (e.g. lm1b's train sentences) to
 the text file `train_vocab` reads.
 """
 
@@ -49,59 +49,6 @@ def detokenize(vocab, tokens) -> str:
     ids = ids[:ids.index(EOS_ID)]
   return vocab.decode([i if i < vocab.vocab_size else UNK_ID
                        for i in ids if i != PAD_ID])
-
-
-def export_tfds_text(tfds_name: str, split: str, field: str, output: str, *,
-                     max_examples: int | None = None) -> int:
-  """Writes one text field of a prepared TFDS split to a file, one a line.
-
-  The split is read in its stored order, read-only: nothing downloads, and
-  an unprepared dataset raises `tasks.TfdsNotPreparedError` with the
-  `tfds build` command. Whitespace runs (newlines included) inside a value
-  become single spaces, so each value stays one line; empty values are
-  skipped.
-
-  Args:
-    tfds_name: e.g. "lm1b"; read from `TaskConfig.tfds_data_dir`.
-    split: e.g. "train".
-    field: a string feature, e.g. "text".
-    output: the text file to write; parent directories are created.
-    max_examples: read only the first this many examples (None: all).
-
-  Returns:
-    The number of lines written.
-
-  Raises:
-    ValueError: `field` is not a feature of the dataset, or no line came out.
-  """
-  # TensorFlow only when a task is read.
-  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
-
-  if max_examples is not None and max_examples < 1:
-    raise ValueError(f"max_examples must be positive or None, got "
-                     f"{max_examples}.")
-  dataset = tasks.read_tfds_split(tfds_name, split)
-  if field not in dataset.element_spec:
-    raise ValueError(f"TFDS dataset {tfds_name!r} has no feature {field!r}; "
-                     f"its features: {sorted(dataset.element_spec)}.")
-  dataset = dataset.map(lambda example: example[field])
-  if max_examples is not None:
-    dataset = dataset.take(max_examples)
-  os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-  lines = 0
-  partial = output + ".partial"  # A killed export leaves no truncated file.
-  with open(partial, "w", encoding="utf-8") as f:
-    for value in dataset.as_numpy_iterator():
-      line = " ".join(value.decode("utf-8").split())
-      if line:
-        f.write(line + "\n")
-        lines += 1
-  if not lines:
-    os.remove(partial)
-    raise ValueError(f"{tfds_name!r} split {split!r} field {field!r} held no "
-                     "text.")
-  os.replace(partial, output)
-  return lines
 
 
 def train_vocab(text_files: Sequence[str], output_prefix: str, *,

@@ -29,8 +29,6 @@ from specdec_jax.decoding import stopping
 from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
-from specdec_jax.models import gpt
-from specdec_jax.models import t5
 from specdec_jax.tokens import EOS_ID
 
 NONFINITE_CHOICES = ("error", "warn", "ignore")
@@ -136,14 +134,7 @@ def _check_width(value: int, what: str) -> None:
 
 def _family(model: Model) -> str | None:
   """'encoder-decoder', 'decoder-only', or None (a model we cannot tell)."""
-  definition = model.definition
-  if isinstance(definition, t5.T5Def):
-    return "encoder-decoder"
-  if isinstance(definition, gpt.GPTDef):
-    return "decoder-only"
-  if isinstance(definition, ngram.NgramDef):
-    return "decoder-only" if definition.decoder_only else "encoder-decoder"
-  return None
+  return protocol.family(model.definition)
 
 
 def _check_inputs(input_ids: Any,
@@ -182,7 +173,8 @@ def _check_inputs(input_ids: Any,
           f"input row {row} has {int(lengths.max())} tokens but the {name} "
           f"model accepts at most {limit}. Truncate the input (the data "
           f"pipeline's feature length) or raise the model's max_input_len.")
-  if any(isinstance(m.definition, t5.T5Def) for _, m in models):
+  if any(_family(m) == protocol.ENCODER_DECODER and not isinstance(
+      m.definition, ngram.NgramDef) for _, m in models):
     # T5 saw every training input end in EOS; without it the encoder output,
     # and so the translation, changes silently.
     last_index = ids.shape[1] - 1 - np.argmax(ids[:, ::-1] != 0, axis=1)

@@ -16,6 +16,7 @@ from typing import Iterable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import Prefill
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.tokens import DECODER_START_ID
@@ -36,6 +37,11 @@ class NgramDef:
   vocab: int
   order: int = 2
   decoder_only: bool = False
+
+  @property
+  def family(self) -> str:
+    return (protocol.DECODER_ONLY if self.decoder_only
+            else protocol.ENCODER_DECODER)
 
   @property
   def vocab_size(self) -> int:

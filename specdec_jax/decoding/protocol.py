@@ -58,12 +58,26 @@ class Prefill:
   start_pos: jax.Array
 
 
+# A definition declares its family in a class attribute `family` (optional:
+# the decoder then skips the checks that need it). The decoder tells models
+# apart by this alone, never by their classes.
+ENCODER_DECODER = "encoder-decoder"  # inputs are encoded; rows end in EOS
+DECODER_ONLY = "decoder-only"  # inputs are a prompt the decoder continues
+
+
+def family(definition: Any) -> str | None:
+  """ENCODER_DECODER, DECODER_ONLY, or None for a definition that does not
+  declare its `family`."""
+  return getattr(definition, "family", None)
+
+
 @runtime_checkable
 class ModelDef(Protocol):
   """A hashable, parameter-free model definition the engine can drive.
 
   Implementations are frozen dataclasses (hashable, so they can be static
   arguments of `jax.jit`); the parameters travel separately as a pytree.
+  They should also declare `family` (ENCODER_DECODER or DECODER_ONLY).
   """
 
   @property

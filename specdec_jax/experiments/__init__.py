@@ -1,6 +1,1 @@
-"""Runs: measured experiments, costs, reports, Table 2/3 assembly, the demo.
-
-The top layer: it may import every other layer, and gin, TensorFlow and
-seqio freely. `gin_flags` holds the T5X-style `--gin_file`/`--gin.X=` flags
-that the scripts share.
-"""
+"""One measured run in one workdir: its config, fit check, loading, gamma tuning, decoding, records and report."""

@@ -20,8 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec_jax import multihost
-from specdec_jax import paths
+from specdec_jax.infra import multihost
+from specdec_jax.infra import paths
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import costs

@@ -25,6 +25,7 @@ import numpy as np
 from specdec_jax.checkpoints import load_model
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
+from specdec_jax.data import readers
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding import ngram
 from specdec_jax.decoding import stopping
@@ -86,7 +87,7 @@ def fit_bigram(target: Model, max_examples: int = 5000) -> Model:
   """A bigram drafter from Multi30k training references (German)."""
   with tasks.override_config(
       vocab_path=target.vocab.sentencepiece_model_file):
-    examples = batching.load_examples("multi30k_ende_local", "train",
+    examples = readers.load_examples("multi30k_ende_local", "train",
                                       max_examples=max_examples)
   return ngram.fit_ngram([e.targets for e in examples], target.vocab_size)
 
@@ -301,7 +302,7 @@ def load_inputs(target: Model, examples: int, width: int,
   `probe` further ones as one [probe, width] batch (for calibration)."""
   with tasks.override_config(
       vocab_path=target.vocab.sentencepiece_model_file):
-    exs = batching.load_examples("multi30k_ende_local", "validation",
+    exs = readers.load_examples("multi30k_ende_local", "validation",
                                  max_examples=examples + probe)
   rows = [b.input_ids for b in batching.batches(exs, batch_size=1,
                                                 buckets=(width,),

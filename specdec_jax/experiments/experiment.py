@@ -29,21 +29,23 @@ import time
 from typing import Any, Sequence
 
 from absl import logging
-import jax
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax import multihost
-from specdec_jax import paths
+from specdec_jax.infra import multihost
+from specdec_jax.infra import paths
 from specdec_jax import sharding
 from specdec_jax import theory
 from specdec_jax.data import batching
+from specdec_jax.data import tasks
+from specdec_jax.data import readers
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding import ngram
 from specdec_jax.decoding.api import generate, speculative_generate
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import arm_costs
 from specdec_jax.experiments import costs
+from specdec_jax.experiments import fit
 from specdec_jax.experiments import records
 from specdec_jax.experiments import report
 from specdec_jax.experiments import timing
@@ -52,44 +54,36 @@ from specdec_jax.experiments import workdir as workdir_lib
 # name gin files and users know.
 from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.experiment_config import ExperimentConfig
-from specdec_jax.experiments.experiment_config import validate
+from specdec_jax.experiments.experiment_config import config_problems
 from specdec_jax.models import gpt
+
+
+def validate(config: ExperimentConfig) -> None:
+  """Raises ConfigError listing every problem checkable without loading
+  models or data: the config's fields and its task and vocabulary."""
+  problems = config_problems(config)
+  try:
+    tasks.get_task(config.task)
+  except ValueError as e:
+    problems.append(str(e))
+  vocab_path = tasks.current_config().vocab_path
+  if "YOUR_" in vocab_path:
+    problems.append(
+        f"TaskConfig.vocab_path={vocab_path!r} is a placeholder: point it at "
+        "the task's SentencePiece model (see README, 'Reproduce the paper on "
+        "Cloud TPU')")
+  if problems:
+    raise ConfigError("bad experiment config:\n  - " + "\n  - ".join(problems))
 
 
 # ----------------------------------------------------------------------------
 # Loading.
 
 
-def dtype_overrides(config: ExperimentConfig) -> dict[str, str]:
-  """The dtype/param_dtype a run loads both models with (see the fields)."""
-  param_dtype = config.param_dtype or config.dtype
-  return {k: v for k, v in [("dtype", config.dtype),
-                            ("param_dtype", param_dtype)] if v}
-
-
-def replicate_draft(config: ExperimentConfig, draft_def: Any,
-                    mesh_shape: Sequence[int] | None) -> bool:
-  """Whether the draft is replicated (see `replicate_draft`)."""
-  if config.replicate_draft is not None:
-    return bool(config.replicate_draft)
-  if not mesh_shape or not hasattr(draft_def, "param_logical_axes"):
-    return False
-  shapes = draft_def.param_shapes()
-  sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
-  specs = jax.tree.leaves(draft_def.param_logical_axes(),
-                          is_leaf=lambda x: isinstance(
-                              x, jax.sharding.PartitionSpec))
-  for leaf, spec in zip(jax.tree.leaves(shapes), specs):
-    for size, axis in zip(leaf.shape, tuple(sharding.logical_to_mesh(spec))):
-      if axis is not None and size % sizes[axis]:
-        return True
-  return False
-
-
 def load_models(config: ExperimentConfig, mesh=None,
                 target: Model | None = None) -> tuple[Model, Model]:
   """(target, draft) of a config; `target` given: only the draft loads."""
-  overrides = dtype_overrides(config)
+  overrides = fit.dtype_overrides(config)
   if target is None:
     target = _load_model("target", config.target, config.target_config, mesh,
                          overrides)
@@ -100,7 +94,7 @@ def load_models(config: ExperimentConfig, mesh=None,
     # Sharded by the rules or replicated (see `replicate_draft`), decided
     # from the draft's shapes before anything is read.
     replicate = None if mesh is None else functools.partial(
-        replicate_draft, config, mesh_shape=tuple(mesh.shape.values()))
+        fit.replicate_draft, config, mesh_shape=tuple(mesh.shape.values()))
     return _load_model("draft", spec, model_config, mesh, overrides,
                        replicate)
 
@@ -167,7 +161,7 @@ def fit_ngram_draft(config: ExperimentConfig, target: Model,
   Returns:
     An n-gram `Model` over the target's vocabulary.
   """
-  examples = batching.load_examples(config.task, config.ngram_split,
+  examples = readers.load_examples(config.task, config.ngram_split,
                                     max_examples=config.ngram_max_examples)
   decoder_only = isinstance(target.definition, gpt.GPTDef)
   sequences = ([np.concatenate([e.inputs, e.targets]) for e in examples]
@@ -181,7 +175,6 @@ def _check_vocabulary_fits(config: ExperimentConfig, target: Model) -> None:
   """Task token ids past the target's embedding would decode as garbage."""
   # TensorFlow: deferred, so that plan_run and benchmarks/gpu.py import
   # this module without it.
-  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   size = tasks.get_task(config.task).output_features["inputs"].vocabulary
   size = size.vocab_size
   if size > target.vocab_size:
@@ -198,7 +191,6 @@ def task_vocabulary(config: ExperimentConfig, target: Model):
     return target.vocab
   # TensorFlow: deferred, so that plan_run and benchmarks/gpu.py import
   # this module without it.
-  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   return tasks.get_task(config.task).output_features["targets"].vocabulary
 
 
@@ -331,13 +323,12 @@ def run_side_by_side(configs: Sequence[ExperimentConfig],
     validate(config)
   check_side_by_side(configs)
   # plan imports this module.
-  from specdec_jax.experiments import plan  # pylint: disable=g-import-not-at-top
   multihost.initialize(configs[0].distributed)
   for config, workdir in zip(configs, workdirs):
     workdir_lib.check_directory_path(workdir)
     # On a known accelerator, refuse a run that cannot fit before loading
     # anything (shapes only; see scripts/plan_run.py for the full plan).
-    plan.check_fits_on_devices(config)
+    fit.check_fits_on_devices(config)
   with contextlib.ExitStack() as stack:
 
     def claim_workdirs():  # process 0 alone: every host stops if it fails
@@ -388,7 +379,7 @@ def _prepare_arms(configs, workdirs) -> _Arms:
     target, draft = load_models(first, mesh)
     drafts = [draft] + [load_models(c, mesh, target)[1] for c in configs[1:]]
   max_len = first.max_input_len or target.max_input_len or 512
-  examples = batching.load_examples(first.task, first.split,
+  examples = readers.load_examples(first.task, first.split,
                                     max_examples=first.max_examples)
   _check_vocabulary_fits(first, target)
   batches = list(batching.batches(examples, batch_size=1,
@@ -547,7 +538,6 @@ def _missing_cost_requests(arms: _Arms) -> dict[int, list]:
 def task_metric(config: ExperimentConfig):
   # TensorFlow: deferred, so that plan_run and benchmarks/gpu.py import
   # this module without it.
-  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   fns = tasks.get_task(config.task).metric_fns
   return fns[0] if fns else None
 

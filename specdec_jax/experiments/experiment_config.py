@@ -129,8 +129,11 @@ class ConfigError(ValueError, errors.UsageError):
   """An experiment config that cannot run; raised before any model loads."""
 
 
-def validate(config: ExperimentConfig) -> None:
-  """Checks everything checkable without loading models or data."""
+def config_problems(config: ExperimentConfig) -> list[str]:
+  """What is wrong with the config's own fields, each with its fix.
+
+  Checks everything checkable without loading models, data or a task
+  (`experiment.validate` adds the task's checks and raises)."""
   problems = []
   if not config.target:
     problems.append("target is empty: set ExperimentConfig.target to a "
@@ -182,18 +185,4 @@ def validate(config: ExperimentConfig) -> None:
           f"Cloud TPU')")
   if config.mesh_shape is not None and len(config.mesh_shape) != 2:
     problems.append(f"mesh_shape={config.mesh_shape!r}: use (data, model)")
-  # TensorFlow: deferred, so that plan_run and benchmarks/gpu.py import
-  # this module without it.
-  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
-  try:
-    tasks.get_task(config.task)
-  except ValueError as e:
-    problems.append(str(e))
-  vocab_path = tasks.current_config().vocab_path
-  if "YOUR_" in vocab_path:
-    problems.append(
-        f"TaskConfig.vocab_path={vocab_path!r} is a placeholder: point it at "
-        "the task's SentencePiece model (see README, 'Reproduce the paper on "
-        "Cloud TPU')")
-  if problems:
-    raise ConfigError("bad experiment config:\n  - " + "\n  - ".join(problems))
+  return problems

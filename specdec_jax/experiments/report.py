@@ -18,10 +18,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from specdec_jax import paths
+from specdec_jax.infra import paths
 from specdec_jax import theory
 from specdec_jax.decoding.api import speculative_generate
-from specdec_jax import summaries
+from specdec_jax.infra import summaries
 from specdec_jax.experiments.records import ExampleRecord
 
 

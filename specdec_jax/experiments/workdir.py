@@ -3,7 +3,7 @@
 An experiment's workdir accumulates results across resumed runs
 (`examples.jsonl`), so two things must hold or results get mixed silently:
 
-1. One process at a time: `lock` (`specdec_jax/locks.py`) takes an OS lock
+1. One process at a time: `lock` (`specdec_jax/infra/locks.py`) takes an OS lock
    (`fcntl.flock`) on `<workdir>/.lock` for the whole run; a second run stops
    at once, naming the pid that holds it. The OS drops the lock when its
    holder dies (`kill -9` included), so a crashed run never leaves a stale
@@ -20,7 +20,7 @@ Results are written so that a kill loses at most the example in flight:
 cuts a torn last line (and refuses a damaged one elsewhere), and
 `write_json` replaces a file whole.
 
-A workdir may be gs://bucket/run: every file goes through `specdec_jax.paths`.
+A workdir may be gs://bucket/run: every file goes through `specdec_jax.infra.paths`.
 Cloud Storage has no append, so there `append_line` rewrites the JSONL
 object whole (an atomic replace: a kill loses at most the record being
 added), and the lock is an object `.lock` created only if absent (GCS's
@@ -40,10 +40,11 @@ from typing import Any
 from absl import logging
 
 import specdec_jax
-from specdec_jax import paths
+from specdec_jax.infra import paths
 from specdec_jax.checkpoints import native
+from specdec_jax.data import tasks
 from specdec_jax.experiments.experiment_config import ConfigError
-from specdec_jax import locks
+from specdec_jax.infra import locks
 
 
 FINGERPRINT = "fingerprint.json"
@@ -135,8 +136,6 @@ def _jsonable(value: Any) -> Any:
 
 def fingerprint(config: Any) -> dict:
   """Everything that determines an ExperimentConfig's results, as JSON."""
-  # TensorFlow: deferred, experiment.py imports this module (see there).
-  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   fields = {f.name: getattr(config, f.name)
             for f in dataclasses.fields(config)
             if f.name not in EXTENDING_FIELDS}

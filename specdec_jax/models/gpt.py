@@ -49,6 +49,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import Prefill
 from specdec_jax.models import base
 from specdec_jax.models import layers
@@ -232,6 +233,7 @@ class GPTDef(base.FlaxModelDef):
     config: the architecture.
   """
 
+  family = protocol.DECODER_ONLY
   module_class = GPTTransformer
   num_init_inputs = 1
   config: GPTConfig

@@ -47,6 +47,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import Prefill
 from specdec_jax.models import base
 from specdec_jax.models import layers
@@ -344,6 +345,7 @@ class T5Def(base.FlaxModelDef):
     config: the architecture.
   """
 
+  family = protocol.ENCODER_DECODER
   module_class = T5Transformer
   num_init_inputs = 2
   config: T5Config

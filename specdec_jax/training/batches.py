@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from specdec_jax.data import batching
+from specdec_jax.data import readers
 from specdec_jax.tokens import EOS_ID
 
 
@@ -122,7 +123,7 @@ def load_split(config: Any, split: str, limit: int | None,
 
   `config` is a `train.TrainConfig`.
   """
-  examples = batching.load_examples(config.task, split, max_examples=limit)
+  examples = readers.load_examples(config.task, split, max_examples=limit)
   max_in, max_tgt = config.max_lengths()
 
   def clip(tokens, n, eos=True):

@@ -70,7 +70,7 @@ class DistillConfig:
       rows keep the data's targets.
     sample_temperature: the draft's sampling temperature for those rows.
     batch_size, input_len, target_len: the step's shapes when it is planned
-      from abstract shapes (`experiments/plan_training.py`); training takes
+      from abstract shapes (`planning/plan_training.py`); training takes
       its shapes from the data.
     replicate_student: under a mesh, keep the draft's parameters on every
       device instead of sharding them by the logical rules.

@@ -1,7 +1,7 @@
 """A gs:// training workdir, trained in a local mirror and uploaded.
 
 Orbax's `CheckpointManager` writes through its own storage client, which
-neither our bounded waits (`specdec_jax.paths`) nor the GCS emulator of the
+neither our bounded waits (`specdec_jax.infra.paths`) nor the GCS emulator of the
 tests reach. So a training run whose workdir is `gs://bucket/dir` trains in
 a local directory and keeps the bucket a copy of it:
 
@@ -33,8 +33,8 @@ from typing import Iterator
 
 from absl import logging
 
-from specdec_jax import paths
-from specdec_jax import locks
+from specdec_jax.infra import paths
+from specdec_jax.infra import locks
 
 
 class BucketMirror:

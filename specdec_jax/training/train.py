@@ -45,8 +45,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from specdec_jax import checkpoints
-from specdec_jax import paths
-from specdec_jax import summaries
+from specdec_jax.infra import paths
+from specdec_jax.infra import summaries
 from specdec_jax.data import tasks
 from specdec_jax.training import distill
 from specdec_jax.training import mirror

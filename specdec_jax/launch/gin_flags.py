@@ -31,8 +31,10 @@ from absl import logging
 import gin
 
 from specdec_jax import errors
-from specdec_jax import paths
 from specdec_jax import versions
+from specdec_jax.experiments import workdir as workdir_lib
+from specdec_jax.infra import multihost
+from specdec_jax.infra import paths
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "configs")
@@ -132,8 +134,6 @@ def use_tfds_data_dir(path: str | None) -> None:
 def initialize_distributed(distributed: bool = False) -> bool:
   """Joins the multi-host job the flags (or `distributed`) describe, before
   anything touches a device; returns whether this is one."""
-  # jax only once a script runs (gin_flags imports without it).
-  from specdec_jax import multihost  # pylint: disable=g-import-not-at-top
   joined = multihost.initialize(distributed, flags.FLAGS.coordinator_address,
                                 flags.FLAGS.process_count,
                                 flags.FLAGS.process_index)
@@ -146,15 +146,11 @@ def initialize_distributed(distributed: bool = False) -> bool:
 
 def is_primary() -> bool:
   """Whether this process writes (process 0 of a multi-host job)."""
-  # jax only once a script runs (gin_flags imports without it).
-  from specdec_jax import multihost  # pylint: disable=g-import-not-at-top
   return multihost.is_primary()
 
 
 def write_config(workdir: str, name: str = "config.gin") -> str:
   """Writes the parsed gin config (what this run was told) to the workdir."""
-  # pylint: disable-next=g-import-not-at-top  (workdir imports checkpoints)
-  from specdec_jax.experiments import workdir as workdir_lib
   workdir_lib.make_directory(workdir)
   path = paths.join(workdir, name)
   paths.write_text(path, gin.config_str())

@@ -23,9 +23,10 @@ import dataclasses
 from typing import Sequence
 
 from specdec_jax import theory
+from specdec_jax.experiments import fit
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
-from specdec_jax.experiments import plan
+from specdec_jax.planning import plan
 
 # Mean output tokens with EOS under T5's vocabulary, measured on the files
 # in shared/data: the 100 newstest2014 references (33.6) and the 100 CNN/DM
@@ -66,7 +67,7 @@ def row_cost(config: experiment.ExperimentConfig,
                    f"no typical size known for {config.task}/{config.split}"
                    "; set ExperimentConfig.max_examples")
   try:
-    shape = plan.run_shape(config)
+    shape = fit.run_shape(config)
   except experiment.ConfigError as e:
     return RowCost(name, examples, None, None, str(e))
   weights = plan.decoder_step_bytes(shape)

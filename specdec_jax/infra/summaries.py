@@ -7,7 +7,7 @@ the speedup and tokens per target call, the final α, speedup and quality
 writes its losses, accuracy and learning rate the same way (`Writer`).
 
 Events are written with `tf.summary` into a local directory and copied into
-the workdir through `specdec_jax.paths` on `flush`/close (each copy replaces
+the workdir through `specdec_jax.infra.paths` on `flush`/close (each copy replaces
 the object whole): TensorFlow's own gs:// client would bypass the I/O
 layer's endpoint, credentials and bounded waits. Only process 0 writes.
 TensorFlow is imported when a writer is made, so the core imports without it.
@@ -21,7 +21,7 @@ from typing import Any
 
 import jax
 
-from specdec_jax import paths
+from specdec_jax.infra import paths
 
 SUBDIR = "tensorboard"
 

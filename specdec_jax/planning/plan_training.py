@@ -27,9 +27,10 @@ import numpy as np
 import optax
 
 from specdec_jax import sharding
+from specdec_jax.experiments import fit
 from specdec_jax.experiments import chips
-from specdec_jax.experiments import hlo
-from specdec_jax.experiments import plan
+from specdec_jax.planning import hlo
+from specdec_jax.planning import plan
 from specdec_jax.experiments.experiment import ExperimentConfig
 from specdec_jax.training import distill
 from specdec_jax.training import steps
@@ -45,7 +46,7 @@ def abstract_step_args(config: ExperimentConfig,
                        distill_config: distill.DistillConfig, tx):
   """(step function, (state, batch, teacher_params) as ShapeDtypeStructs)."""
   distill_config.check()
-  shape = plan.run_shape(config, distill_config.input_len)
+  shape = fit.run_shape(config, distill_config.input_len)
   data, model = shape.mesh_shape
   mesh = sharding.make_mesh(data, model)
   teacher = plan.abstract_params(shape.target, mesh)

@@ -21,7 +21,7 @@ import time
 from typing import Iterator
 
 from specdec_jax import errors
-from specdec_jax import paths
+from specdec_jax.infra import paths
 
 
 class WorkdirError(ValueError, errors.UsageError):

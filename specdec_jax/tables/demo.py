@@ -60,6 +60,7 @@ from specdec_jax import theory
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.data import text
+from specdec_jax.data import readers
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import costs
 from specdec_jax.experiments import experiment
@@ -325,7 +326,7 @@ def _resolve_variant(config: DemoConfig, workdir: str) -> DemoConfig:
   with tasks.override_config(vocab_path=_vocab_path(config),
                              local_data_dir=config.data_dir,
                              wmt_ende_files={"test": config.sentences}):
-    example = batching.load_examples("wmt14_ende_local", "test",
+    example = readers.load_examples("wmt14_ende_local", "test",
                                      max_examples=1)
   ids = next(batching.batches(example, batch_size=1, buckets=config.buckets,
                               max_length=128)).input_ids

@@ -22,15 +22,15 @@ from typing import Any, Sequence
 from absl import logging
 import gin
 
-from specdec_jax import multihost
-from specdec_jax import paths
+from specdec_jax.infra import multihost
+from specdec_jax.infra import paths
 from specdec_jax.data import tasks
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
-from specdec_jax.experiments import gin_flags
-from specdec_jax.experiments import paper
+from specdec_jax.launch import gin_flags
+from specdec_jax.planning import paper
 from specdec_jax.experiments import report
-from specdec_jax.experiments import table_cost
+from specdec_jax.planning import table_cost
 
 
 _TASK_KEYS = {"wmt14_ende": "ende", "wmt_t2t_ende": "ende",

@@ -14,8 +14,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from specdec_jax.experiments import fit
 from specdec_jax.experiments import chips
-from specdec_jax.experiments import plan
+from specdec_jax.planning import plan
 from specdec_jax.experiments.experiment import ConfigError
 
 # (title, run config, chip)
@@ -61,8 +62,8 @@ def project_table(files: Sequence[str], make_config: Callable,
       name = f.rsplit("/", 1)[-1].removesuffix(".gin")
       config = make_config(f, run_file)
       try:
-        plan.check_fits(config, chip)
-        shape = plan.run_shape(config, input_len)
+        fit.check_fits(config, chip)
+        shape = fit.run_shape(config, input_len)
         if shape not in compiled:
           started = time.perf_counter()
           compiled[shape] = plan.compile_programs(shape)

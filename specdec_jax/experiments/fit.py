@@ -1,0 +1,232 @@
+"""Whether a run fits its chips, from shapes alone (nothing compiled or allocated).
+
+`run_shape` is what `experiment.run` would load (dtypes, replicated draft,
+cache lengths); `estimate` counts its bytes per device (parameters, caches,
+activations); `check_fits` refuses a run that cannot fit, with the numbers
+and the fix, before anything is loaded. `specdec_jax.planning` compiles the
+same shapes for the full memory and cost picture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import sharding
+from specdec_jax.checkpoints import configs
+from specdec_jax.experiments import chips
+from specdec_jax.experiments.experiment_config import ConfigError
+from specdec_jax.experiments.experiment_config import ExperimentConfig
+from specdec_jax.models import registry
+
+GB = 1e9
+NGRAM_DRAFTS = ("unigram", "bigram")
+
+
+def dtype_overrides(config: ExperimentConfig) -> dict[str, str]:
+  """The dtype/param_dtype a run loads both models with (see the fields)."""
+  param_dtype = config.param_dtype or config.dtype
+  return {k: v for k, v in [("dtype", config.dtype),
+                            ("param_dtype", param_dtype)] if v}
+
+
+def replicate_draft(config: ExperimentConfig, draft_def: Any,
+                    mesh_shape: Sequence[int] | None) -> bool:
+  """Whether the draft is replicated (see `replicate_draft`)."""
+  if config.replicate_draft is not None:
+    return bool(config.replicate_draft)
+  if not mesh_shape or not hasattr(draft_def, "param_logical_axes"):
+    return False
+  shapes = draft_def.param_shapes()
+  sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
+  specs = jax.tree.leaves(draft_def.param_logical_axes(),
+                          is_leaf=lambda x: isinstance(
+                              x, jax.sharding.PartitionSpec))
+  for leaf, spec in zip(jax.tree.leaves(shapes), specs):
+    for size, axis in zip(leaf.shape, tuple(sharding.logical_to_mesh(spec))):
+      if axis is not None and size % sizes[axis]:
+        return True
+  return False
+
+
+
+@dataclasses.dataclass(frozen=True)
+class RunShape:
+  """The shapes a run decodes with (batch 1, as `experiment.run`)."""
+
+  target: Any  # ModelDef
+  draft: Any  # ModelDef
+  gamma: int
+  max_decode_len: int
+  input_len: int
+  batch: int
+  mesh_shape: tuple[int, int]
+  temperature: float
+  top_k: int
+  top_p: float
+  replicate_draft: bool
+
+
+def run_shape(config: ExperimentConfig, input_len: int | None = None
+              ) -> RunShape:
+  """The models and shapes `experiment.run` would decode with."""
+  if config.target_config is None or config.draft_config is None:
+    raise ConfigError(
+        "planning needs the architectures: set ExperimentConfig.target_config"
+        " and draft_config (n-gram drafts are not planned)")
+  if config.draft in NGRAM_DRAFTS:
+    raise ConfigError(f"draft={config.draft!r}: n-gram drafts are not planned")
+  overrides = dtype_overrides(config)
+  target = registry.make_def(dataclasses.replace(
+      configs.resolve_config(config.target_config), **overrides))
+  draft = registry.make_def(dataclasses.replace(
+      configs.resolve_config(config.draft_config), **overrides))
+  gammas = config.gammas()
+  gamma = config.max_gamma if isinstance(gammas, str) else max(gammas)
+  mesh_shape = tuple(config.mesh_shape) if config.mesh_shape else (1, 1)
+  length = (input_len or config.max_input_len or target.max_input_len or 512)
+  return RunShape(
+      target=target, draft=draft, gamma=int(gamma),
+      max_decode_len=config.max_decode_len, input_len=int(length), batch=1,
+      mesh_shape=mesh_shape, temperature=config.temperature,
+      top_k=config.top_k, top_p=config.top_p,
+      replicate_draft=replicate_draft(config, draft, mesh_shape))
+
+
+def _parts(logical_spec, mesh_shape) -> list[int]:
+  """How many ways each dimension is split on a (data, model) mesh."""
+  sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
+  out = []
+  for axis in tuple(sharding.logical_to_mesh(logical_spec)):
+    axes = () if axis is None else (axis if isinstance(axis, tuple) else
+                                    (axis,))
+    out.append(int(np.prod([sizes[a] for a in axes])))
+  return out
+
+
+def shard_bytes(shapes, logical_specs, mesh_shape) -> int:
+  """Bytes per device of a tree sharded by its logical axes (None: whole)."""
+  leaves = jax.tree.leaves(shapes)
+  if logical_specs is None:
+    specs = [jax.sharding.PartitionSpec()] * len(leaves)
+  else:
+    specs = jax.tree.leaves(logical_specs, is_leaf=lambda x: isinstance(
+        x, jax.sharding.PartitionSpec))
+  total = 0
+  for leaf, spec in zip(leaves, specs):
+    parts = _parts(spec, mesh_shape) if len(spec) else []
+    parts += [1] * (len(leaf.shape) - len(parts))
+    n = np.prod([math.ceil(d / p) for d, p in zip(leaf.shape, parts)])
+    total += int(n) * jnp.dtype(leaf.dtype).itemsize
+  return total
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_shapes(definition, batch: int, length: int, positions: int) -> Any:
+  ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+  return jax.eval_shape(
+      lambda p, i: definition.prefill(p, i, positions).cache,
+      definition.param_shapes(), ids)
+
+
+def cache_shapes(definition, params, batch: int, length: int,
+                 positions: int) -> Any:
+  del params  # the definition's own shapes
+  return _cache_shapes(definition, batch, length, positions)
+
+
+def decoder_weights(params) -> Any:
+  """What one decoder step reads: all but the encoder (the embedding table
+  is gathered a row at a time unless the logits are tied to it)."""
+  return {k: v for k, v in params.items() if k != "encoder"}
+
+
+def estimate(shape: RunShape) -> dict[str, Any]:
+  """Bytes per device from shapes alone: parameters, caches, activations."""
+  mesh = shape.mesh_shape
+  positions = shape.max_decode_len + shape.gamma + 1
+  out = {}
+  for role, definition in (("target", shape.target), ("draft", shape.draft)):
+    params = definition.param_shapes()
+    replicate = role == "draft" and shape.replicate_draft
+    specs = None if replicate else definition.param_logical_axes()
+    out[f"{role}_param_bytes"] = shard_bytes(params, specs, mesh)
+    out[f"{role}_param_bytes_total"] = shard_bytes(params, None, (1, 1))
+    cache = cache_shapes(definition, params, shape.batch, shape.input_len,
+                         positions)
+    out[f"{role}_cache_bytes"] = shard_bytes(
+        cache, definition.cache_logical_axes(cache), mesh)
+  cfg = shape.target.config
+  # Working set of the largest program (the encoder at full input length):
+  # attention scores [B, N, L, L] in float32 and the MLP hidden
+  # [B, L, F * len(activations)] in float32, a few live at once, plus the
+  # float32 logits of a verification.
+  model = mesh[1]
+  scores = shape.batch * cfg.num_heads * shape.input_len**2 * 4 / model
+  hidden = (shape.batch * shape.input_len * cfg.mlp_dim *
+            len(cfg.mlp_activations) * 4 / model)
+  logits = shape.batch * (shape.gamma + 1) * cfg.vocab_size * 4
+  out["activation_bytes"] = int(3 * max(scores, hidden) + 2 * logits)
+  out["total_bytes"] = (out["target_param_bytes"] + out["draft_param_bytes"]
+                        + out["target_cache_bytes"] + out["draft_cache_bytes"]
+                        + out["activation_bytes"])
+  return out
+
+
+def check_fits(config: ExperimentConfig, chip: chips.Chip,
+               hbm_bytes: int | None = None) -> dict[str, Any]:
+  """Raises ConfigError (numbers and fix) if the run cannot fit `chip`.
+
+  Shapes only: nothing is compiled or allocated. `hbm_bytes` overrides the
+  chip's capacity (e.g. a device's reported `bytes_limit`).
+  """
+  shape = run_shape(config)
+  est = estimate(shape)
+  hbm = int(hbm_bytes or chip.hbm_bytes)
+  if est["total_bytes"] <= hbm:
+    return est
+  fixes = []
+  if jnp.dtype(shape.target.config.param_dtype) != jnp.bfloat16:
+    fixes.append("dtype bfloat16")
+  for model in (2, 4, 8, 16):
+    if model <= shape.mesh_shape[1]:
+      continue
+    bigger = dataclasses.replace(shape, mesh_shape=(1, model))
+    if estimate(bigger)["total_bytes"] <= hbm:
+      fixes.append("runs/tpu_v4_8_model_parallel.gin"
+                   if chip.name == "tpu_v4" and model <= 4
+                   else f"mesh_shape=(1, {model}) (model parallel)")
+      break
+  fix = ("use " + " or ".join(fixes)) if fixes else (
+      "use a larger chip or a smaller draft/target")
+  raise ConfigError(
+      f"this run needs about {est['total_bytes'] / GB:.1f} GB per device but "
+      f"{chip.name} has {hbm / GB:.1f} GB ({hbm / chips.GIB:.0f} GiB): "
+      f"target parameters "
+      f"{est['target_param_bytes'] / GB:.1f} GB "
+      f"({shape.target.config.param_dtype}), draft "
+      f"{est['draft_param_bytes'] / GB:.2f} GB, caches "
+      f"{(est['target_cache_bytes'] + est['draft_cache_bytes']) / GB:.2f} GB, "
+      f"activations ~{est['activation_bytes'] / GB:.2f} GB on a "
+      f"{shape.mesh_shape[0]}x{shape.mesh_shape[1]} (data x model) mesh. "
+      f"Fix: {fix}.")
+
+
+def check_fits_on_devices(config: ExperimentConfig) -> dict | None:
+  """`check_fits` for the devices this process sees; None where the chip is
+  not known (CPUs): there is nothing to protect a launch from. Asks a
+  device of this process (`memory_stats` of another host's is not
+  available): every host of a slice holds the same chips."""
+  device = jax.local_devices()[0]
+  chip = chips.chip_of_device_kind(getattr(device, "device_kind", ""))
+  if chip is None or config.target_config is None or (
+      config.draft_config is None or config.draft in NGRAM_DRAFTS):
+    return None
+  stats = device.memory_stats() or {}
+  return check_fits(config, chip, stats.get("bytes_limit"))
