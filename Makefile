@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat setup.py | sha1sum | cut -c1-12)
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-quick venv clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,10 +25,15 @@ demo: $(STAMP)
 # suite: 17.5 min on 2 cores, 33 min of CPU; docs/reliability.md says what
 # it checks). TEST_FLAGS="-n 0" runs in one; add --durations=30 to see the
 # slowest tests.
-TEST_FLAGS ?= -n 2 --dist loadfile
+TEST_FLAGS ?= -n 2 --dist loadfile --durations=25
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(TEST_FLAGS) tests
+
+# The tests marked `quick` (pytest -m quick): a few minutes, for iteration.
+# CI runs everything (`make test`).
+test-quick: $(STAMP)
+	$(PY) -m pytest -q -n 2 --durations=10 -m quick tests
 
 clean:
 	rm -rf $(VENV)

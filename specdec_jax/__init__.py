@@ -16,6 +16,7 @@ from specdec_jax.checkpoints import load_model  # noqa: E402
 from specdec_jax.decoding.api import CPU_EIGEN_MATMULS  # noqa: E402
 from specdec_jax.decoding.api import DecodeResult  # noqa: E402
 from specdec_jax.decoding.api import generate  # noqa: E402
+from specdec_jax.decoding.api import SpeculativeDecoder  # noqa: E402
 from specdec_jax.decoding.api import speculative_generate  # noqa: E402
 from specdec_jax.decoding.cascades import cascade  # noqa: E402
 from specdec_jax.decoding.cascades import horizontal  # noqa: E402

@@ -17,6 +17,12 @@ if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 
 
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "quick: a fast test module, in `make test-quick`'s subset "
+      "(CI runs every test)")
+
+
 @pytest.fixture(scope="session")
 def tiny_vocab(tmp_path_factory):
   """Path of a 200-piece BPE SentencePiece model covering printable ASCII,

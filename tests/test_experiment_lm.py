@@ -15,6 +15,7 @@ from specdec_jax import checkpoints
 from specdec_jax.data import tasks
 from specdec_jax.data import readers
 from specdec_jax.experiments import experiment
+from specdec_jax.experiments import loading
 from specdec_jax.tables import reproduce
 from specdec_jax.models import registry
 
@@ -77,8 +78,8 @@ def test_ngram_draft_for_decoder_only_target_learns_across_the_prompt(
   _, task_config = lm_setup
   target = checkpoints.load_model("gpt_tiny")
   with tasks.override_config(**task_config):
-    draft = experiment.fit_ngram_draft(_lm_config(), target)
-    unigram = experiment.fit_ngram_draft(_lm_config(draft="unigram"), target)
+    draft = loading.fit_ngram_draft(_lm_config(), target)
+    unigram = loading.fit_ngram_draft(_lm_config(draft="unigram"), target)
     examples = readers.load_examples("lm1b_local", "train")
   assert draft.definition.decoder_only and draft.definition.order == 2
   assert unigram.definition.decoder_only and unigram.definition.order == 1
@@ -156,10 +157,10 @@ def test_named_architecture_is_checked_for_self_describing_checkpoints(
   path = checkpoints.save(
       Model(definition, definition.init_params(jax.random.PRNGKey(0))),
       str(tmp_path / "gpt"), config=cfg)
-  model = experiment._load_model("target", path, "gpt_tiny", None, None)
+  model = loading._load_model("target", path, "gpt_tiny", None, None)
   assert model.definition.config.num_layers == cfg.num_layers
   with pytest.raises(experiment.ConfigError, match="differs in .*emb_dim"):
-    experiment._load_model("draft", path, "gpt_6m", None, None)
+    loading._load_model("draft", path, "gpt_6m", None, None)
 
 
 def test_task_vocabulary_larger_than_the_target_is_refused(lm_setup,

@@ -36,6 +36,7 @@ from specdec_jax.data import tasks
 from specdec_jax.data import readers
 from specdec_jax.decoding import api
 from specdec_jax.experiments import experiment
+from specdec_jax.experiments import loading
 from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -189,7 +190,7 @@ def test_two_processes_decode_as_one_process(two_process_run):
       task="wmt14_ende_local", split="test", target="demo:target",
       draft="demo:draft_base", max_examples=EXAMPLES, max_decode_len=64,
       buckets=(16, 24, 32, 48, 64, 128))
-  target, draft = experiment.load_models(config)
+  target, draft = loading.load_models(config)
   with tasks.override_config(
       vocab_path=os.path.join(ROOT, "specdec_jax/demo_models/target/"
                               "vocab.model"),

@@ -23,6 +23,7 @@ from specdec_jax.decoding import api
 from specdec_jax.experiments import fit
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
+from specdec_jax.experiments import loading
 from specdec_jax.planning import hlo
 from specdec_jax.planning import plan
 from specdec_jax.models import registry
@@ -173,7 +174,7 @@ def test_load_models_replicates_the_draft_as_planned():
     pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
   mesh = sharding.make_mesh(1, 4)
   config = _config((1, 4), replicate_draft=True)
-  target, draft = experiment.load_models(config, mesh)
+  target, draft = loading.load_models(config, mesh)
   query = target.params["decoder"]["layers_0"]["self_attention"]["query"][
       "kernel"]
   assert query.addressable_shards[0].data.shape[1] == query.shape[1] // 4

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.decoding import api
+from specdec_jax.decoding import checks
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import ngram
 from tests import toy_models
@@ -220,8 +220,8 @@ def test_families_must_match(t5):
            input_ids=ids, gamma=2, max_decode_len=2)
   # Negative control: the checks pass a T5 target with an encoder-decoder
   # n-gram drafter or another T5.
-  api._check_compatible(target, ngram.fit_ngram(seqs, target.vocab_size))
-  api._check_compatible(target, t5[1])
+  checks.check_compatible(target, ngram.fit_ngram(seqs, target.vocab_size))
+  checks.check_compatible(target, t5[1])
 
 
 # -- 7: buffers that cannot fit ------------------------------------------
@@ -239,14 +239,14 @@ def test_impossible_sizes_are_refused_with_the_number_before_compiling(
   _refused(ValueError, r"gamma=1000000.*needs at least [\d,.]+ GiB.*lower",
            sd.speculative_generate, target=target, draft=draft,
            input_ids=ids, gamma=10**6, max_decode_len=4)
-  monkeypatch.setattr(api, "_available_bytes",
+  monkeypatch.setattr(checks, "available_bytes",
                       lambda: (4 << 30, "free on a test device"))
   _refused(ValueError, r"max_decode_len=10000000 needs .* 4\.0 GiB is free",
            sd.generate, model=target, input_ids=ids, max_decode_len=10**7)
   # Ordinary sizes are not estimated at all (no tracing per call).
-  monkeypatch.setattr(api, "_model_bytes",
+  monkeypatch.setattr(checks, "model_bytes",
                       lambda *a: pytest.fail("estimated an ordinary size"))
-  api._check_memory([target, draft], (8, 64), 7, 128, True, "ordinary")
+  checks.check_memory([target, draft], (8, 64), 7, 128, True, "ordinary")
 
 
 # -- The fuzz test -------------------------------------------------------

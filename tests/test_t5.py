@@ -14,6 +14,7 @@ import pytest
 from specdec_jax import Model
 from specdec_jax import sampling
 from specdec_jax.decoding import api
+from specdec_jax.decoding import checks
 from specdec_jax.decoding import engine
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.models import layers
@@ -289,7 +290,7 @@ def test_compiler_options_reach_the_loop_and_keep_the_output():
     fn = engine.build_speculative(
         definition, definition, 3, 8, sampling.SamplingConfig(0.0),
         compiler_options=api.compiler_options_key(options))
-    seeds, rows = api._seeds(0, 1)  # pylint: disable=protected-access
+    seeds, rows = checks.seeds(0, 1)  # pylint: disable=protected-access
     return fn.lower(target.params, draft.params, ids, seeds,
                     rows).compile().as_text()
 

@@ -20,7 +20,7 @@ import pytest
 
 import specdec_jax as sd
 from specdec_jax import sampling
-from specdec_jax.decoding import api
+from specdec_jax.decoding import checks
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import ngram
@@ -216,8 +216,8 @@ def test_every_level_of_a_cascade_is_checked_against_the_target():
                             gamma=2, max_decode_len=4)
   assert engine.build_speculative.cache_info().misses == before
   # Negative control: matching levels pass.
-  api._check_compatible(target, sd.cascade(top, _ngram(), gamma=2))
-  api._check_compatible(with_vocab(target, b"b"), casc)
+  checks.check_compatible(target, sd.cascade(top, _ngram(), gamma=2))
+  checks.check_compatible(with_vocab(target, b"b"), casc)
 
 
 def _sorts(target, draft, top_p):

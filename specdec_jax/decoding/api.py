@@ -10,28 +10,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import numbers
-import os
-import re
 from typing import Any
-import warnings
 
 import flax.linen as nn
 import jax
 import numpy as np
 
-from specdec_jax import sampling
+from specdec_jax import sampling as sampling_lib
 from specdec_jax import sharding
 from specdec_jax.decoding import cascades
+from specdec_jax.decoding import checks
+from specdec_jax.decoding.checks import compiler_options_key  # noqa: F401  (public)
 from specdec_jax.decoding import engine
-from specdec_jax.decoding import ngram
 from specdec_jax.decoding import stopping
-from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
-from specdec_jax.tokens import EOS_ID
-
-NONFINITE_CHOICES = ("error", "warn", "ignore")
 
 # XLA:CPU runs a matmul of one row (a decoding step) itself and, by default,
 # hands those of two or more rows (a verification, an encoder) to YNNPACK.
@@ -41,7 +34,6 @@ NONFINITE_CHOICES = ("error", "warn", "ignore")
 # tokens more slowly; on another it was slower at 4 and 8. Time both
 # (`costs.time_extends(..., compiler_options=...)`, docs/benchmarks_history.md).
 CPU_EIGEN_MATMULS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-_INT32 = np.iinfo(np.int32)
 
 
 @dataclasses.dataclass
@@ -60,337 +52,6 @@ class DecodeResult:
 
   tokens: np.ndarray
   stats: DecodeStats
-
-
-def _check_model(name: str, model: Any, cascade_ok: bool = False) -> Model:
-  if not isinstance(model, Model):
-    raise TypeError(
-        f"{name} must be a specdec_jax.Model (from specdec_jax.load_model), "
-        f"got {type(model).__name__}.")
-  if not cascade_ok and isinstance(model.definition, cascades.DRAFT_ONLY):
-    raise TypeError(
-        f"{name} is a cascade or horizontal drafter (sd.cascade, "
-        f"sd.horizontal), which can only be the draft of "
-        f"speculative_generate; pass its top model here instead.")
-  return model
-
-
-def compiler_options_key(options: Any) -> tuple:
-  """XLA compiler options {name: value} as sorted (name, value) pairs, the
-  hashable form the engine's program caches key on; None -> ()."""
-  if options is None:
-    return ()
-  if not isinstance(options, dict) and not hasattr(options, "items"):
-    raise TypeError(f"compiler_options must be a mapping of XLA option names "
-                    f"to values (e.g. CPU_EIGEN_MATMULS), got {options!r}")
-  for name, value in options.items():
-    if not isinstance(name, str) or not isinstance(
-        value, (str, bool, int, float)):
-      raise TypeError(f"compiler_options: {name!r}: {value!r} is not an XLA "
-                      "option (a name and a string, bool or number)")
-  key = tuple(sorted(options.items()))
-  _check_xla_knows(key)
-  return key
-
-
-@functools.lru_cache(maxsize=64)
-def _check_xla_knows(options: tuple) -> None:
-  """Refuses options this backend's XLA does not know, before the decoding
-  loop compiles (it would fail only then): compiles a one-op program with
-  them, once per set of options."""
-  if not options:
-    return
-  try:
-    jax.jit(lambda x: x + 1, compiler_options=dict(options)).lower(
-        np.int32(0)).compile()
-  except Exception as e:  # pylint: disable=broad-except  (XLA's runtime error)
-    first = (str(e).strip().splitlines() or [""])[0][:300]
-    raise ValueError(
-        f"compiler_options {dict(options)!r} are refused by XLA on "
-        f"{jax.default_backend()}: {first}. The options this jaxlib knows "
-        "are listed by: XLA_FLAGS=--help python -c 'import jax; "
-        "jax.numpy.ones(1)' (the --xla_... lines; give them without the "
-        "dashes). Backend-specific ones (xla_tpu_*, xla_gpu_*) exist only "
-        "on that backend.") from None
-
-
-def _check_positive_int(name: str, value: Any, hint: str) -> int:
-  if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
-      or value < 1):
-    raise ValueError(f"{name} must be an integer >= 1, got {value!r}. {hint}")
-  _check_width(int(value), name)
-  return int(value)
-
-
-def _check_width(value: int, what: str) -> None:
-  """Decoding sizes index int32 buffers on device: refuse, before tracing,
-  any beyond int32 (JAX would raise an OverflowError deep inside)."""
-  if value > _INT32.max:
-    raise ValueError(
-        f"{what} = {value} is beyond int32 ({_INT32.max}): decoding sizes "
-        f"index int32 buffers. Use a far smaller value (the buffers grow "
-        f"with it; see docs/reliability.md).")
-
-
-def _family(model: Model) -> str | None:
-  """'encoder-decoder', 'decoder-only', or None (a model we cannot tell)."""
-  return protocol.family(model.definition)
-
-
-def _check_inputs(input_ids: Any,
-                  models: list[tuple[str, Model]]) -> np.ndarray:
-  try:
-    ids = np.asarray(input_ids)
-  except (ValueError, TypeError):  # numpy refuses ragged nested lists
-    ids = None
-  if ids is None or (ids.dtype == object and ids.ndim == 1
-                     and isinstance(input_ids, (list, tuple))):
-    raise ValueError(
-        "input_ids must be a rectangular int array [batch, length]: the rows "
-        "given have different lengths. Pad every row with 0 on the right to "
-        "the longest row (each row ending in EOS=1).")
-  if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-    raise ValueError(
-        f"input_ids must be an int array [batch, length] (0-padded, each row "
-        f"ending in EOS=1), got shape {ids.shape} dtype {ids.dtype}.")
-  if ids.shape[0] == 0:
-    raise ValueError("input_ids has no rows: pass at least one example.")
-  lengths = (ids != 0).sum(axis=1)
-  empty = np.flatnonzero(lengths == 0)
-  if empty.size:
-    raise ValueError(
-        f"input rows {empty.tolist()} are empty (all padding). Every row "
-        f"needs at least one token; T5 inputs end in EOS (id 1).")
-  for name, model in models:
-    if ids.min() < 0 or ids.max() >= model.vocab_size:
-      raise ValueError(
-          f"input_ids hold ids outside [0, {model.vocab_size}) of the {name} "
-          f"model's vocabulary (found {ids.min()}..{ids.max()}).")
-    limit = model.max_input_len
-    if limit is not None and lengths.max() > limit:
-      row = int(lengths.argmax())
-      raise ValueError(
-          f"input row {row} has {int(lengths.max())} tokens but the {name} "
-          f"model accepts at most {limit}. Truncate the input (the data "
-          f"pipeline's feature length) or raise the model's max_input_len.")
-  if any(_family(m) == protocol.ENCODER_DECODER and not isinstance(
-      m.definition, ngram.NgramDef) for _, m in models):
-    # T5 saw every training input end in EOS; without it the encoder output,
-    # and so the translation, changes silently.
-    last_index = ids.shape[1] - 1 - np.argmax(ids[:, ::-1] != 0, axis=1)
-    last = ids[np.arange(ids.shape[0]), last_index]
-    bad = np.flatnonzero(last != EOS_ID)
-    if bad.size:
-      raise ValueError(
-          f"input rows {bad[:10].tolist()} do not end in EOS (id {EOS_ID}): "
-          f"an encoder-decoder (T5) input is the tokens then EOS, then 0 "
-          f"padding. Append {EOS_ID} after each row's last token (seqio's "
-          f"append_eos, or the data pipeline, does this).")
-  return ids.astype(np.int32)
-
-
-def _seeds(seed: Any, batch: int) -> tuple[np.ndarray, np.ndarray]:
-  """(seeds [B], rows [B]) for `engine.row_keys`.
-
-  An int seed s gives row b the key fold_in(key(s), b). An array of B seeds
-  gives row b the key fold_in(key(seed[b]), 0): the same as a batch-1 call
-  with seed=seed[b], which is what makes batched runs reproducible row by row.
-  """
-  if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
-    seeds = np.full((batch,), int(seed), np.int64)
-    rows = np.arange(batch, dtype=np.int32)
-  else:
-    try:
-      seeds = np.asarray(seed)
-    except (ValueError, TypeError):
-      seeds = np.asarray(None)
-    if (seeds.shape != (batch,) or seeds.dtype == bool
-        or not np.issubdtype(seeds.dtype, np.integer)):
-      raise TypeError(
-          f"seed must be an int or an int array of one seed per row "
-          f"([{batch}]), got {seed!r:.80} ({type(seed).__name__}).")
-    rows = np.zeros((batch,), np.int32)
-  if seeds.min() < _INT32.min or seeds.max() > _INT32.max:
-    raise ValueError(
-        f"seed must fit in int32 ([{_INT32.min}, {_INT32.max}]), got "
-        f"{seed!r:.80}: reduce it, e.g. seed % 2**31.")
-  return seeds.astype(np.int32), rows
-
-
-def _check_compatible(target: Model, draft: Model) -> None:
-  """Same vocabulary size, family and (when both carry one) vocabulary as
-  the target, for every model the draft runs (each level of a cascade and
-  each part of a horizontal drafter, `cascades.levels_of`), naming the one
-  that differs. (`cascade` and `horizontal` refuse parts whose vocabularies
-  differ, so the draft's vocabulary stands for all of them.)"""
-  levels = cascades.levels_of(draft)
-
-  def name(i, path):
-    if len(levels) == 1:
-      return "draft"
-    return (f"draft's model {i + 1} of {len(levels)}, top first "
-            f"(params{''.join(f'[{k!r}]' for k in path)})")
-
-  for i, (path, model) in enumerate(levels):
-    if target.vocab_size != model.vocab_size:
-      raise ValueError(
-          f"{name(i, path)} and target vocabularies differ in size (target "
-          f"{target.vocab_size}, {name(i, path)} {model.vocab_size}): "
-          f"speculative decoding compares their distributions token by "
-          f"token, so every model must share one vocabulary.")
-  # Each level predicts the target's decoder sequence from the same start;
-  # with a target of unknown family, the draft's levels must agree.
-  want, what = _family(target), "target"
-  for i, (path, model) in enumerate(levels):
-    family = _family(model)
-    if family is None:
-      continue
-    if want is None:
-      want, what = family, name(i, path)
-    elif family != want:
-      raise ValueError(
-          f"the {what} is {want} but the {name(i, path)} is {family}: a "
-          f"draft must predict the target's decoder sequence from the same "
-          f"start. Use a draft of the target's family ({want}), or an "
-          f"n-gram drafter (ngram.fit_ngram(..., decoder_only="
-          f"{want == 'decoder-only'})).")
-  mine = protocol.vocab_fingerprint(target)
-  theirs = protocol.vocab_fingerprint(draft)
-  if mine is not None and theirs is not None and mine != theirs:
-    raise ValueError(
-        f"target and draft carry different vocabularies of the same size "
-        f"(SentencePiece model sha256 {mine[0]}, {mine[1]} extra ids vs "
-        f"{theirs[0]}, {theirs[1]}): the same id means different pieces, so "
-        f"drafts would almost never be accepted. Use a draft trained with "
-        f"the target's vocabulary.")
-
-
-def _available_bytes() -> tuple[int | None, str]:
-  """Free memory of the default device, and what it is (None: unknown)."""
-  try:
-    stats = jax.devices()[0].memory_stats()
-  except Exception:  # pylint: disable=broad-except  (backends differ)
-    stats = None
-  if stats and "bytes_limit" in stats:
-    free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-    return free, f"free on {jax.devices()[0].device_kind}"
-  try:
-    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return int(free), "available host RAM"
-  except (ValueError, OSError, AttributeError):
-    return None, "unknown"
-
-
-def _nbytes(tree: Any) -> int:
-  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
-             for x in jax.tree.leaves(tree))
-
-
-_DTYPE_BYTES = {"i1": 1, "i8": 1, "ui8": 1, "i16": 2, "f16": 2, "bf16": 2,
-                "i32": 4, "ui32": 4, "f32": 4, "i64": 8, "ui64": 8, "f64": 8}
-_TENSOR = re.compile(r"tensor<((?:\d+x)+)([a-z]+\d+)>")
-# Below this many B x (G+1) x positions, every buffer of a sane model fits
-# (an attention score tensor of 64 heads is then 1 GiB): skip the estimate.
-_ESTIMATE_ABOVE = 1 << 22
-
-
-@functools.lru_cache(maxsize=32)
-def _model_bytes(definition: Any, param_shapes: Any, ids_shape: tuple,
-                 num_positions: int, num_tokens: int) -> tuple[int, int]:
-  """(cache bytes, largest intermediate of one `extend` of num_tokens).
-
-  From shapes alone: `prefill` by `jax.eval_shape` and `extend` lowered to
-  StableHLO (traced, never compiled or run), whose largest tensor type is
-  the largest buffer one model call needs (attention scores, usually).
-  """
-  params = jax.tree.unflatten(param_shapes[0], [
-      jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in param_shapes[1]])
-  ids = jax.ShapeDtypeStruct(ids_shape, np.int32)
-  prefill = jax.eval_shape(
-      lambda p, i: definition.prefill(p, i, num_positions), params, ids)
-  tokens = jax.ShapeDtypeStruct((ids_shape[0], num_tokens), np.int32)
-  text = jax.jit(definition.extend).lower(params, prefill.cache, tokens,
-                                          tokens).as_text()
-  largest = 0
-  for dims, dtype in _TENSOR.findall(text):
-    size = int(np.prod([int(d) for d in dims[:-1].split("x")]))
-    largest = max(largest, size * _DTYPE_BYTES.get(dtype, 4))
-  return _nbytes(prefill), largest
-
-
-def _check_memory(models: list[Model], ids_shape: tuple[int, int],
-                  gamma: int, max_decode_len: int, record_trace: bool,
-                  what: str, call_tokens: tuple[int, ...] = (),
-                  extra_width: int = 0) -> None:
-  """Refuses, before compiling, a loop whose buffers cannot fit.
-
-  Counts each model's cache, the largest buffer of one model call (the
-  target scores gamma + 1 tokens at once, a draft 2), the float32 logits and
-  probabilities of one iteration (target [B, G+1, V], draft [B, G, V]) and
-  the token buffers; all from shapes (`_model_bytes`). `call_tokens`: the
-  tokens per call of each draft model (`cascades.call_sizes`: a cascade's
-  middle model verifies its inner gamma + 1 at once; default 2), and
-  `extra_width` the scratch positions a cascade adds. A rough bound: it
-  catches the impossible (gamma=10**6, max_decode_len=10**7), not the
-  tight. Skipped for sizes that always fit (`_ESTIMATE_ABOVE`).
-  """
-  batch = ids_shape[0]
-  width = max_decode_len + gamma + 1 + extra_width
-  tokens_per_call = [gamma + 1] + [
-      call_tokens[i] if i < len(call_tokens) else 2
-      for i in range(len(models) - 1)]
-  if batch * width * max(tokens_per_call) <= _ESTIMATE_ABOVE:
-    return
-  caches = largest = 0
-  for i, model in enumerate(models):
-    leaves, treedef = jax.tree.flatten(model.params)
-    shapes = (treedef, tuple((tuple(x.shape), np.dtype(x.dtype))
-                             for x in leaves))
-    cache, peak = _model_bytes(model.definition, shapes, tuple(ids_shape),
-                               width, tokens_per_call[i])
-    caches += cache
-    largest = max(largest, peak)
-  vocab = models[0].vocab_size
-  logits = 2 * 4 * batch * vocab * ((gamma + 1) + sum(
-      max(gamma, t) for t in tokens_per_call[1:]))
-  tokens = 4 * batch * width * (1 + (gamma if record_trace else 0))
-  # The loop's carry is held twice where XLA cannot update it in place, and
-  # a model call keeps a few buffers of the largest size alive at once.
-  total = 2 * caches + 3 * largest + logits + tokens
-  free, where = _available_bytes()
-  if free is not None and total > free:
-    raise ValueError(
-        f"{what} needs at least {total / 2**30:,.1f} GiB of buffers (caches "
-        f"{caches / 2**30:,.1f} GiB for {width} positions x batch {batch}, "
-        f"the largest buffer of one model call {largest / 2**30:,.1f} GiB, "
-        f"logits/probabilities {logits / 2**30:,.1f} GiB) but only "
-        f"{free / 2**30:,.1f} GiB is {where}: lower max_decode_len, gamma "
-        f"or the batch size.")
-
-
-def _check_nonfinite(stats: DecodeStats, on_nonfinite: str,
-                     names: list[tuple[str, str]]) -> None:
-  for key, name in names:
-    flags = getattr(stats, key)
-    rows = np.flatnonzero(flags) if flags is not None else np.zeros(0)
-    if not rows.size:
-      continue
-    message = (
-        f"the {name} model produced non-finite logits (NaN or inf) for rows "
-        f"{rows[:10].tolist()}: its outputs for them are meaningless. Check "
-        f"its parameters (load_model(..., check_finite=True)) and its dtype "
-        f"(float16 overflows; use bfloat16 or float32). Pass "
-        f"on_nonfinite='warn' to get the result anyway (stats.{key}).")
-    if on_nonfinite == "error":
-      raise FloatingPointError(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def _check_on_nonfinite(value: Any) -> str:
-  if value not in NONFINITE_CHOICES:
-    raise ValueError(f"on_nonfinite must be one of {NONFINITE_CHOICES}, got "
-                     f"{value!r}.")
-  return value
 
 
 def _run(fn, params: list[Any], arrays: list[np.ndarray],
@@ -440,7 +101,7 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
       For a decoder-only model the row is the prompt.
     max_decode_len: the most tokens generated per row.
     temperature, top_k, top_p: see `sampling.SamplingConfig`.
-    seed: int, or one int per row (see `DecodeResult` and `_seeds`).
+    seed: int, or one int per row (see `DecodeResult` and `checks.seeds`).
     mesh: run sharded on this mesh (see `specdec_jax.sharding`).
     on_nonfinite: a NaN or inf logit raises FloatingPointError naming the
       model ("error", default), warns ("warn"; see `target_nonfinite` in
@@ -451,21 +112,21 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
   Returns:
     A `DecodeResult`.
   """
-  model = _check_model("model", model)
-  options = compiler_options_key(compiler_options)
-  on_nonfinite = _check_on_nonfinite(on_nonfinite)
-  max_decode_len = _check_positive_int("max_decode_len", max_decode_len,
+  model = checks.check_model("model", model)
+  options = checks.compiler_options_key(compiler_options)
+  on_nonfinite = checks.check_on_nonfinite(on_nonfinite)
+  max_decode_len = checks.check_positive_int("max_decode_len", max_decode_len,
                                        "It bounds the generated tokens.")
-  sampler = sampling.SamplingConfig(temperature, top_k, top_p)
-  ids = _check_inputs(input_ids, [("target", model)])
-  seeds, rows = _seeds(seed, ids.shape[0])
-  _check_memory([model], ids.shape, 0, max_decode_len, False,
+  sampler = sampling_lib.SamplingConfig(temperature, top_k, top_p)
+  ids = checks.check_inputs(input_ids, [("target", model)])
+  seeds, rows = checks.seeds(seed, ids.shape[0])
+  checks.check_memory([model], ids.shape, 0, max_decode_len, False,
                 f"max_decode_len={max_decode_len}")
   check = on_nonfinite != "ignore"
   fn = engine.build_generate(model.definition, max_decode_len, sampler, check,
                              options)
   result = _run(fn, [model.params], [ids, seeds, rows], mesh)
-  _check_nonfinite(result.stats, on_nonfinite, [("target_nonfinite", "target")])
+  checks.check_nonfinite(result.stats, on_nonfinite, [("target_nonfinite", "target")])
   return result
 
 
@@ -511,38 +172,118 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
   Returns:
     A `DecodeResult`.
   """
-  target = _check_model("target", target)
-  options = compiler_options_key(compiler_options)
-  draft = _check_model("draft", draft, cascade_ok=True)
-  stopping.check_rule(draft_stop)
-  on_nonfinite = _check_on_nonfinite(on_nonfinite)
-  gamma = _check_positive_int("gamma", gamma,
-                              "It is the number of draft tokens per step.")
-  max_decode_len = _check_positive_int("max_decode_len", max_decode_len,
-                                       "It bounds the generated tokens.")
-  lenience = sampling.validate_lenience(lenience)
-  sampler = sampling.SamplingConfig(temperature, top_k, top_p)
-  _check_compatible(target, draft)
-  ids = _check_inputs(input_ids, [("target", target), ("draft", draft)])
-  seeds, rows = _seeds(seed, ids.shape[0])
-  sizes, extra_width = cascades.call_sizes(draft.definition)
-  _check_width(max_decode_len + gamma + 1 + extra_width,
-               f"max_decode_len + gamma + 1 (+ {extra_width} for the "
-               f"cascade's inner gammas)")
-  _check_memory([target, *cascades.models_of(draft)], ids.shape, gamma,
-                max_decode_len, bool(record_trace),
-                f"gamma={gamma}, max_decode_len={max_decode_len}",
-                tuple(t for _, t in sizes), extra_width)
-  check = on_nonfinite != "ignore"
-  fn = engine.build_speculative(target.definition, draft.definition, gamma,
-                                max_decode_len, sampler, lenience,
-                                bool(record_trace), check_finite=check,
-                                draft_stop=draft_stop,
-                                compiler_options=options,
-                                draft_replicated=_replicated(draft.params,
-                                                             mesh))
-  result = _run(fn, [target.params, draft.params], [ids, seeds, rows], mesh)
-  _check_nonfinite(result.stats, on_nonfinite,
-                   [("target_nonfinite", "target"),
-                    ("draft_nonfinite", "draft")])
-  return result
+  decoder = SpeculativeDecoder(
+      target, draft, gamma=gamma, max_decode_len=max_decode_len,
+      sampling=sampling_lib.SamplingConfig(temperature, top_k, top_p),
+      lenience=lenience, draft_stop=draft_stop, mesh=mesh,
+      on_nonfinite=on_nonfinite, compiler_options=compiler_options)
+  return decoder(input_ids, seed=seed, record_trace=record_trace)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeDecoder:
+  """Speculative decoding (Algorithm 1) as one object: what to decode with.
+
+  Holds everything but the inputs: the target and its draft (a model, a
+  cascade or a horizontal drafter), gamma, the length limit, sampling, the
+  stop rule and where and how to compile. Every setting is checked when the
+  object is made, before anything is traced; calling it decodes:
+
+    decoder = SpeculativeDecoder(target, draft, gamma=4, max_decode_len=64,
+                                 sampling=sd.sampling_lib.SamplingConfig(0.7))
+    result = decoder(input_ids, seed=0)      # exact samples of the target
+    baseline = decoder.baseline(input_ids)   # the target alone, same settings
+    longer = decoder.replace(gamma=7)
+
+  `speculative_generate` takes the same settings as keywords.
+
+  Attributes:
+    target: the model whose output distribution is kept.
+    draft: the cheaper approximation; same vocabulary.
+    gamma: draft tokens per iteration (the most, with a `draft_stop`).
+    max_decode_len: the most tokens generated per row.
+    sampling: temperature, top-k, top-p, applied to target and draft alike.
+    lenience: 1 (default) is exact; below 1 the paper's lossy variant.
+    draft_stop: None or a stop rule (`ConfidenceStop`, `ExpectedGainStop`).
+    mesh: run sharded on this mesh.
+    on_nonfinite: "error", "warn" or "ignore" (see `speculative_generate`).
+    compiler_options: XLA options of the compiled loop.
+  """
+
+  target: Model
+  draft: Model
+  gamma: int
+  max_decode_len: int
+  sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig()
+  lenience: float = 1.0
+  draft_stop: Any = None
+  mesh: jax.sharding.Mesh | None = None
+  on_nonfinite: str = "error"
+  compiler_options: Any = None
+
+  def __post_init__(self):
+    put = functools.partial(object.__setattr__, self)
+    put("target", checks.check_model("target", self.target))
+    put("draft", checks.check_model("draft", self.draft, cascade_ok=True))
+    checks.compiler_options_key(self.compiler_options)
+    stopping.check_rule(self.draft_stop)
+    put("on_nonfinite", checks.check_on_nonfinite(self.on_nonfinite))
+    put("gamma", checks.check_positive_int(
+        "gamma", self.gamma, "It is the number of draft tokens per step."))
+    put("max_decode_len", checks.check_positive_int(
+        "max_decode_len", self.max_decode_len,
+        "It bounds the generated tokens."))
+    put("lenience", sampling_lib.validate_lenience(self.lenience))
+    if not isinstance(self.sampling, sampling_lib.SamplingConfig):
+      raise TypeError(
+          f"sampling must be a SamplingConfig(temperature, top_k, top_p), "
+          f"got {self.sampling!r}.")
+    checks.check_compatible(self.target, self.draft)
+
+  def replace(self, **changes: Any) -> "SpeculativeDecoder":
+    """The same decoder with some settings changed (checked again)."""
+    return dataclasses.replace(self, **changes)
+
+  def decode_kwargs(self) -> dict[str, Any]:
+    """The settings `generate` shares (length, sampling, mesh, options)."""
+    return dict(max_decode_len=self.max_decode_len,
+                temperature=self.sampling.temperature,
+                top_k=self.sampling.top_k, top_p=self.sampling.top_p,
+                mesh=self.mesh, on_nonfinite=self.on_nonfinite,
+                compiler_options=self.compiler_options)
+
+  def baseline(self, input_ids: Any, *, seed: Any = 0) -> DecodeResult:
+    """The target alone (`generate`), with this decoder's settings."""
+    return generate(self.target, input_ids, seed=seed, **self.decode_kwargs())
+
+  def __call__(self, input_ids: Any, *, seed: Any = 0,
+               record_trace: bool = False) -> DecodeResult:
+    """Decodes `input_ids` (int [batch, length], 0-padded, rows ending in
+    EOS); `seed` is an int or one per row; `record_trace` also returns the
+    per-iteration trace (see `speculative_generate`)."""
+    target, draft, gamma = self.target, self.draft, self.gamma
+    max_decode_len, mesh = self.max_decode_len, self.mesh
+    ids = checks.check_inputs(input_ids, [("target", target),
+                                          ("draft", draft)])
+    seeds, rows = checks.seeds(seed, ids.shape[0])
+    sizes, extra_width = cascades.call_sizes(draft.definition)
+    checks.check_width(max_decode_len + gamma + 1 + extra_width,
+                       f"max_decode_len + gamma + 1 (+ {extra_width} for "
+                       f"the cascade's inner gammas)")
+    checks.check_memory([target, *cascades.models_of(draft)], ids.shape,
+                        gamma, max_decode_len, bool(record_trace),
+                        f"gamma={gamma}, max_decode_len={max_decode_len}",
+                        tuple(t for _, t in sizes), extra_width)
+    fn = engine.build_speculative(
+        target.definition, draft.definition, gamma, max_decode_len,
+        self.sampling, self.lenience, bool(record_trace),
+        check_finite=self.on_nonfinite != "ignore",
+        draft_stop=self.draft_stop,
+        compiler_options=checks.compiler_options_key(self.compiler_options),
+        draft_replicated=_replicated(draft.params, mesh))
+    result = _run(fn, [target.params, draft.params], [ids, seeds, rows],
+                  mesh)
+    checks.check_nonfinite(result.stats, self.on_nonfinite,
+                           [("target_nonfinite", "target"),
+                            ("draft_nonfinite", "draft")])
+    return result

@@ -23,15 +23,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 import time
 from typing import Any, Sequence
 
 from absl import logging
-import numpy as np
 
-from specdec_jax import checkpoints
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax import sharding
@@ -39,13 +36,12 @@ from specdec_jax import theory
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.data import readers
-from specdec_jax.decoding import cascades
-from specdec_jax.decoding import ngram
-from specdec_jax.decoding.api import generate, speculative_generate
+from specdec_jax.decoding.api import generate
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import arm_costs
-from specdec_jax.experiments import costs
 from specdec_jax.experiments import fit
+from specdec_jax.experiments import gamma_probe
+from specdec_jax.experiments import loading
 from specdec_jax.experiments import records
 from specdec_jax.experiments import report
 from specdec_jax.experiments import timing
@@ -55,7 +51,6 @@ from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.experiments.experiment_config import config_problems
-from specdec_jax.models import gpt
 
 
 def validate(config: ExperimentConfig) -> None:
@@ -77,186 +72,7 @@ def validate(config: ExperimentConfig) -> None:
 
 
 # ----------------------------------------------------------------------------
-# Loading.
-
-
-def load_models(config: ExperimentConfig, mesh=None,
-                target: Model | None = None) -> tuple[Model, Model]:
-  """(target, draft) of a config; `target` given: only the draft loads."""
-  overrides = fit.dtype_overrides(config)
-  if target is None:
-    target = _load_model("target", config.target, config.target_config, mesh,
-                         overrides)
-
-  def load(spec, model_config):
-    if spec in ("unigram", "bigram"):
-      return fit_ngram_draft(config, target, spec)
-    # Sharded by the rules or replicated (see `replicate_draft`), decided
-    # from the draft's shapes before anything is read.
-    replicate = None if mesh is None else functools.partial(
-        fit.replicate_draft, config, mesh_shape=tuple(mesh.shape.values()))
-    return _load_model("draft", spec, model_config, mesh, overrides,
-                       replicate)
-
-  chain = [load(config.draft, config.draft_config)]
-  chain += [load(entry[0], entry[2] if len(entry) > 2 else None)
-            for entry in config.cascade]
-  draft = chain[-1]
-  for model, entry in zip(chain[-2::-1], config.cascade[::-1]):
-    draft = cascades.cascade(model, draft, gamma=int(entry[1]))
-  return target, draft
-
-
-def _load_model(role: str, spec: str, model_config: Any, mesh,
-                overrides: dict[str, str] | None,
-                replicate: Any = None) -> Model:
-  """`checkpoints.load_model`, with `model_config` checked where not needed.
-
-  A t5x: checkpoint needs its architecture (`*_config`). Every other spec
-  records its own, so there the config is not passed on but compared with
-  what loaded: a row that names 'gpt_97m' then runs the model it names
-  whether its checkpoint came from T5X or from `specdec_jax.training.train`.
-  """
-  overrides = dict(overrides or {})
-  if replicate is not None:
-    overrides["replicate"] = replicate
-  if model_config is None or str(spec).startswith("t5x:"):
-    return checkpoints.load_model(spec, config=model_config, mesh=mesh,
-                                  **overrides)
-  model = checkpoints.load_model(spec, mesh=mesh, **overrides)
-  expected = checkpoints.resolve_config(model_config)
-  loaded = getattr(model.definition, "config", None)
-  # Compute and parameter dtypes are run settings, not the architecture.
-  run_settings = ("dtype", "param_dtype")
-  if loaded is None or type(loaded) is not type(expected):
-    differ = ["family"]
-  else:
-    differ = [f.name for f in dataclasses.fields(expected)
-              if f.name not in run_settings
-              and getattr(expected, f.name) != getattr(loaded, f.name)]
-  if differ:
-    raise ConfigError(
-        f"{role} {spec!r} is not the model {role}_config={model_config!r} "
-        f"names (differs in {', '.join(differ)}): point the {role} at a "
-        f"checkpoint of that architecture, or set {role}_config to None to "
-        "run whatever the checkpoint holds.")
-  return model
-
-
-def fit_ngram_draft(config: ExperimentConfig, target: Model,
-                    kind: str | None = None) -> Model:
-  """A unigram/bigram drafter from the task's `ngram_split` examples.
-
-  For an encoder-decoder target (T5) the drafter sees the reference targets
-  alone, each after the decoder start id, as the target's decoder does. For
-  a decoder-only target (GPT-like) it drafts from the last prompt token on,
-  so it is fit on whole rows, prompt + targets: the bigrams that cross from
-  the prompt into the continuation are the ones it is asked first.
-
-  Args:
-    config: the experiment (task, ngram_split, ngram_max_examples, draft).
-    target: the model drafted for; its vocabulary size and architecture.
-    kind: 'unigram' or 'bigram' (default: config.draft).
-
-  Returns:
-    An n-gram `Model` over the target's vocabulary.
-  """
-  examples = readers.load_examples(config.task, config.ngram_split,
-                                    max_examples=config.ngram_max_examples)
-  decoder_only = isinstance(target.definition, gpt.GPTDef)
-  sequences = ([np.concatenate([e.inputs, e.targets]) for e in examples]
-               if decoder_only else [e.targets for e in examples])
-  return ngram.fit_ngram(sequences, target.vocab_size,
-                         order=1 if (kind or config.draft) == "unigram" else 2,
-                         decoder_only=decoder_only)
-
-
-def _check_vocabulary_fits(config: ExperimentConfig, target: Model) -> None:
-  """Task token ids past the target's embedding would decode as garbage."""
-  # TensorFlow: deferred, so that plan_run and benchmarks/gpu.py import
-  # this module without it.
-  size = tasks.get_task(config.task).output_features["inputs"].vocabulary
-  size = size.vocab_size
-  if size > target.vocab_size:
-    raise ConfigError(
-        f"the task {config.task!r} tokenizes with "
-        f"{tasks.current_config().vocab_path!r} ({size} ids, extra ids "
-        f"included) but the target has vocab_size {target.vocab_size}: set "
-        "TaskConfig.vocab_path to the vocabulary the target was trained "
-        "with.")
-
-
-def task_vocabulary(config: ExperimentConfig, target: Model):
-  if target.vocab is not None:
-    return target.vocab
-  # TensorFlow: deferred, so that plan_run and benchmarks/gpu.py import
-  # this module without it.
-  return tasks.get_task(config.task).output_features["targets"].vocabulary
-
-
-# ----------------------------------------------------------------------------
 # The run.
-
-
-def _spec_kwargs(config: ExperimentConfig) -> dict:
-  return dict(max_decode_len=config.max_decode_len,
-              temperature=config.temperature, top_k=config.top_k,
-              top_p=config.top_p, compiler_options=config.compiler_options)
-
-
-def choose_gamma(config, target, draft, batches, workdir) -> int:
-  """gamma="optimal": probe alpha and c (and, if configured, the verification
-  cost of each gamma), then maximise Theorem 3.8."""
-  path = paths.join(workdir, "optimal_gamma.json")
-
-  def stored():
-    data = paths.read_bytes(path)
-    return None if data is None else int(json.loads(data)["gamma"])
-
-  # Decided once, on process 0: every host decodes with the same gamma.
-  gamma = multihost.on_primary(stored)
-  if gamma is not None:
-    return gamma
-  probes = [speculative_generate(target, draft, batch.input_ids,
-                                 gamma=config.probe_gamma, seed=config.seed,
-                                 draft_stop=config.draft_stop,
-                                 **_spec_kwargs(config)).stats
-            for batch in batches[:config.probe_examples]]
-  alpha = theory.pooled_alpha([s.alpha_sum.sum() for s in probes],
-                              [s.alpha_count.sum() for s in probes])
-  positions = config.max_decode_len + config.max_gamma + 1
-  ids = batches[0].input_ids
-  gammas = (range(1, config.max_gamma + 1)
-            if config.optimal_gamma_verify_cost else [config.probe_gamma])
-  # Every gamma's costs from one set of interleaved rounds.
-  timings = {}
-  top = arm_costs.cost_model(draft)
-  costs.time_extends(
-      [r for g in gammas for r in costs.cost_requests(
-          target, top, g, positions)],
-      ids, repeats=config.cost_repeats, timings=timings,
-      compiler_options=config.compiler_options)
-  measured = {g: costs.measure_costs(target, top, ids,
-                                     gamma=g, cache_positions=positions,
-                                     repeats=config.cost_repeats,
-                                     timings=timings,
-                                     compiler_options=config.compiler_options)
-              for g in gammas}
-  c = measured[gammas[0]]["c"]
-  verify_costs = None
-  if config.optimal_gamma_verify_cost:
-    verify_costs = [measured[g]["verify_cost"] for g in gammas]
-  gamma = int(theory.optimal_gamma(alpha, c, config.max_gamma,
-                                   verify_costs=verify_costs))
-  # Each host timed its own c: process 0's choice is everyone's.
-  gamma = int(multihost.broadcast(gamma))
-  if multihost.is_primary():
-    workdir_lib.write_json(path, {"gamma": gamma, "alpha": alpha, "c": c,
-                                  "verify_costs": verify_costs,
-                                  "probe_gamma": config.probe_gamma,
-                                  "probe_examples": config.probe_examples})
-  logging.info("optimal gamma %d from probe alpha=%.3f c=%.4f", gamma, alpha, c)
-  return gamma
 
 
 def run(config: ExperimentConfig, workdir: str) -> dict:
@@ -376,22 +192,23 @@ def _prepare_arms(configs, workdirs) -> _Arms:
   first = configs[0]
   mesh = sharding.make_mesh(*first.mesh_shape) if first.mesh_shape else None
   with _logged_time(f"loading {first.target} and the drafts"):
-    target, draft = load_models(first, mesh)
-    drafts = [draft] + [load_models(c, mesh, target)[1] for c in configs[1:]]
+    target, draft = loading.load_models(first, mesh)
+    drafts = [draft] + [loading.load_models(c, mesh, target)[1]
+                        for c in configs[1:]]
   max_len = first.max_input_len or target.max_input_len or 512
   examples = readers.load_examples(first.task, first.split,
                                     max_examples=first.max_examples)
-  _check_vocabulary_fits(first, target)
+  loading.check_vocabulary_fits(first, target)
   batches = list(batching.batches(examples, batch_size=1,
                                   buckets=first.buckets, max_length=max_len))
   gammas = []
   for config, draft, workdir in zip(configs, drafts, workdirs):
     g = config.gammas()
-    gammas.append((choose_gamma(config, target, draft, batches, workdir),)
+    gammas.append((gamma_probe.choose_gamma(config, target, draft, batches, workdir),)
                   if g == "optimal" else g)
   return _Arms(configs=configs, workdirs=workdirs, target=target,
                drafts=drafts, gammas=gammas, batches=batches, mesh=mesh,
-               vocab=task_vocabulary(first, target),
+               vocab=loading.task_vocabulary(first, target),
                primary=multihost.is_primary(),
                stored_costs=arm_costs.read_stored(workdirs, gammas))
 
@@ -413,15 +230,18 @@ def _decode_missing_examples(arms: _Arms, timings: dict
   done = [[records.ExampleRecord.from_json(r) for r in lines]
           for lines in done]
   done_ids = [{r.id for r in d} for d in done]
-  kwargs = _spec_kwargs(first)
+  kwargs = first.decode_kwargs()
 
   def decode_target(ids):
     return generate(target, ids, seed=first.seed, mesh=mesh, **kwargs)
 
+  decoders = {}
+
   def decode_spec(arm, ids, gamma):
-    return speculative_generate(
-        target, arms.drafts[arm], ids, gamma=gamma, seed=first.seed,
-        draft_stop=arms.configs[arm].draft_stop, mesh=mesh, **kwargs)
+    if (arm, gamma) not in decoders:
+      decoders[arm, gamma] = arms.configs[arm].decoder(
+          target, arms.drafts[arm], gamma, mesh)
+    return decoders[arm, gamma](ids, seed=first.seed)
 
   warmed: set = set()
   timers = None
@@ -512,10 +332,11 @@ def _summarize_arms(arms: _Arms,
       report.write_outputs(workdir, config, summary, records_)
     if config.trace_examples:  # decoded on every host, written by one
       with _logged_time(f"{config.name or config.draft}: traces"):
-        report.write_traces(workdir, config, arms.target, arms.drafts[arm],
-                            arms.batches[:config.trace_examples],
-                            arms.vocab, arms.gammas[arm][0], arms.mesh,
-                            write=arms.primary)
+        report.write_traces(
+            workdir, config.decoder(arms.target, arms.drafts[arm],
+                                    arms.gammas[arm][0], arms.mesh),
+            arms.batches[:config.trace_examples], arms.vocab, config.seed,
+            write=arms.primary)
     summaries.append(summary)
   return summaries
 

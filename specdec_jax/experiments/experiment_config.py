@@ -9,7 +9,7 @@ fails in a second, not after a checkpoint has loaded. The run itself is
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 from specdec_jax import errors
 from specdec_jax import sampling
@@ -116,6 +116,23 @@ class ExperimentConfig:
   distributed: bool = False
   name: str = ""
   overwrite: bool = False
+
+  def decode_kwargs(self) -> dict[str, Any]:
+    """The decoding keywords every call of the run shares (sampling, length,
+    compiler options)."""
+    return dict(max_decode_len=self.max_decode_len,
+                temperature=self.temperature, top_k=self.top_k,
+                top_p=self.top_p, compiler_options=self.compiler_options)
+
+  def decoder(self, target: Any, draft: Any, gamma: int,
+              mesh: Any = None) -> api.SpeculativeDecoder:
+    """The `SpeculativeDecoder` this run decodes with at `gamma`."""
+    return api.SpeculativeDecoder(
+        target, draft, gamma=gamma, max_decode_len=self.max_decode_len,
+        sampling=sampling.SamplingConfig(self.temperature, self.top_k,
+                                         self.top_p),
+        draft_stop=self.draft_stop, mesh=mesh,
+        compiler_options=self.compiler_options)
 
   def gammas(self) -> tuple[int, ...] | str:
     if isinstance(self.gamma, str):

@@ -20,7 +20,7 @@ import numpy as np
 
 from specdec_jax.infra import paths
 from specdec_jax import theory
-from specdec_jax.decoding.api import speculative_generate
+from specdec_jax.decoding import api
 from specdec_jax.infra import summaries
 from specdec_jax.experiments.records import ExampleRecord
 
@@ -270,25 +270,22 @@ def trace_steps(stats, row: int, gamma: int) -> list[dict]:
   return steps
 
 
-def write_traces(workdir, config, target, draft, batches, vocab, gamma,
-                 mesh=None, write: bool = True) -> None:
-  """trace.html and trace.png for the first few examples.
+def write_traces(workdir, decoder: api.SpeculativeDecoder, batches, vocab,
+                 seed: int, write: bool = True) -> None:
+  """trace.html and trace.png of `decoder` on the first few examples.
 
   On a multi-host run every process decodes (the decodes' collectives need
   all of them) and only the one told to `write` writes.
   """
   traces = []
   for batch in batches:
-    res = speculative_generate(
-        target, draft, batch.input_ids, gamma=gamma,
-        max_decode_len=config.max_decode_len, temperature=config.temperature,
-        top_k=config.top_k, top_p=config.top_p, seed=config.seed,
-        draft_stop=getattr(config, "draft_stop", None), record_trace=True,
-        mesh=mesh, compiler_options=getattr(config, "compiler_options", None))
-    traces.append((batch.inputs_text[0], trace_steps(res.stats, 0, gamma)))
+    res = decoder(batch.input_ids, seed=seed, record_trace=True)
+    traces.append((batch.inputs_text[0],
+                   trace_steps(res.stats, 0, decoder.gamma)))
   if not write:
     return
-  _write_trace_html(paths.join(workdir, "trace.html"), traces, vocab, gamma)
+  _write_trace_html(paths.join(workdir, "trace.html"), traces, vocab,
+                    decoder.gamma)
   _write_trace_png(paths.join(workdir, "trace.png"), traces, vocab)
 
 
