@@ -19,8 +19,9 @@ Next to each measured time it puts the roofline projection that
 scripts/plan_run.py makes for --chip (default: the chip JAX reports, h200
 on the lent GPU): the step compiled for this device, its flops and bytes
 accessed from `cost_analysis()`, max(flops / peak, bytes / HBM bandwidth)
-(specdec_jax/planning/plan.py, chips.py). `step_over_roofline` and
-`c_roofline` against `c` say how far the projection is from the device.
+(specdec_jax/planning/plan.py, specdec_jax/experiments/chips.py).
+`step_over_roofline` and `c_roofline` against `c` say how far the
+projection is from the device.
 """
 
 import json

@@ -14,8 +14,8 @@ change to the models or the engine moved work into or out of the loop.
 With --extend_tokens, it profiles the target's cached steps instead (the
 timed loop behind c and v, `costs.time_extend`) at each number of tokens
 per call, side by side: where a verification of gamma + 1 tokens spends
-the time a one-token step does not (docs/benchmarks_history.md, "Where the
-verification cost goes").
+the time a one-token step does not (docs/log/benchmarks_history.md, "Where
+the verification cost goes").
 """
 
 import collections

@@ -3,10 +3,11 @@ r"""The demo target's step and verification costs under XLA:CPU options.
   python benchmarks/xla_options.py [--inputs=paragraphs] [--widths=4,5,9]
 
 Which library XLA:CPU runs the matmuls with, and how, decides what
-verifying gamma + 1 tokens costs (docs/benchmarks_history.md). On a new CPU, this
-times the demo target's one-token step, its calls of --widths tokens (in
-target steps: v), draft_base's step (c) and the target's prefill under
-each option set below, all of one set in interleaved rounds
+verifying gamma + 1 tokens costs (docs/benchmarks.md; the dated runs in
+docs/log/benchmarks_history.md). On a new CPU, this times the demo
+target's one-token step, its calls of --widths tokens (in target steps:
+v), draft_base's step (c) and the target's prefill under each option set
+below, all of one set in interleaved rounds
 (`costs.time_extends`), and prints one line per set:
 
   default         XLA's defaults (YNNPACK for matmuls of two or more rows)

@@ -2,7 +2,7 @@
 
 A `UsageError` says what is wrong with the input (a config, a workdir, a
 checkpoint, a bucket, a multi-host launch) and how to fix it; its message is
-the whole story. The scripts' entry point (`experiments.gin_flags.run`)
+the whole story. The scripts' entry point (`launch.gin_flags.run`)
 prints it and exits with status 1, without a traceback, which would only
 bury the message (a bug still shows its traceback). Each family keeps its
 builtin base (ValueError, OSError, ...), so existing `except` clauses hold.

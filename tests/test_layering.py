@@ -29,6 +29,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.quick  # `make test-quick`
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
                     "specdec_jax")
 LAYERS = ("core", "infra", "checkpoints", "data", "training", "experiments",

@@ -6,6 +6,8 @@ import pytest
 
 from specdec_jax.data import metrics
 
+pytestmark = pytest.mark.quick  # `make test-quick`
+
 REF = "the cat sat on the mat"
 
 

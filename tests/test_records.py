@@ -8,6 +8,10 @@ import json
 
 from specdec_jax.experiments import records
 
+import pytest
+
+pytestmark = pytest.mark.quick  # `make test-quick`
+
 
 def _example():
   spec = records.DecodeRecord(

@@ -19,6 +19,8 @@ from scipy import stats
 from specdec_jax import sampling
 from specdec_jax import theory
 
+pytestmark = pytest.mark.quick  # `make test-quick`
+
 SIGNIFICANCE = 1e-3
 N = 200_000
 GAMMA = 3

@@ -6,6 +6,8 @@ import pytest
 
 from specdec_jax import theory
 
+pytestmark = pytest.mark.quick  # `make test-quick`
+
 
 def test_table1_speed_and_operations():
   """Table 1 (c = c_hat = 0): alpha=.8, gamma=5 -> 3.69x speed, 1.63x ops;

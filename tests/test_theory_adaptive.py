@@ -20,6 +20,8 @@ from specdec_jax import theory
 from specdec_jax.decoding import ngram
 from specdec_jax.decoding import stopping
 
+pytestmark = pytest.mark.quick  # `make test-quick`
+
 V = 8
 
 

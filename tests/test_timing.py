@@ -10,6 +10,8 @@ import pytest
 
 from specdec_jax.experiments import timing
 
+pytestmark = pytest.mark.quick  # `make test-quick`
+
 
 def test_compile_clocks_count_their_own_block_and_nest():
   """A clock counts the programs compiled inside its block and no others;

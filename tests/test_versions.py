@@ -10,6 +10,10 @@ import sys
 
 from specdec_jax import versions
 
+import pytest
+
+pytestmark = pytest.mark.quick  # `make test-quick`
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

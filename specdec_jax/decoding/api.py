@@ -32,7 +32,7 @@ from specdec_jax.decoding.stats import DecodeStats
 # faster depends on the CPU and the number of rows: on one 2-core AMD EPYC
 # Eigen verified 9 tokens in 1.9 target steps against YNNPACK's 2.9, but 2-5
 # tokens more slowly; on another it was slower at 4 and 8. Time both
-# (`costs.time_extends(..., compiler_options=...)`, docs/benchmarks_history.md).
+# (`costs.time_extends(..., compiler_options=...)`, docs/log/benchmarks_history.md).
 CPU_EIGEN_MATMULS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
@@ -190,7 +190,7 @@ class SpeculativeDecoder:
   object is made, before anything is traced; calling it decodes:
 
     decoder = SpeculativeDecoder(target, draft, gamma=4, max_decode_len=64,
-                                 sampling=sd.sampling_lib.SamplingConfig(0.7))
+                                 sampling=sd.sampling.SamplingConfig(0.7))
     result = decoder(input_ids, seed=0)      # exact samples of the target
     baseline = decoder.baseline(input_ids)   # the target alone, same settings
     longer = decoder.replace(gamma=7)

@@ -31,7 +31,7 @@ from specdec_jax.experiments import workdir as workdir_lib
 def cost_model(draft: Model) -> Model:
   """The model whose per-step cost is the run's c: the draft itself, or for
   a cascade its top model (the cascade's own cost per token depends on its
-  acceptance; docs/benchmarks_history.md reports cascades by measured walltime)."""
+  acceptance; docs/log/benchmarks_history.md reports cascades by measured walltime)."""
   return cascades.top_model(draft)
 
 

@@ -86,9 +86,9 @@ class DemoConfig:
 
   `drafts` pairs each draft with its gamma: one int for every temperature,
   or a mapping {temperature: gamma} (the paper's Table 2 also picks gamma per
-  row). configs/demo.gin uses the gammas `benchmarks/choose_gamma.py` picks
+  row). configs/demo.gin uses the gammas `benchmarks/choose_gamma.py` (removed after c4b7ae8) picks
   from alpha, c and the verification cost measured on Multi30k validation
-  (docs/benchmarks_history.md). The paragraph rows use `paragraph_drafts` (the same
+  (docs/log/benchmarks_history.md). The paragraph rows use `paragraph_drafts` (the same
   drafts, with gammas of their own; None: `drafts`), their own decoding
   limit, input buckets and example cap; `paragraphs` None leaves them out.
   """
@@ -145,7 +145,7 @@ class DemoConfig:
   # XLA options of every decoding loop and cost timing (None: XLA's
   # defaults), e.g. {'xla_cpu_experimental_ynn_fusion_type': ''}
   # (`api.CPU_EIGEN_MATMULS`) where Eigen verifies faster than YNNPACK;
-  # choose the gammas for them (benchmarks/choose_gamma.py
+  # choose the gammas for them (benchmarks/choose_gamma.py, removed after c4b7ae8;
   # --matmuls=eigen).
   compiler_options: dict | None = None
   # Alternative settings, {name: {DemoConfig field: value}}, e.g. Eigen's
