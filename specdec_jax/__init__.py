@@ -19,7 +19,7 @@ from specdec_jax.decoding.api import generate  # noqa: E402
 from specdec_jax.decoding.api import SpeculativeDecoder  # noqa: E402
 from specdec_jax.decoding.api import speculative_generate  # noqa: E402
 from specdec_jax.decoding.cascades import cascade  # noqa: E402
-from specdec_jax.decoding.cascades import horizontal  # noqa: E402
+from specdec_jax.decoding.horizontal import horizontal  # noqa: E402
 from specdec_jax.decoding.stopping import ConfidenceStop  # noqa: E402
 from specdec_jax.decoding.stopping import ExpectedGainStop  # noqa: E402
 from specdec_jax.decoding.protocol import Model  # noqa: E402

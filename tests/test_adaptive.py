@@ -30,9 +30,7 @@ from specdec_jax.decoding import engine
 from specdec_jax.decoding import ngram
 from specdec_jax.decoding import stopping
 from specdec_jax.tokens import EOS_ID
-from tests import toy_models
-from tests.test_decoding import _chisquare_vs_exact
-from tests.test_decoding import _inputs
+from tests import helpers
 
 SIGNIFICANCE = 1e-3
 N_SEQ = 20_000
@@ -48,10 +46,10 @@ RULES = {
 
 
 def _greedy_models(decoder_only):
-  target = toy_models.table_model(VOCAB, seed=0, eos_bias=2.0,
+  target = helpers.table_model(VOCAB, seed=0, eos_bias=2.0,
                                   decoder_only=decoder_only)
-  draft = toy_models.table_model(VOCAB, seed=1, base=target, noise=1.0)
-  small = toy_models.table_model(VOCAB, seed=2, base=draft, noise=1.0)
+  draft = helpers.table_model(VOCAB, seed=1, base=target, noise=1.0)
+  small = helpers.table_model(VOCAB, seed=2, base=draft, noise=1.0)
   bigram = ngram.fit_ngram([[3, 4, 3, 1], [3, 5, 1], [4, 4, 1]], VOCAB,
                            decoder_only=decoder_only)
   return target, draft, small, bigram
@@ -77,7 +75,7 @@ def test_greedy_equals_target_for_every_rule_and_cascade(decoder_only, rule):
   three-level cascades (ending in a bigram) and a horizontal drafter, with
   and without a rule, for encoder-decoder and decoder-only models."""
   target, draft, small, bigram = _greedy_models(decoder_only)
-  ids = _inputs()
+  ids = helpers.example_inputs()
   base = sd.generate(target, ids, max_decode_len=12)
   stop = RULES.get(rule)
   for name, d in _drafts(draft, small, bigram).items():
@@ -97,7 +95,7 @@ def test_stats_report_proposal_lengths_and_levels():
   proposals; level stats line up with the flat ones, and a cascade reports a
   call count and an alpha per level."""
   target, draft, small, _ = _greedy_models(False)
-  ids = _inputs()
+  ids = helpers.example_inputs()
   fixed = sd.speculative_generate(target, draft, ids, gamma=5,
                                   max_decode_len=12, temperature=1.0, seed=1)
   hist = fixed.stats.proposal_histogram
@@ -145,12 +143,12 @@ def test_verified_level_stacks_the_verifier_on_its_drafter():
 
 @pytest.fixture(scope="module")
 def small_models():
-  return toy_models.chi_square_family()
+  return helpers.chi_square_family()
 
 
 def _sample(target, draft, top_k, **kwargs):
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
-  exact = toy_models.exact_distribution(target, ids[0], SEQ_LEN, top_k=top_k)
+  exact = helpers.exact_distribution(target, ids[0], SEQ_LEN, top_k=top_k)
   res = sd.speculative_generate(target, draft, ids, max_decode_len=SEQ_LEN,
                                 temperature=1.0, top_k=top_k, seed=11,
                                 record_trace=True, **kwargs)
@@ -185,7 +183,7 @@ def test_stop_rules_sample_the_target_distribution(small_models, rule, top_k):
   not from the length limit or EOS) in thousands of iterations."""
   target, draft, _, _ = small_models
   res, exact = _sample(target, draft, top_k, gamma=3, draft_stop=RULES[rule])
-  assert _chisquare_vs_exact(res.tokens, exact) > SIGNIFICANCE
+  assert helpers.chisquare_vs_exact(res.tokens, exact) > SIGNIFICANCE
   assert _rule_stops(res, 3) > 1000, _rule_stops(res, 3)
   assert res.stats.alpha.mean() < 0.95
 
@@ -211,7 +209,7 @@ def test_cascades_sample_the_target_distribution(small_models, levels, top_k):
   inner = small if levels == 2 else sd.cascade(small, bigram, gamma=2)
   res, exact = _sample(target, sd.cascade(draft, inner, gamma=2), top_k,
                        gamma=3)
-  assert _chisquare_vs_exact(res.tokens, exact) > SIGNIFICANCE
+  assert helpers.chisquare_vs_exact(res.tokens, exact) > SIGNIFICANCE
   assert res.stats.level_alpha.shape[1] == levels
   assert np.all(res.stats.level_alpha.mean(0) < 0.97)
 
@@ -222,7 +220,7 @@ def test_cascade_with_a_stop_rule_samples_the_target_distribution(
   target, draft, small, _ = small_models
   res, exact = _sample(target, sd.cascade(draft, small, gamma=2), 0, gamma=3,
                        draft_stop=RULES["confidence"])
-  assert _chisquare_vs_exact(res.tokens, exact) > SIGNIFICANCE
+  assert helpers.chisquare_vs_exact(res.tokens, exact) > SIGNIFICANCE
   assert _rule_stops(res, 3) > 1000, _rule_stops(res, 3)
 
 
@@ -234,7 +232,7 @@ def test_horizontal_drafter_samples_the_target_distribution(small_models,
   target, draft, small, _ = small_models
   res, exact = _sample(target, sd.horizontal(draft, small, split=1), 0,
                        gamma=3, draft_stop=RULES.get(rule))
-  assert _chisquare_vs_exact(res.tokens, exact) > SIGNIFICANCE
+  assert helpers.chisquare_vs_exact(res.tokens, exact) > SIGNIFICANCE
   assert res.stats.level_calls[:, 2].sum() > 0, "late drafter never used"
 
 
@@ -245,7 +243,7 @@ def test_negative_control_cascade_with_broken_inner_drafter_fails(
   target, draft, small, bigram = small_models
   casc = sd.cascade(draft, sd.cascade(small, bigram, gamma=2), gamma=2)
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
-  exact = toy_models.exact_distribution(target, ids[0], SEQ_LEN)
+  exact = helpers.exact_distribution(target, ids[0], SEQ_LEN)
   argmax_draft = lambda key, q: jnp.argmax(q, -1).astype(jnp.int32)
   fn = engine.build_speculative(target.definition, casc.definition, 3,
                                 SEQ_LEN, sampling.SamplingConfig(1.0),
@@ -253,7 +251,7 @@ def test_negative_control_cascade_with_broken_inner_drafter_fails(
   tokens, _ = fn(target.params, casc.params, ids,
                  np.full((N_SEQ,), 11, np.int32),
                  np.arange(N_SEQ, dtype=np.int32))
-  assert _chisquare_vs_exact(np.asarray(tokens), exact) < SIGNIFICANCE
+  assert helpers.chisquare_vs_exact(np.asarray(tokens), exact) < SIGNIFICANCE
 
 
 def test_expected_gain_stop_picks_theorem_3_8_gamma_at_constant_alpha():
@@ -280,7 +278,7 @@ def test_bad_rules_and_cascades_fail_before_compiling():
   """Wrong draft_stop types, bad rule settings, bad cascade arguments and a
   cascade used as a target raise clear errors before anything is traced."""
   target, draft, small, _ = _greedy_models(False)
-  ids = _inputs()
+  ids = helpers.example_inputs()
   before = engine.build_speculative.cache_info().misses
   with pytest.raises(TypeError, match="draft_stop must be"):
     sd.speculative_generate(target, draft, ids, gamma=2, max_decode_len=4,
@@ -327,11 +325,11 @@ def test_rule_and_cascade_arguments_are_normalised_or_named():
                        ({"gamma": 2, "max_decode_len": 2**31},
                         "max_decode_len")):
     with pytest.raises(ValueError, match=f"{name} = .* is beyond int32"):
-      sd.speculative_generate(target, draft, _inputs(), **kwargs)
+      sd.speculative_generate(target, draft, helpers.example_inputs(), **kwargs)
   # The sum of every level's sizes is checked too: a cascade's inner gamma.
   huge = sd.cascade(draft, small, gamma=2**31 - 3)
   with pytest.raises(ValueError, match="cascade's inner gammas"):
-    sd.speculative_generate(target, huge, _inputs(), gamma=2,
+    sd.speculative_generate(target, huge, helpers.example_inputs(), gamma=2,
                             max_decode_len=4)
   assert engine.build_speculative.cache_info().misses == before
 
@@ -342,7 +340,7 @@ def test_memory_estimate_counts_a_cascades_inner_gamma():
   buffers grow by as many positions) instead of compiling and failing to
   allocate terabytes; the same cascade with a small inner gamma passes."""
   target, draft, small, _ = _greedy_models(False)
-  ids = _inputs()
+  ids = helpers.example_inputs()
   before = engine.build_speculative.cache_info().misses
   with pytest.raises(ValueError, match="GiB of buffers"):
     sd.speculative_generate(target, sd.cascade(draft, small, gamma=10**5),
@@ -359,7 +357,7 @@ def test_nan_anywhere_in_a_cascade_is_named_as_the_draft():
   params = jax.tree.map(np.array, small.params)
   params["table"][..., 7] = np.nan
   bad_small = sd.Model(small.definition, params)
-  ids = _inputs()
+  ids = helpers.example_inputs()
   bad = sd.cascade(draft, bad_small, gamma=2)
   with pytest.raises(FloatingPointError, match="the draft model"):
     sd.speculative_generate(target, bad, ids, gamma=3, max_decode_len=6)

@@ -37,7 +37,7 @@ from specdec_jax.data import tasks
 from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
 from specdec_jax.experiments import workdir as workdir_lib
-from tests import toy_models
+from tests import helpers
 from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
 SENTENCES = ["the cat sat on the mat", "the house is wonderful",
@@ -104,7 +104,7 @@ def test_the_demo_model_loads_from_a_bucket(gcs_emulator):  # noqa: F811
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, tiny_vocab):
   root = tmp_path_factory.mktemp("bucket_exp")
-  models = toy_models.tiny_ende(root, SENTENCES)
+  models = helpers.tiny_ende(root, SENTENCES)
   config = experiment.ExperimentConfig(
       task="wmt14_ende_local", split="test", target=models["target"],
       draft=models["draft"], gamma=2, max_decode_len=6, cost_repeats=1,

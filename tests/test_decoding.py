@@ -1,6 +1,6 @@
 """Tests for the decoding engine (specdec_jax.decoding) on table models.
 
-Table models (tests/toy_models.py) make every sequence probability exactly
+Table models (tests/helpers.py) make every sequence probability exactly
 computable and put every decoder token into a position-indexed cache, so a
 broken rollback changes the logits.
 """
@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 from specdec_jax import Model
 from specdec_jax import load_model
@@ -25,25 +24,17 @@ from specdec_jax.decoding import verify
 from specdec_jax.decoding.api import generate, speculative_generate
 from specdec_jax.models import registry
 from specdec_jax.tokens import EOS_ID
-from tests import toy_models
+from tests import helpers
 
 SIGNIFICANCE = 1e-3
 VOCAB = 12
 
 
-def _inputs():
-  """Four 0-padded rows of different lengths, each ending in EOS."""
-  ids = np.zeros((4, 6), np.int32)
-  for b, row in enumerate([[5, 7, 1], [3, 1], [9, 4, 6, 2, 8, 1], [2, 1]]):
-    ids[b, :len(row)] = row
-  return ids
-
-
 def _greedy_reference(model, row, max_len):
   """Greedy decode in numpy from the exact table function."""
-  prefix, out = [toy_models.start_token(model, row)], []
+  prefix, out = [helpers.start_token(model, row)], []
   for _ in range(max_len):
-    tok = int(np.argmax(toy_models.next_logits(model, row, prefix)))
+    tok = int(np.argmax(helpers.next_logits(model, row, prefix)))
     out.append(tok)
     prefix.append(tok)
     if tok == 1:
@@ -57,15 +48,15 @@ def test_greedy_speculative_equals_greedy_target(decoder_only, gamma):
   """Greedy speculative output == greedy target output, token for token, for
   batch 1 and 4 (different input lengths and EOS positions) with an identical
   draft (alpha = 1), a related draft and an unrelated one."""
-  target = toy_models.table_model(VOCAB, seed=0, eos_bias=2.0,
+  target = helpers.table_model(VOCAB, seed=0, eos_bias=2.0,
                                   decoder_only=decoder_only)
   drafts = {
       "identical": target,
-      "related": toy_models.table_model(VOCAB, seed=1, base=target, noise=1.0),
-      "unrelated": toy_models.table_model(VOCAB, seed=2,
+      "related": helpers.table_model(VOCAB, seed=1, base=target, noise=1.0),
+      "unrelated": helpers.table_model(VOCAB, seed=2,
                                           decoder_only=decoder_only),
   }
-  ids = _inputs()
+  ids = helpers.example_inputs()
   max_len = 12
   base = generate(target, ids, max_decode_len=max_len)
   expected = [_greedy_reference(target, row, max_len) for row in ids]
@@ -90,10 +81,10 @@ def test_greedy_fast_path_equals_general_rejection_sampler(decoder_only):
   and same stats (alpha, accepted histogram, calls) for every row. The
   general path is forced by handing in a drafter that is `sampling.sample`
   under another name (`verify.fast_greedy` says which path a loop takes)."""
-  target = toy_models.table_model(VOCAB, seed=3, eos_bias=1.0,
+  target = helpers.table_model(VOCAB, seed=3, eos_bias=1.0,
                                   decoder_only=decoder_only)
-  draft = toy_models.table_model(VOCAB, seed=4, base=target, noise=1.5)
-  ids = _inputs()
+  draft = helpers.table_model(VOCAB, seed=4, base=target, noise=1.5)
+  ids = helpers.example_inputs()
   sampler = sampling.SamplingConfig()
   general_sample = lambda key, q: sampling.sample(key, q)
   runs = []
@@ -114,29 +105,6 @@ def test_greedy_fast_path_equals_general_rejection_sampler(decoder_only):
                                  err_msg=name)
 
 
-def _sequence_counts(tokens):
-  keys, counts = np.unique(tokens, axis=0, return_counts=True)
-  return {tuple(k): c for k, c in zip(keys.tolist(), counts)}
-
-
-def _chisquare_vs_exact(tokens, exact, min_expected=5.0):
-  """p-value of Pearson's chi-square of the sampled sequences `tokens` [N, T]
-  against `exact` ({sequence: probability}); cells expected fewer than
-  `min_expected` times are pooled into one (the chi-square approximation
-  needs it), and a sequence of probability 0 fails outright."""
-  counts = _sequence_counts(tokens)
-  assert set(counts) <= set(exact), "sampled a sequence of probability 0"
-  keys = sorted(exact)
-  probs = np.array([exact[k] for k in keys])
-  observed = np.array([counts.get(k, 0) for k in keys], np.float64)
-  expected = probs / probs.sum() * observed.sum()
-  small = expected < min_expected
-  if small.any():
-    observed = np.append(observed[~small], observed[small].sum())
-    expected = np.append(expected[~small], expected[small].sum())
-  return stats.chisquare(observed, expected).pvalue
-
-
 def _bonus_tokens(result, gamma):
   """Rows whose first iteration accepted all gamma draft tokens, none of them
   EOS, so the target's bonus token was emitted after them."""
@@ -152,8 +120,8 @@ SEQ_LEN = 4
 
 @pytest.fixture(scope="module")
 def small_models():
-  target = toy_models.table_model(4, seed=3, scale=1.0, eos_bias=-1.0)
-  draft = toy_models.table_model(4, seed=4, base=target, noise=1.5)
+  target = helpers.table_model(4, seed=3, scale=1.0, eos_bias=-1.0)
+  draft = helpers.table_model(4, seed=4, base=target, noise=1.5)
   return target, draft
 
 
@@ -167,17 +135,17 @@ def test_sampled_sequences_follow_the_target_distribution(small_models, gamma):
   sample."""
   target, draft = small_models
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
-  exact = toy_models.exact_distribution(target, ids[0], SEQ_LEN)
+  exact = helpers.exact_distribution(target, ids[0], SEQ_LEN)
   result = speculative_generate(target, draft, ids, gamma=gamma,
                                 max_decode_len=SEQ_LEN, temperature=1.0,
                                 seed=11, record_trace=True)
-  assert _chisquare_vs_exact(result.tokens, exact) > SIGNIFICANCE
+  assert helpers.chisquare_vs_exact(result.tokens, exact) > SIGNIFICANCE
   # The draft was genuinely different: some drafts were rejected.
   assert result.stats.alpha.mean() < 0.95
   assert _bonus_tokens(result, gamma) > 100
   baseline = generate(target, ids, max_decode_len=SEQ_LEN, temperature=1.0,
                       seed=12)
-  assert _chisquare_vs_exact(baseline.tokens, exact) > SIGNIFICANCE
+  assert helpers.chisquare_vs_exact(baseline.tokens, exact) > SIGNIFICANCE
 
 
 @pytest.mark.parametrize("drafter", ["fixed", "confidence", "cascade"])
@@ -191,19 +159,19 @@ def test_sampled_sequences_at_temperature_07_top_p_09(small_models, drafter):
   statistic by thousands)."""
   target, draft = small_models
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
-  exact = toy_models.exact_distribution(target, ids[0], SEQ_LEN,
+  exact = helpers.exact_distribution(target, ids[0], SEQ_LEN,
                                         temperature=0.7, top_p=0.9)
   kwargs = {}
   if drafter == "confidence":
     kwargs["draft_stop"] = sd_stopping.ConfidenceStop(0.5)
   elif drafter == "cascade":
-    small = toy_models.table_model(4, seed=5, base=draft, noise=1.0)
+    small = helpers.table_model(4, seed=5, base=draft, noise=1.0)
     draft = sd_cascades.cascade(draft, small, gamma=1)
   result = speculative_generate(target, draft, ids, gamma=1 if drafter ==
                                 "fixed" else 2, max_decode_len=SEQ_LEN,
                                 temperature=0.7, top_p=0.9, seed=13,
                                 **kwargs)
-  assert _chisquare_vs_exact(result.tokens, exact) > SIGNIFICANCE
+  assert helpers.chisquare_vs_exact(result.tokens, exact) > SIGNIFICANCE
   assert result.stats.alpha.mean() < 0.95
 
 
@@ -212,7 +180,7 @@ def test_negative_control_greedy_draft_with_softmax_q_fails(small_models):
   chi-square test (shows the test has power against the classic bug)."""
   target, draft = small_models
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
-  exact = toy_models.exact_distribution(target, ids[0], SEQ_LEN)
+  exact = helpers.exact_distribution(target, ids[0], SEQ_LEN)
   argmax_draft = lambda key, q: jnp.argmax(q, -1).astype(jnp.int32)
   fn = engine.build_speculative(target.definition, draft.definition, 3,
                                 SEQ_LEN, sampling.SamplingConfig(1.0),
@@ -220,17 +188,17 @@ def test_negative_control_greedy_draft_with_softmax_q_fails(small_models):
   seeds = np.full((N_SEQ,), 11, np.int32)
   tokens, _ = fn(target.params, draft.params, ids, seeds,
                  np.arange(N_SEQ, dtype=np.int32))
-  assert _chisquare_vs_exact(np.asarray(tokens), exact) < SIGNIFICANCE
+  assert helpers.chisquare_vs_exact(np.asarray(tokens), exact) < SIGNIFICANCE
 
 
 @pytest.mark.parametrize("decoder_only", [False, True])
 def test_batch_of_four_equals_four_batch_one_runs(decoder_only):
   """Sampling with per-row seeds: row b of a batch run == a batch-1 run with
   seed b (ragged acceptance is exact per row, no batch-wide shortcut)."""
-  target = toy_models.table_model(VOCAB, seed=5, eos_bias=0.5,
+  target = helpers.table_model(VOCAB, seed=5, eos_bias=0.5,
                                   decoder_only=decoder_only)
-  draft = toy_models.table_model(VOCAB, seed=6, base=target, noise=1.0)
-  ids = _inputs()
+  draft = helpers.table_model(VOCAB, seed=6, base=target, noise=1.0)
+  ids = helpers.example_inputs()
   seeds = np.array([3, 1, 4, 1], np.int32)
   batch = speculative_generate(target, draft, ids, gamma=3, max_decode_len=10,
                                temperature=1.0, seed=seeds)
@@ -249,9 +217,9 @@ def test_batch_of_four_equals_four_batch_one_runs(decoder_only):
 def test_rows_stop_at_eos_and_at_max_length():
   """Each row stops at its own EOS (kept, zeros after it) or at exactly
   max_decode_len tokens."""
-  target = toy_models.table_model(VOCAB, seed=7, eos_bias=1.0)
-  draft = toy_models.table_model(VOCAB, seed=8, base=target)
-  ids = _inputs()
+  target = helpers.table_model(VOCAB, seed=7, eos_bias=1.0)
+  draft = helpers.table_model(VOCAB, seed=8, base=target)
+  ids = helpers.example_inputs()
   for temperature in [0.0, 1.0]:
     res = speculative_generate(target, draft, ids, gamma=4, max_decode_len=9,
                                temperature=temperature, seed=2)
@@ -264,7 +232,7 @@ def test_rows_stop_at_eos_and_at_max_length():
         assert n == 9
       assert np.all(row[n:] == 0)
   # Without EOS in the vocabulary's reach, every row reaches max length.
-  no_eos = toy_models.table_model(VOCAB, seed=7, eos_bias=-1e9)
+  no_eos = helpers.table_model(VOCAB, seed=7, eos_bias=-1e9)
   res = speculative_generate(no_eos, draft, ids, gamma=4, max_decode_len=9)
   np.testing.assert_array_equal(res.stats.length, 9)
 
@@ -274,9 +242,9 @@ def test_stats_are_consistent_and_alpha_matches_theory():
   estimate equals theory.acceptance_rate recomputed on the same p and q at
   the verified positions whose token was emitted (from the recorded trace:
   nothing after an EOS or past the length limit counts)."""
-  target = toy_models.table_model(VOCAB, seed=9, eos_bias=0.5)
-  draft = toy_models.table_model(VOCAB, seed=10, base=target, noise=1.0)
-  ids = _inputs()
+  target = helpers.table_model(VOCAB, seed=9, eos_bias=0.5)
+  draft = helpers.table_model(VOCAB, seed=10, base=target, noise=1.0)
+  ids = helpers.example_inputs()
   gamma, temperature = 3, 1.0
   res = speculative_generate(target, draft, ids, gamma=gamma,
                              max_decode_len=10, temperature=temperature,
@@ -288,7 +256,7 @@ def test_stats_are_consistent_and_alpha_matches_theory():
                                 st.target_calls)
   np.testing.assert_array_equal(st.draft_calls, gamma * st.target_calls)
   for b, row in enumerate(ids):
-    prefix = [toy_models.start_token(target, row)]
+    prefix = [helpers.start_token(target, row)]
     betas = []
     for it in range(st.target_calls[b]):
       n_acc = st.trace_accepted[b, it]
@@ -297,9 +265,9 @@ def test_stats_are_consistent_and_alpha_matches_theory():
       for i in range(min(n_acc + 1, gamma)):
         if len(context) - 1 >= st.length[b]:
           break  # this position's token was not emitted
-        p = toy_models._softmax(toy_models.next_logits(target, row, context),
+        p = helpers._softmax(helpers.next_logits(target, row, context),
                                 temperature)
-        q = toy_models._softmax(toy_models.next_logits(draft, row, context),
+        q = helpers._softmax(helpers.next_logits(draft, row, context),
                                 temperature)
         betas.append(theory.acceptance_rate(p, q))
         context.append(int(drafted[i]))
@@ -313,9 +281,9 @@ def test_stats_are_consistent_and_alpha_matches_theory():
 def test_no_recompilation_for_the_same_shapes():
   """A second call with the same shapes and settings reuses the compiled
   loop (one jit cache entry), even with new inputs and seeds."""
-  target = toy_models.table_model(VOCAB, seed=0)
-  draft = toy_models.table_model(VOCAB, seed=1, base=target)
-  ids = _inputs()
+  target = helpers.table_model(VOCAB, seed=0)
+  draft = helpers.table_model(VOCAB, seed=1, base=target)
+  ids = helpers.example_inputs()
   kwargs = dict(gamma=2, max_decode_len=7, temperature=1.0)
   speculative_generate(target, draft, ids, seed=0, **kwargs)
   fn = engine.build_speculative(target.definition, draft.definition, 2, 7,
@@ -329,9 +297,9 @@ def test_no_recompilation_for_the_same_shapes():
 def test_bad_arguments_fail_before_compiling():
   """gamma < 1, max_decode_len < 1, vocabulary mismatch, empty rows and
   over-long inputs raise a clear ValueError before any tracing."""
-  target = toy_models.table_model(VOCAB, seed=0, max_input=4)
-  draft = toy_models.table_model(VOCAB, seed=1, base=target)
-  other_vocab = toy_models.table_model(VOCAB + 1, seed=1)
+  target = helpers.table_model(VOCAB, seed=0, max_input=4)
+  draft = helpers.table_model(VOCAB, seed=1, base=target)
+  other_vocab = helpers.table_model(VOCAB + 1, seed=1)
   ids = np.array([[5, 1, 0]], np.int32)
   before = engine.build_speculative.cache_info().misses
   cases = [
@@ -370,8 +338,8 @@ def test_ngram_drafters_fit_and_keep_greedy_exact():
   # After the decoder start (0) the corpus shows 3 twice and 4 once.
   row0 = np.exp(bi.params["log_probs"][0])
   assert row0[3] == pytest.approx(2.5 / (3 + 0.5 * VOCAB))
-  target = toy_models.table_model(VOCAB, seed=0, eos_bias=1.0)
-  ids = _inputs()
+  target = helpers.table_model(VOCAB, seed=0, eos_bias=1.0)
+  ids = helpers.example_inputs()
   base = generate(target, ids, max_decode_len=8)
   for drafter in [uni, bi]:
     spec = speculative_generate(target, drafter, ids, gamma=3,
@@ -417,7 +385,7 @@ def test_gpt_engine_greedy_and_batch_invariance():
   sampled rows with per-row seeds equal batch-1 runs."""
   target = _random_model("gpt_tiny", 0)
   draft = _random_model("gpt_tiny", 1, num_layers=1)
-  ids = _inputs() + 10 * (_inputs() > 1)  # vocabulary of 128
+  ids = helpers.example_inputs() + 10 * (helpers.example_inputs() > 1)  # vocabulary of 128
   base = generate(target, ids, max_decode_len=10)
   spec = speculative_generate(target, draft, ids, gamma=3, max_decode_len=10)
   np.testing.assert_array_equal(spec.tokens, base.tokens)
@@ -438,9 +406,9 @@ def test_tiny_positive_temperature_decodes_as_greedy_or_is_refused():
   nothing overflows): the smallest supported temperature gives the greedy
   output (the limit distribution; the table models have no ties), and
   anything positive below it is refused naming that value, by both."""
-  target = toy_models.table_model(VOCAB, seed=0, eos_bias=2.0)
-  draft = toy_models.table_model(VOCAB, seed=1, base=target, noise=1.0)
-  ids = _inputs()
+  target = helpers.table_model(VOCAB, seed=0, eos_bias=2.0)
+  draft = helpers.table_model(VOCAB, seed=1, base=target, noise=1.0)
+  ids = helpers.example_inputs()
   tiny = sampling.MIN_TEMPERATURE
   greedy = generate(target, ids, max_decode_len=6).tokens
   np.testing.assert_array_equal(
@@ -467,8 +435,8 @@ def test_statistics_stop_at_eos_hand_computed():
   verified positions that count are min(3, e_i): e.g. L = 6 gives
   alpha_count 3 + 2 = 5 and histogram bins {3, 2} (the old code counted
   3 + 3 and {3, 3}, positions after the EOS included)."""
-  target = toy_models.table_model(VOCAB, seed=0, eos_bias=2.0)
-  ids = _inputs()
+  target = helpers.table_model(VOCAB, seed=0, eos_bias=2.0)
+  ids = helpers.example_inputs()
   gamma, max_len = 3, 20
   st = speculative_generate(target, target, ids, gamma=gamma,
                             max_decode_len=max_len).stats
@@ -488,36 +456,17 @@ def test_statistics_stop_at_eos_hand_computed():
     assert st.level_alpha_count[b, 0] == sum(used)
 
 
-class CompileCounter:
-  """Counts XLA backend compiles while active (a `with` block)."""
-
-  def __init__(self):
-    self.count = 0
-
-  def _listener(self, event, duration, **kwargs):
-    del duration, kwargs
-    if event == "/jax/core/compile/backend_compile_duration":
-      self.count += 1
-
-  def __enter__(self):
-    jax.monitoring.register_event_duration_secs_listener(self._listener)
-    return self
-
-  def __exit__(self, *exc):
-    jax.monitoring.unregister_event_duration_listener(self._listener)
-
-
 def test_a_temperature_sweep_compiles_the_speculative_loop_once():
   """Issue 36: temperature, top_p and lenience are traced inputs of the
   compiled loops, not parts of their cache key: sweeping the temperature
   over 0.5, 0.7, 1.0 (with top-p and lenience changing too) compiles the
   speculative loop once, counted by XLA backend compiles of the loop; and
   the numbers do take effect (the outputs differ)."""
-  target = toy_models.table_model(VOCAB, seed=21, eos_bias=-2.0)
-  draft = toy_models.table_model(VOCAB, seed=22, base=target, noise=1.0)
-  ids = _inputs()
+  target = helpers.table_model(VOCAB, seed=21, eos_bias=-2.0)
+  draft = helpers.table_model(VOCAB, seed=22, base=target, noise=1.0)
+  ids = helpers.example_inputs()
   outs = []
-  with CompileCounter() as compiles:
+  with helpers.CompileCounter() as compiles:
     for i, (t, top_p, lenience) in enumerate(
         ((0.5, 0.9, 1.0), (0.7, 0.8, 1.0), (1.0, 0.9, 0.5))):
       outs.append(speculative_generate(

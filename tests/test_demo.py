@@ -20,6 +20,7 @@ from specdec_jax import checkpoints
 from specdec_jax.data import text
 from specdec_jax.experiments import costs
 from specdec_jax.tables import demo
+from specdec_jax.tables import variants
 from specdec_jax import generate
 from specdec_jax.launch import gin_flags
 from specdec_jax import load_model
@@ -116,16 +117,16 @@ def test_demo_gin_config_parses():
   assert tuple(config.temperatures) == (0.0, 1.0)
   for draft, gammas in config.drafts:  # every row has its gamma
     for temperature in config.temperatures:
-      assert demo._gamma_for(gammas, temperature, draft) >= 1
+      assert variants.gamma_for(gammas, temperature, draft) >= 1
 
 
 def test_demo_gamma_per_temperature_must_cover_every_row():
   """A {temperature: gamma} mapping without one of the demo's temperatures
   is refused with a message naming the draft and the missing temperature."""
-  assert demo._gamma_for({0.0: 7, 1.0: 4}, 1.0, "d") == 4
-  assert demo._gamma_for(3, 1.0, "d") == 3
+  assert variants.gamma_for({0.0: 7, 1.0: 4}, 1.0, "d") == 4
+  assert variants.gamma_for(3, 1.0, "d") == 3
   with pytest.raises(ValueError, match="demo:x.*not for 1.0"):
-    demo._gamma_for({0.0: 7}, 1.0, "demo:x")
+    variants.gamma_for({0.0: 7}, 1.0, "demo:x")
 
 
 def test_demo_runs_on_one_sentence_and_one_paragraph(tmp_path):
@@ -266,9 +267,9 @@ def test_fastest_variant_is_the_one_theorem_3_8_predicts_faster(monkeypatch):
     return {"target_step_s": 0.005 * slow, "draft_step_s": 0.0001 * slow,
             "verify_step_s": 0.005 * verify[gamma] * slow}
 
-  monkeypatch.setattr(demo.costs, "measure_costs", fake_costs)
-  monkeypatch.setattr(demo.checkpoints, "load_model", lambda spec: spec)
-  name, numbers = demo.choose_variant(config, np.ones((1, 4), np.int32))
+  monkeypatch.setattr(variants.costs, "measure_costs", fake_costs)
+  monkeypatch.setattr(variants.checkpoints, "load_model", lambda spec: spec)
+  name, numbers = variants.choose_variant(config, np.ones((1, 4), np.int32))
   assert calls == [(3, None), (8, eigen)] * 2
   assert name == "eigen"
   for variant, gamma in (("default", 3), ("eigen", 8)):
@@ -280,16 +281,16 @@ def test_fastest_variant_is_the_one_theorem_3_8_predicts_faster(monkeypatch):
         / (gamma * 0.02 + verify[gamma]))
   verify[8] = 3.5
   calls.clear()
-  assert demo.choose_variant(config, np.ones((1, 4), np.int32))[0] == "default"
+  assert variants.choose_variant(config, np.ones((1, 4), np.int32))[0] == "default"
 
 
 def test_variants_must_name_demo_fields_and_exist():
   config = demo.DemoConfig(variants={"typo": {"gama": 3}})
   with pytest.raises(ValueError, match="not one of"):
-    demo._variant(config, "eigen")
+    variants.variant(config, "eigen")
   with pytest.raises(ValueError, match="gama"):
-    demo._variant(config, "typo")
-  assert demo._variant(config, "default").drafts == config.drafts
+    variants.variant(config, "typo")
+  assert variants.variant(config, "default").drafts == config.drafts
 
 
 def test_demo_gin_variants_cover_every_row():
@@ -301,7 +302,7 @@ def test_demo_gin_variants_cover_every_row():
   gin.clear_config()
   assert config.variant == "fastest" and config.variants
   for name in config.variants:
-    variant = demo._variant(config, name)
+    variant = variants.variant(config, name)
     assert variant.variant is None
     for task, _, row in demo._rows(variant):
       assert row.gamma, (name, task)
@@ -323,11 +324,11 @@ def test_a_rerun_keeps_the_recorded_variant(tmp_path, monkeypatch):
   def no_timing(*args, **kwargs):
     raise AssertionError("timed again")
 
-  monkeypatch.setattr(demo, "choose_variant", no_timing)
-  chosen = demo._resolve_variant(config, str(tmp_path))
+  monkeypatch.setattr(variants, "choose_variant", no_timing)
+  chosen = demo.resolve_variant(config, str(tmp_path))
   assert chosen.drafts == (("demo:draft_base", 8),)
   changed = demo.DemoConfig(
       drafts=config.drafts, variant="fastest",
       variants={"other": {"drafts": (("demo:draft_base", 5),)}})
   with pytest.raises(AssertionError, match="timed again"):
-    demo._resolve_variant(changed, str(tmp_path))
+    demo.resolve_variant(changed, str(tmp_path))

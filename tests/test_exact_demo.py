@@ -49,7 +49,7 @@ from specdec_jax import sampling
 from specdec_jax.data import text
 from specdec_jax.decoding import engine
 from specdec_jax.tokens import EOS_ID
-from tests.test_decoding import _chisquare_vs_exact
+from tests import helpers
 
 SIGNIFICANCE = 1e-3
 N = 250  # rows are the cost here: about 0.03 s each on 2 CPU cores
@@ -144,7 +144,7 @@ def test_demo_models_sample_the_targets_first_two_tokens(models, exact, name,
                                 draft_stop=stop, **SETTINGS[setting])
   cells = sum(p * N >= 5 for p in exact[setting].values())
   assert cells >= 5, cells
-  p_value = _chisquare_vs_exact(res.tokens[:, :2], exact[setting])
+  p_value = helpers.chisquare_vs_exact(res.tokens[:, :2], exact[setting])
   assert p_value > SIGNIFICANCE, (name, setting, p_value)
 
 
@@ -161,7 +161,7 @@ def test_argmax_drafter_fails(models, exact):
       draft_sample=argmax_draft)
   tokens, _ = fn(target.params, draft.params, ids,
                  np.full((N,), 11, np.int32), np.arange(N, dtype=np.int32))
-  p_value = _chisquare_vs_exact(np.asarray(tokens)[:, :2],
+  p_value = helpers.chisquare_vs_exact(np.asarray(tokens)[:, :2],
                                 exact["t1_top_k5"])
   assert p_value < SIGNIFICANCE, p_value
 

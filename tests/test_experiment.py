@@ -22,7 +22,7 @@ from specdec_jax.experiments import timing
 from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.data import tasks
 from specdec_jax import theory
-from tests import toy_models
+from tests import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SENTENCES = ["the cat sat on the mat", "the house is wonderful",
@@ -34,7 +34,7 @@ SENTENCES = ["the cat sat on the mat", "the house is wonderful",
 def setup(tmp_path_factory, tiny_vocab):
   """Local EnDe files, the tiny vocabulary, and two tiny T5s saved to disk."""
   root = tmp_path_factory.mktemp("exp")
-  models = toy_models.tiny_ende(root, SENTENCES)
+  models = helpers.tiny_ende(root, SENTENCES)
   task_config = dict(vocab_path=tiny_vocab, local_data_dir=str(root),
                      wmt_ende_files={"test": "mini"})
   return root, models, task_config

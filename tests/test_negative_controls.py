@@ -29,8 +29,7 @@ from specdec_jax import sampling
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import verify
-from tests import toy_models
-from tests.test_decoding import _chisquare_vs_exact
+from tests import helpers
 
 SIGNIFICANCE = 1e-3
 N_SEQ = 20_000
@@ -40,7 +39,7 @@ GAMMA = 3
 
 @pytest.fixture(scope="module")
 def small_models():
-  return toy_models.chi_square_family()
+  return helpers.chi_square_family()
 
 
 def _patched_verify(**overrides):
@@ -56,7 +55,7 @@ def _p_value(target, draft):
   """Chi-square p-value of N_SEQ sampled sequences (temperature 1) of the
   speculative loop as currently patched."""
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
-  exact = toy_models.exact_distribution(target, ids[0], SEQ_LEN)
+  exact = helpers.exact_distribution(target, ids[0], SEQ_LEN)
   fresh_exact_sampler = functools.partial(sampling.sample)
   fn = engine.build_speculative(target.definition, draft.definition, GAMMA,
                                 SEQ_LEN, sampling.SamplingConfig(1.0),
@@ -64,7 +63,7 @@ def _p_value(target, draft):
   tokens, _ = fn(target.params, draft.params, ids,
                  np.full((N_SEQ,), 11, np.int32),
                  np.arange(N_SEQ, dtype=np.int32))
-  return _chisquare_vs_exact(np.asarray(tokens), exact)
+  return helpers.chisquare_vs_exact(np.asarray(tokens), exact)
 
 
 @pytest.mark.parametrize("kind", ["plain", "cascade"])

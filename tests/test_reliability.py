@@ -19,7 +19,7 @@ import specdec_jax as sd
 from specdec_jax.decoding import checks
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import ngram
-from tests import toy_models
+from tests import helpers
 
 VOCAB = 16
 IDS = np.array([[5, 1, 0], [4, 6, 1]], np.int32)
@@ -32,8 +32,8 @@ def _misses():
 
 @pytest.fixture(scope="module")
 def tables():
-  target = toy_models.table_model(VOCAB, seed=0, eos_bias=0.5)
-  return target, toy_models.table_model(VOCAB, seed=1, base=target)
+  target = helpers.table_model(VOCAB, seed=0, eos_bias=0.5)
+  return target, helpers.table_model(VOCAB, seed=1, base=target)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_t5_rows_without_eos_are_refused(t5):
            model=target, input_ids=np.array([[5, 1, 0], [4, 6, 7]]),
            max_decode_len=2)
   sd.generate(target, np.array([[5, 1, 0], [4, 6, 1]]), max_decode_len=2)
-  table = toy_models.table_model(VOCAB, seed=0)
+  table = helpers.table_model(VOCAB, seed=0)
   sd.generate(table, np.array([[5, 6]]), max_decode_len=2)
 
 

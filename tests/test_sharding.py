@@ -15,7 +15,7 @@ from specdec_jax import Model
 from specdec_jax import generate, speculative_generate
 from specdec_jax import sharding
 from specdec_jax.models import registry
-from tests import toy_models
+from tests import helpers
 
 
 def _t5(name, seed, **overrides):
@@ -97,8 +97,8 @@ def test_data_sharded_rows_match_batch_one_runs():
   """Rows split over `data` with ragged acceptance equal batch-1 runs."""
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices")
-  target = toy_models.table_model(12, seed=5, eos_bias=0.5)
-  draft = toy_models.table_model(12, seed=6, base=target, noise=1.0)
+  target = helpers.table_model(12, seed=5, eos_bias=0.5)
+  draft = helpers.table_model(12, seed=6, base=target, noise=1.0)
   mesh = sharding.make_mesh(data=4, model=2)
   ids = np.array([[5, 7, 1, 0], [3, 1, 0, 0], [9, 4, 6, 1], [2, 1, 0, 0]],
                  np.int32)

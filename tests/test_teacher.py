@@ -20,7 +20,7 @@ from specdec_jax.data import tasks
 from specdec_jax.data import vocabularies
 from specdec_jax.tokens import EOS_ID
 from specdec_jax.training import teacher
-from tests import toy_models
+from tests import helpers
 
 WORDS = ["the cat sat on the mat", "a house", "the news today is wonderful",
          "das Haus", "a cat is on a mat today", "the mat", "news"]
@@ -32,7 +32,7 @@ SETTINGS = {"model": "toy", "task": "toy", "split": "train",
 def setup(tiny_vocab):
   vocab = tasks.get_vocabulary(tiny_vocab)
   model = dataclasses.replace(
-      toy_models.table_model(vocab.vocab_size, seed=3, eos_bias=1.5),
+      helpers.table_model(vocab.vocab_size, seed=3, eos_bias=1.5),
       vocab=vocab)
   examples = []
   for i, text in enumerate(WORDS):

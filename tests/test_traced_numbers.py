@@ -25,9 +25,7 @@ from specdec_jax.decoding import cascades
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import ngram
 from specdec_jax.decoding import stopping
-from tests import toy_models
-from tests.test_decoding import CompileCounter
-from tests.test_decoding import _inputs
+from tests import helpers
 
 VOCAB = 12
 GAMMA = 4
@@ -44,13 +42,13 @@ EXPECTED_GAIN = [
 
 
 def _models():
-  target = toy_models.table_model(VOCAB, seed=31, eos_bias=-2.0)
-  draft = toy_models.table_model(VOCAB, seed=32, base=target, noise=1.0)
+  target = helpers.table_model(VOCAB, seed=31, eos_bias=-2.0)
+  draft = helpers.table_model(VOCAB, seed=32, base=target, noise=1.0)
   return target, draft
 
 
 def _run(target, draft, rule):
-  ids = np.tile(_inputs(), (4, 1))  # 16 rows, each with its own key.
+  ids = np.tile(helpers.example_inputs(), (4, 1))  # 16 rows, each with its own key.
   return sd.speculative_generate(target, draft, ids, gamma=GAMMA,
                                  max_decode_len=MAX_LEN, temperature=1.0,
                                  seed=3, draft_stop=rule)
@@ -76,7 +74,7 @@ def test_calibrating_a_stop_rule_compiles_the_loop_once(rules):
   assert len({r.static() for r in rules}) == 1
   misses = engine.build_speculative.cache_info().misses
   results = []
-  with CompileCounter() as compiles:
+  with helpers.CompileCounter() as compiles:
     for i, rule in enumerate(rules):
       results.append(_run(target, draft, rule))
       if i == 0:
@@ -90,7 +88,7 @@ def test_calibrating_a_stop_rule_compiles_the_loop_once(rules):
   for rule, result in zip(rules, results):
     engine._build_speculative.cache_clear()
     jax.clear_caches()
-    with CompileCounter() as fresh:
+    with helpers.CompileCounter() as fresh:
       _same(_run(target, draft, rule), result)
     assert fresh.count >= 1  # Really compiled anew.
 
@@ -181,14 +179,14 @@ def test_every_level_of_a_cascade_is_checked_against_the_target():
   with pytest.raises(ValueError, match=(
       r"the target is encoder-decoder but the draft's model 2 of 2, top "
       r"first \(params\['drafter'\]\) is decoder-only")):
-    sd.speculative_generate(target, inner_family, _inputs(), gamma=2,
+    sd.speculative_generate(target, inner_family, helpers.example_inputs(), gamma=2,
                             max_decode_len=4)
   deep = sd.horizontal(top, sd.cascade(top, sd.cascade(
       top, _ngram(decoder_only=True), gamma=2), gamma=2), split=1)
   with pytest.raises(ValueError, match=(
       r"model 4 of 4, top first \(params\['late'\]\['drafter'\]"
       r"\['drafter'\]\) is decoder-only")):
-    sd.speculative_generate(target, deep, _inputs(), gamma=2,
+    sd.speculative_generate(target, deep, helpers.example_inputs(), gamma=2,
                             max_decode_len=4)
   # `cascade` refuses another size itself; a hand-built definition is
   # refused by the call.
@@ -201,7 +199,7 @@ def test_every_level_of_a_cascade_is_checked_against_the_target():
   with pytest.raises(ValueError, match=(
       r"draft's model 2 of 2, top first \(params\['drafter'\]\) and target "
       r"vocabularies differ in size \(target 12, .* 13\)")):
-    sd.speculative_generate(target, hand_built, _inputs(), gamma=2,
+    sd.speculative_generate(target, hand_built, helpers.example_inputs(), gamma=2,
                             max_decode_len=4)
   spm = lambda data: types.SimpleNamespace(sp_model=data, extra_ids=0)
   with_vocab = lambda m, data: sd.Model(m.definition, m.params, spm(data))
@@ -212,7 +210,7 @@ def test_every_level_of_a_cascade_is_checked_against_the_target():
   # none, so the call compares it with the target's.
   casc = sd.cascade(top, with_vocab(_ngram(), b"b"), gamma=2)
   with pytest.raises(ValueError, match="different vocabularies of the same"):
-    sd.speculative_generate(with_vocab(target, b"a"), casc, _inputs(),
+    sd.speculative_generate(with_vocab(target, b"a"), casc, helpers.example_inputs(),
                             gamma=2, max_decode_len=4)
   assert engine.build_speculative.cache_info().misses == before
   # Negative control: matching levels pass.
@@ -224,7 +222,7 @@ def _sorts(target, draft, top_p):
   """Sort operations the speculative loop runs (top-p sorts each probs),
   counted in its jaxpr, nested jaxprs included (each call site of a
   shared helper once; the lowered text shares them)."""
-  ids = _inputs()
+  ids = helpers.example_inputs()
   loop = engine.build_speculative(
       target.definition, draft.definition, 3, 6,
       sampling.SamplingConfig(1.0, 0, top_p))
@@ -252,7 +250,7 @@ def test_a_cascade_computes_each_probability_once():
   middle model's verification); computing q_M again added a second one.
   Without top-p there is no sort at all (the count's control)."""
   target, draft = _models()
-  small = toy_models.table_model(VOCAB, seed=33, base=draft, noise=1.0)
+  small = helpers.table_model(VOCAB, seed=33, base=draft, noise=1.0)
   casc = sd.cascade(draft, small, gamma=2)
   assert _sorts(target, small, 1.0) == _sorts(target, casc, 1.0) == 0
   plain = _sorts(target, small, 0.9)

@@ -18,7 +18,7 @@ import numpy as np
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import sharding
-from specdec_jax.decoding import cascades
+from specdec_jax.decoding import composite
 from specdec_jax.decoding import checks
 from specdec_jax.decoding.checks import compiler_options_key  # noqa: F401  (public)
 from specdec_jax.decoding import engine
@@ -266,11 +266,11 @@ class SpeculativeDecoder:
     ids = checks.check_inputs(input_ids, [("target", target),
                                           ("draft", draft)])
     seeds, rows = checks.seeds(seed, ids.shape[0])
-    sizes, extra_width = cascades.call_sizes(draft.definition)
+    sizes, extra_width = composite.call_sizes(draft.definition)
     checks.check_width(max_decode_len + gamma + 1 + extra_width,
                        f"max_decode_len + gamma + 1 (+ {extra_width} for "
                        f"the cascade's inner gammas)")
-    checks.check_memory([target, *cascades.models_of(draft)], ids.shape,
+    checks.check_memory([target, *composite.models_of(draft)], ids.shape,
                         gamma, max_decode_len, bool(record_trace),
                         f"gamma={gamma}, max_decode_len={max_decode_len}",
                         tuple(t for _, t in sizes), extra_width)

@@ -1,4 +1,4 @@
-"""Composite drafters: cascades and horizontal drafters.
+"""Cascades: a draft that is itself sped up by exact speculative decoding.
 
 - `cascade(draft, draft_of_draft, gamma=k)` builds a `Model` whose
   definition is a `CascadeDef`: a draft model M whose own proposals come
@@ -8,17 +8,15 @@
   (speculative decoding is exact), and it hands the engine q_M at each
   proposed position, which M computed while verifying S: the outer
   acceptance then keeps the target's distribution exactly.
-- `horizontal(early, late, split=j)`: the first j tokens of each proposal
-  from one drafter, the rest from another.
 
-`speculative_generate` takes either wherever it takes a draft; they cannot
-be decoded on their own.
+`speculative_generate` takes it wherever it takes a draft (so does
+`horizontal.horizontal`); it cannot be decoded on its own.
 
 Refeed (see `drafters.py`). A cascade's inner drafter can fall one token
 further behind than its caller's refeed (an outer iteration may accept
 everything the middle model emitted, including the middle model's own last
 sample), so it gets refeed + 1; the middle model refeeds `refeed` tokens
-before verifying. A horizontal drafter's parts: see `HorizontalDrafter`.
+before verifying.
 
 Dimension letters: B batch, G most tokens per proposal, g the cascade's inner
 gamma, V vocabulary.
@@ -27,7 +25,6 @@ gamma, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Any, Callable
 
 import flax
@@ -35,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling
+from specdec_jax.decoding import composite
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding import verify
 from specdec_jax.decoding.cursor import ModelCursor
@@ -49,45 +47,11 @@ from specdec_jax.decoding.drafters import level_stats
 from specdec_jax.decoding.drafters import slice_rows
 from specdec_jax.decoding.drafters import verified_level
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.decoding.protocol import vocab_fingerprint
 from specdec_jax.tokens import EOS_ID
 
 
-_INT32_MAX = 2**31 - 1
-
-
-def size_argument(name: str, value: Any) -> int:
-  """int(value) for an integer (Python or numpy) in [1, 2**31 - 1]; else a
-  ValueError naming the argument (sizes index int32 buffers on device)."""
-  if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
-      or value < 1):
-    raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-  if value > _INT32_MAX:
-    raise ValueError(f"{name}={value} is beyond int32 ({_INT32_MAX}): "
-                     f"decoding sizes index int32 buffers; use a value "
-                     f"thousands of times smaller.")
-  return int(value)
-
-
-def call_sizes(definition: Any) -> tuple[list[tuple[Any, int]], int]:
-  """([(definition, tokens per call)] of every plain model a draft runs,
-  top first, and the extra positions its buffers need). A plain draft
-  extends 2 tokens per call; a cascade's middle model verifies g + 1 plus
-  its refeed (about g + 3), and each cascade needs g + 1 scratch positions
-  (`CascadeDrafter.extra_width`)."""
-  if isinstance(definition, CascadeDef):
-    inner, extra = call_sizes(definition.drafter)
-    g = definition.gamma
-    return [(definition.draft, g + 3)] + inner, extra + g + 1
-  if isinstance(definition, HorizontalDef):
-    early, e_extra = call_sizes(definition.early)
-    late, l_extra = call_sizes(definition.late)
-    return early + late, max(e_extra, l_extra)
-  return [(definition, 2)], 0
-
-
 @dataclasses.dataclass(frozen=True)
-class CascadeDef:
+class CascadeDef(composite.CompositeDef):
   """A draft model whose proposals are sped up by a smaller drafter.
 
   Hashable and parameter-free like every `ModelDef`; the parameters travel as
@@ -103,6 +67,19 @@ class CascadeDef:
   draft: Any
   drafter: Any
   gamma: int
+
+  top_key = "draft"
+
+  def parts(self) -> tuple[tuple[str, Any], ...]:
+    return (("draft", self.draft), ("drafter", self.drafter))
+
+  def combine_sizes(self, part_sizes):
+    """The middle model verifies g + 1 plus its refeed (about g + 3) a
+    call; the cascade needs g + 1 scratch positions
+    (`CascadeDrafter.extra_width`)."""
+    (_, _), (inner, extra) = part_sizes
+    g = self.gamma
+    return [(self.draft, g + 3)] + inner, extra + g + 1
 
   @property
   def vocab_size(self) -> int:
@@ -150,7 +127,7 @@ def cascade(draft: Model, draft_of_draft: Model, *, gamma: int) -> Model:
                     "verifies its drafter); nest cascades through "
                     "draft_of_draft instead, e.g. cascade(base, "
                     "cascade(small, bigram, gamma=4), gamma=3).")
-  gamma = size_argument("cascade: gamma", gamma)
+  gamma = composite.size_argument("cascade: gamma", gamma)
   if draft.vocab_size != draft_of_draft.vocab_size:
     raise ValueError(
         f"cascade: vocabularies differ in size (draft {draft.vocab_size}, "
@@ -159,96 +136,8 @@ def cascade(draft: Model, draft_of_draft: Model, *, gamma: int) -> Model:
   return Model(definition=CascadeDef(draft.definition,
                                      draft_of_draft.definition, int(gamma)),
                params={"draft": draft.params, "drafter": draft_of_draft.params},
-               vocab=_shared_vocab("cascade", ("draft", draft),
+               vocab=composite.shared_vocab("cascade", ("draft", draft),
                                    ("draft_of_draft", draft_of_draft)))
-
-
-def _shared_vocab(what: str, *parts: tuple[str, Model]) -> Any:
-  """The vocabulary the named parts share (the first one carried; None if
-  none carries one); a ValueError naming both parts when two carry
-  different ones (the target is compared with the result, so every part's
-  vocabulary is checked against it)."""
-  known = [(n, m) for n, m in parts if vocab_fingerprint(m) is not None]
-  for n, m in known[1:]:
-    if vocab_fingerprint(m) != vocab_fingerprint(known[0][1]):
-      raise ValueError(
-          f"{what}: {known[0][0]} and {n} carry different vocabularies of "
-          f"the same size (SentencePiece model sha256 "
-          f"{vocab_fingerprint(known[0][1])[0]} vs {vocab_fingerprint(m)[0]}"
-          f"): every level must share the target's vocabulary.")
-  return known[0][1].vocab if known else next(
-      (m.vocab for _, m in parts if m.vocab is not None), None)
-
-
-@dataclasses.dataclass(frozen=True)
-class HorizontalDef:
-  """Different drafters for the early and the late positions of a proposal.
-
-  The first `split` draft tokens of every iteration come from `early`, the
-  rest (up to gamma) from `late`, which continues from the early tokens.
-  Like `CascadeDef` it is only usable as a draft; its parameters travel as
-  {"early": ..., "late": ...}.
-
-  Attributes:
-    early, late: ModelDefs or CascadeDefs (or further HorizontalDefs).
-    split: how many positions the early drafter proposes (>= 1).
-  """
-
-  early: Any
-  late: Any
-  split: int
-
-  @property
-  def vocab_size(self) -> int:
-    return self.early.vocab_size
-
-  @property
-  def max_input_len(self) -> int | None:
-    limits = [m.max_input_len for m in (self.early, self.late)
-              if m.max_input_len is not None]
-    return min(limits) if limits else None
-
-  def make_drafter(self, gamma, sampler, refeed, draft_sample, fast_greedy):
-    return HorizontalDrafter(self, gamma, sampler, refeed, draft_sample,
-                             fast_greedy)
-
-  def prefill(self, params, input_ids, num_decode_positions):
-    raise TypeError("a horizontal drafter is not a model: pass it as the "
-                    "draft of speculative_generate.")
-
-  def extend(self, params, cache, tokens, positions):
-    raise TypeError("a horizontal drafter is not a model: pass it as the "
-                    "draft of speculative_generate.")
-
-
-def horizontal(early: Model, late: Model, *, split: int) -> Model:
-  """A draft whose first `split` tokens per iteration come from `early` and
-  the rest from `late` (e.g. a strong draft where acceptance matters most,
-  then a cheap one). Every token is still a sample from the q of the model
-  that proposed it, and that q enters the acceptance, so output is exact.
-
-  Args:
-    early: the drafter of positions 1..split (a model or a cascade).
-    late: the drafter of the later positions.
-    split: >= 1; speculative_generate's gamma must exceed it for `late` to
-      be used.
-
-  Returns:
-    A `Model` usable as the draft of `speculative_generate`.
-  """
-  for name, m in (("early", early), ("late", late)):
-    if not isinstance(m, Model):
-      raise TypeError(f"horizontal: {name} must be a specdec_jax.Model, got "
-                      f"{type(m).__name__}.")
-  split = size_argument("horizontal: split", split)
-  if early.vocab_size != late.vocab_size:
-    raise ValueError(f"horizontal: vocabularies differ in size (early "
-                     f"{early.vocab_size}, late {late.vocab_size}).")
-  return Model(definition=HorizontalDef(early.definition, late.definition,
-                                        int(split)),
-               params={"early": early.params, "late": late.params},
-               vocab=_shared_vocab("horizontal", ("early", early),
-                                   ("late", late)))
 
 
 @flax.struct.dataclass
@@ -319,7 +208,7 @@ class CascadeDrafter:
                               check_finite))
 
   def nonfinite(self, state: CascadeState):
-    return _either(state.middle.nonfinite, self.inner.nonfinite(state.inner))
+    return composite.either(state.middle.nonfinite, self.inner.nonfinite(state.inner))
 
   def propose(self, params, state: CascadeState, stream: Stream, keys,
               keep: KeepFn | None, limit: jax.Array):
@@ -430,145 +319,3 @@ class CascadeDrafter:
                            jnp.maximum(c.produced, 1))
     return Proposal(tokens=tokens, probs=probs, conf=conf, length=length), \
         c.state, c.stats
-
-
-@flax.struct.dataclass
-class HorizontalState:
-  """A horizontal drafter's carried state: each part's drafter state."""
-
-  early: Any
-  late: Any
-
-
-class HorizontalDrafter:
-  """Positions 1..split from the early drafter, the rest from the late one.
-
-  Refeed: the late drafter is fed every iteration from length - refeed up to
-  the early proposal's end (refeed + split tokens back), so it stays in sync
-  even on iterations where its own tokens were not used. The early drafter
-  can fall gamma - split tokens further behind than a plain drafter (an
-  iteration may accept late tokens it never saw), so its refeed grows by
-  that much.
-  """
-
-  def __init__(self, definition: HorizontalDef, gamma: int,
-               sampler: sampling.SamplingConfig, refeed: int,
-               draft_sample: Callable, fast_greedy: bool):
-    self.split = min(definition.split, gamma)
-    self.gamma = gamma
-    late_gamma = max(gamma - self.split, 1)
-    self.early = make_drafter(definition.early, self.split, sampler,
-                              refeed + gamma - self.split, draft_sample,
-                              fast_greedy)
-    self.late = make_drafter(definition.late, late_gamma, sampler,
-                             refeed + self.split, draft_sample, fast_greedy)
-    self.depth = self.early.depth + self.late.depth
-    self.extra_width = max(self.early.extra_width, self.late.extra_width)
-
-  def init(self, params, input_ids, num_positions,
-           check_finite: bool = True) -> HorizontalState:
-    return HorizontalState(
-        early=self.early.init(params["early"], input_ids, num_positions,
-                              check_finite),
-        late=self.late.init(params["late"], input_ids, num_positions,
-                            check_finite))
-
-  def nonfinite(self, state: HorizontalState):
-    return _either(self.early.nonfinite(state.early),
-                   self.late.nonfinite(state.late))
-
-  def propose(self, params, state: HorizontalState, stream: Stream, keys,
-              keep: KeepFn | None, limit: jax.Array):
-    """Same contract as `ModelDrafter.propose`."""
-    split, gamma = self.split, self.gamma
-    batch = stream.length.shape[0]
-    early_keep = None
-    if keep is not None:
-      early_keep = lambda t, c: keep(
-          jnp.pad(t, ((0, 0), (0, gamma - split))),
-          jnp.pad(c, ((0, 0), (0, gamma - split)), constant_values=1.0)
-      )[:, :split]
-    e_limit = jnp.minimum(limit, split) if keep is not None else jnp.full(
-        (batch,), split, jnp.int32)
-    early, e_state, e_stats = self.early.propose(
-        params["early"], state.early, stream, keys[:, :split], early_keep,
-        e_limit)
-    # The late drafter continues after the early tokens.
-    local = stream.replace(
-        tokens=write_rows(stream.tokens, stream.length, early.tokens),
-        length=stream.length + split)
-    late_keep = None
-    if keep is not None:
-      late_keep = lambda t, c: keep(
-          jnp.concatenate([early.tokens, t], 1)[:, :gamma],
-          jnp.concatenate([early.conf, c], 1)[:, :gamma])[:, split:]
-    l_limit = jnp.clip(limit - split, 1, self.late.gamma)
-    late_keys = keys[:, split:] if gamma > split else keys[:, :1]
-    late, l_state, l_stats = self.late.propose(
-        params["late"], state.late, local, late_keys, late_keep, l_limit)
-    n_late = gamma - split
-    tokens = jnp.concatenate([early.tokens, late.tokens[:, :n_late]], 1)
-    conf = jnp.concatenate([early.conf, late.conf[:, :n_late]], 1)
-    probs = None
-    if early.probs is not None:
-      probs = jnp.concatenate([early.probs, late.probs[:, :n_late]], 1)
-    went_on = (early.length >= split) & (n_late > 0)
-    if keep is not None:
-      went_on &= keep(tokens, conf)[:, split - 1] & (limit > split)
-    length = jnp.where(went_on, split + late.length, early.length)
-    length = jnp.minimum(length, gamma)
-    used = went_on.astype(jnp.int32)[:, None]
-    zero = jnp.zeros((batch, 1), jnp.float32)
-    stats = {
-        "calls": jnp.concatenate([e_stats["calls"],
-                                  used * l_stats["calls"]], 1),
-        # No alpha between the two parts (they do not verify each other).
-        "alpha_sum": jnp.concatenate([e_stats["alpha_sum"], zero,
-                                      used * l_stats["alpha_sum"]], 1),
-        "alpha_count": jnp.concatenate(
-            [e_stats["alpha_count"], zero.astype(jnp.int32),
-             used * l_stats["alpha_count"]], 1),
-    }
-    return (Proposal(tokens=tokens, probs=probs, conf=conf, length=length),
-            HorizontalState(early=e_state, late=l_state), stats)
-
-
-def _either(a, b):
-  """Elementwise or of two optional flags."""
-  return None if a is None else a | b
-
-
-# Definitions that only work as drafts (they have no prefill/extend).
-DRAFT_ONLY = (CascadeDef, HorizontalDef)
-
-
-def top_model(draft: Model) -> Model:
-  """The model a draft mostly runs: itself, a cascade's top model, a
-  horizontal drafter's early part (recursively)."""
-  definition, params = draft.definition, draft.params
-  while isinstance(definition, DRAFT_ONLY):
-    if isinstance(definition, CascadeDef):
-      definition, params = definition.draft, params["draft"]
-    else:
-      definition, params = definition.early, params["early"]
-  return Model(definition, params, draft.vocab)
-
-
-def levels_of(draft: Model) -> list[tuple[tuple[str, ...], Model]]:
-  """(path into the draft's params, model) of every plain model a draft
-  runs (itself, or each level of a cascade or part of a horizontal
-  drafter), top first; each carries the draft's vocabulary."""
-  definition, params = draft.definition, draft.params
-  if isinstance(definition, CascadeDef):
-    parts = [("draft", definition.draft), ("drafter", definition.drafter)]
-  elif isinstance(definition, HorizontalDef):
-    parts = [("early", definition.early), ("late", definition.late)]
-  else:
-    return [((), draft)]
-  return [((key,) + path, m) for key, d in parts
-          for path, m in levels_of(Model(d, params[key], draft.vocab))]
-
-
-def models_of(draft: Model) -> list[Model]:
-  """Every plain model a draft runs (`levels_of` without the paths)."""
-  return [m for _, m in levels_of(draft)]

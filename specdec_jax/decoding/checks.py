@@ -16,7 +16,7 @@ import warnings
 import jax
 import numpy as np
 
-from specdec_jax.decoding import cascades
+from specdec_jax.decoding import composite
 from specdec_jax.decoding import ngram
 from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import Model
@@ -32,7 +32,7 @@ def check_model(name: str, model: Any, cascade_ok: bool = False) -> Model:
     raise TypeError(
         f"{name} must be a specdec_jax.Model (from specdec_jax.load_model), "
         f"got {type(model).__name__}.")
-  if not cascade_ok and isinstance(model.definition, cascades.DRAFT_ONLY):
+  if not cascade_ok and isinstance(model.definition, composite.CompositeDef):
     raise TypeError(
         f"{name} is a cascade or horizontal drafter (sd.cascade, "
         f"sd.horizontal), which can only be the draft of "
@@ -185,10 +185,10 @@ def seeds(seed: Any, batch: int) -> tuple[np.ndarray, np.ndarray]:
 def check_compatible(target: Model, draft: Model) -> None:
   """Same vocabulary size, family and (when both carry one) vocabulary as
   the target, for every model the draft runs (each level of a cascade and
-  each part of a horizontal drafter, `cascades.levels_of`), naming the one
+  each part of a horizontal drafter, `composite.levels_of`), naming the one
   that differs. (`cascade` and `horizontal` refuse parts whose vocabularies
   differ, so the draft's vocabulary stands for all of them.)"""
-  levels = cascades.levels_of(draft)
+  levels = composite.levels_of(draft)
 
   def name(i, path):
     if len(levels) == 1:
@@ -293,7 +293,7 @@ def check_memory(models: list[Model], ids_shape: tuple[int, int],
   target scores gamma + 1 tokens at once, a draft 2), the float32 logits and
   probabilities of one iteration (target [B, G+1, V], draft [B, G, V]) and
   the token buffers; all from shapes (`model_bytes`). `call_tokens`: the
-  tokens per call of each draft model (`cascades.call_sizes`: a cascade's
+  tokens per call of each draft model (`composite.call_sizes`: a cascade's
   middle model verifies its inner gamma + 1 at once; default 2), and
   `extra_width` the scratch positions a cascade adds. A rough bound: it
   catches the impossible (gamma=10**6, max_decode_len=10**7), not the

@@ -234,7 +234,7 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
   Returns `run(target_params, draft_params, input_ids, seeds, rows) ->
   (tokens [B, T], stats)`; with `check_finite`, stats has
   `target_nonfinite` and `draft_nonfinite` (bool [B]). `draft` is a
-  ModelDef, a `cascades.CascadeDef` or `cascades.HorizontalDef`.
+  ModelDef, a `cascades.CascadeDef` or `horizontal.HorizontalDef`.
   `draft_stop` is None (every iteration proposes exactly gamma tokens: the
   paper's loop, unchanged) or a rule of `stopping.py` (gamma is then the most
   tokens per iteration; the target verifies at the smallest of

@@ -22,7 +22,7 @@ import numpy as np
 
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
-from specdec_jax.decoding import cascades
+from specdec_jax.decoding import composite
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import costs
 from specdec_jax.experiments import workdir as workdir_lib
@@ -32,7 +32,7 @@ def cost_model(draft: Model) -> Model:
   """The model whose per-step cost is the run's c: the draft itself, or for
   a cascade its top model (the cascade's own cost per token depends on its
   acceptance; docs/log/benchmarks_history.md reports cascades by measured walltime)."""
-  return cascades.top_model(draft)
+  return composite.top_model(draft)
 
 
 def stored_costs(path: str, gammas) -> dict | None:

@@ -56,16 +56,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax import theory
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.data import text
 from specdec_jax.data import readers
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.experiments import costs
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import report
 from specdec_jax.experiments import timing
+from specdec_jax.tables import variants
 
 
 DEMO_DATA = text.DEMO_DATA
@@ -174,17 +173,6 @@ def _vocab_path(config: DemoConfig) -> str:
   return path
 
 
-def _gamma_for(gammas: Any, temperature: float, draft: str) -> int:
-  if not isinstance(gammas, Mapping):
-    return int(gammas)
-  for t, gamma in gammas.items():
-    if float(t) == float(temperature):
-      return int(gamma)
-  raise ValueError(f"DemoConfig.drafts gives {draft} gammas for temperatures "
-                   f"{sorted(gammas)} but not for {temperature}: add it, or "
-                   "give one int for all temperatures.")
-
-
 def _row_config(config: DemoConfig, task: str, draft: str, gamma,
                 temperature: float, name: str,
                 cascade=()) -> experiment.ExperimentConfig:
@@ -220,13 +208,13 @@ def _rows(config: DemoConfig) -> list[tuple[str, str, Any]]:
   for task, prefix, drafts in tasks_and_drafts:
     for draft, gammas in drafts:
       for temperature in config.temperatures:
-        gamma = _gamma_for(gammas, temperature, draft)
+        gamma = variants.gamma_for(gammas, temperature, draft)
         name = f"{prefix}{draft.split(':')[-1]}_t{int(temperature)}"
         rows.append((task, name, _row_config(config, task, draft, gamma,
                                              temperature, name)))
   for draft, chain, gammas in config.cascades:  # sentence rows
     for temperature in config.temperatures:
-      gamma = _gamma_for(gammas, temperature, draft)
+      gamma = variants.gamma_for(gammas, temperature, draft)
       short = "<-".join(s.split(":")[-1] for s in [draft] + [
           entry[0] for entry in chain])
       name = f"{short.replace('<-', '_from_')}_t{int(temperature)}"
@@ -239,112 +227,32 @@ def _rows(config: DemoConfig) -> list[tuple[str, str, Any]]:
   return rows
 
 
-def _variant(config: DemoConfig, name: str) -> DemoConfig:
-  if name == "default":
-    return dataclasses.replace(config, variant=None)
-  if name not in config.variants:
-    raise ValueError(f"DemoConfig.variant={name!r}: not one of "
-                     f"{sorted(config.variants)}, 'default' or 'fastest'")
-  fields = {f.name for f in dataclasses.fields(DemoConfig)}
-  unknown = sorted(set(config.variants[name]) - fields)
-  if unknown:
-    raise ValueError(f"DemoConfig.variants[{name!r}] sets {unknown}, which "
-                     "are not DemoConfig fields")
-  return dataclasses.replace(config, variant=None, **config.variants[name])
+def _validate_rows(config: DemoConfig) -> None:
+  for _, _, row in _rows(config):
+    experiment.validate(row)
 
 
-def choose_variant(config: DemoConfig, input_ids: np.ndarray,
-                   rounds: int = 2) -> tuple[str, dict]:
-  """The variant (or "default") with the best predicted probe row.
-
-  For each candidate: the probe draft's gamma at temperature 0 on the
-  sentences, and c, v of that gamma timed with the candidate's compiler
-  options on `input_ids` (`costs.measure_costs`; `rounds` rounds over all
-  candidates, each number keeping its fastest, so a slow stretch of the
-  machine touches every candidate). Returns (name, {name: {gamma, c,
-  verify_cost, predicted}}).
-  """
-  draft_spec, alpha = config.variant_probe
-  target = checkpoints.load_model(config.target)
-  draft = checkpoints.load_model(draft_spec)
-  candidates = {}
-  for name in ["default", *config.variants]:
-    variant = _variant(config, name)
-    gammas = dict(variant.drafts).get(draft_spec)
-    if gammas is None:
-      raise ValueError(f"DemoConfig.variant_probe drafts with {draft_spec}, "
-                       f"which variant {name!r} has no row for")
-    candidates[name] = (variant.compiler_options,
-                        _gamma_for(gammas, 0.0, draft_spec))
-  best: dict[str, dict] = {}
-  for _ in range(rounds):
-    for name, (options, gamma) in candidates.items():
-      m = costs.measure_costs(target, draft, input_ids, gamma=gamma,
-                              cache_positions=config.max_decode_len + gamma + 1,
-                              repeats=2, compiler_options=options)
-      seen = best.setdefault(name, m)
-      for key in ("target_step_s", "draft_step_s", "verify_step_s"):
-        seen[key] = min(seen[key], m[key])
-  report_ = {}
-  for name, (_, gamma) in candidates.items():
-    m = best[name]
-    c = m["draft_step_s"] / m["target_step_s"]
-    v = m["verify_step_s"] / m["target_step_s"]
-    report_[name] = {"gamma": gamma, "c": c, "verify_cost": v,
-                     "predicted": float(theory.walltime_improvement_measured(
-                         alpha, gamma, c, v))}
-  chosen = max(report_, key=lambda n: report_[n]["predicted"])
-  return chosen, report_
-
-
-def _resolve_variant(config: DemoConfig, workdir: str) -> DemoConfig:
-  """The config to run: `variant` applied, "fastest" measured and recorded
-  in <workdir>/variant.json.
-
-  Every variant's rows are validated first. A rerun in the same workdir
-  keeps the recorded choice (so its finished rows resume rather than
-  being started over under the other variant) unless the probe or the
-  variants' names changed.
-  """
-  if config.variant is None:
-    return config
-  if config.variant != "fastest":
-    return _variant(config, config.variant)
-  for name in ["default", *config.variants]:
-    for _, _, row in _rows(_variant(config, name)):
-      experiment.validate(row)
-  path = os.path.join(workdir, "variant.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      recorded = json.load(f)
-    if (recorded.get("probe") == list(config.variant_probe)
-        and sorted(recorded.get("candidates", {})) == sorted(
-            ["default", *config.variants])):
-      logging.info("running variant %s, chosen by an earlier run (%s)",
-                   recorded["chosen"], path)
-      return _variant(config, recorded["chosen"])
+def _probe_input_ids(config: DemoConfig) -> np.ndarray:
+  """The first sentence, as the variant probe times it."""
   with tasks.override_config(vocab_path=_vocab_path(config),
                              local_data_dir=config.data_dir,
                              wmt_ende_files={"test": config.sentences}):
     example = readers.load_examples("wmt14_ende_local", "test",
                                      max_examples=1)
-  ids = next(batching.batches(example, batch_size=1, buckets=config.buckets,
-                              max_length=128)).input_ids
-  name, numbers = choose_variant(config, ids)
-  for n, m in numbers.items():
-    logging.info("variant %s: gamma %d, c %.4f, v %.2f, predicted %.2fx", n,
-                 m["gamma"], m["c"], m["verify_cost"], m["predicted"])
-  logging.info("running variant %s", name)
-  os.makedirs(workdir, exist_ok=True)
-  with open(path, "w") as f:
-    json.dump({"chosen": name, "probe": list(config.variant_probe),
-               "candidates": numbers}, f, indent=1)
-  return _variant(config, name)
+  return next(batching.batches(example, batch_size=1, buckets=config.buckets,
+                               max_length=128)).input_ids
+
+
+def resolve_variant(config: DemoConfig, workdir: str) -> DemoConfig:
+  """The config to run (`variants.resolve_variant` with the demo's rows)."""
+  return variants.resolve_variant(
+      config, workdir, validate=_validate_rows,
+      probe_input_ids=lambda: _probe_input_ids(config))
 
 
 def run(config: DemoConfig, workdir: str) -> list[dict]:
   """Runs (or resumes) every demo row; returns the table rows."""
-  config = _resolve_variant(config, workdir)
+  config = resolve_variant(config, workdir)
   rows_to_run = _rows(config)
   for _, _, row in rows_to_run:
     experiment.validate(row)  # every row's config, before the first decode

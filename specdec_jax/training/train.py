@@ -32,7 +32,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import logging as py_logging
 import os
 import signal
 import time
@@ -50,6 +49,7 @@ from specdec_jax.infra import summaries
 from specdec_jax.data import tasks
 from specdec_jax.training import distill
 from specdec_jax.training import mirror
+from specdec_jax.training import resume
 from specdec_jax.training import steps
 from specdec_jax.training.batches import load_split
 # Gin files bind TrainConfig as train.TrainConfig: imported here for them.
@@ -189,111 +189,6 @@ def _save(manager, state: steps.TrainState, per_epoch: int) -> None:
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
 
 
-class _QuietOrbaxErrors(py_logging.Filter):
-  """Drops orbax's own log records (a traceback per file it fails to read)
-  while a checkpoint is tried: its failure is reported in one line."""
-
-  def filter(self, record):
-    path = record.pathname or ""
-    return "orbax" not in path and "tensorstore" not in path
-
-
-def restore_latest_intact(make_manager: Callable[[], Any],
-                          init: Callable[[], steps.TrainState], workdir: str):
-  """The newest checkpoint that restores, skipping (and moving aside) any
-  newer damaged one.
-
-  A checkpoint can be damaged after it was committed (a disk filled up, a
-  copy cut short): instead of failing on it (orbax buries the cause under
-  hundreds of lines, which are kept out of the log), resume from the newest
-  intact one and say which steps were skipped. A checkpoint holding
-  non-finite parameters (saved before training stopped at them) counts as
-  damaged. Damaged steps move to `<workdir>/damaged_checkpoints/`
-  so that saving those step numbers again works.
-
-  Args:
-    make_manager: returns the run's orbax CheckpointManager.
-    init: returns a fresh steps.TrainState (its shapes are the restore target).
-    workdir: the training workdir.
-
-  Returns:
-    (restored Composite or None when no checkpoint exists, the manager to
-    keep using).
-
-  Raises:
-    RuntimeError: checkpoints exist but none restores.
-  """
-  manager = make_manager()
-  directory = str(manager.directory)
-  saved = sorted(manager.all_steps(), reverse=True)
-  skipped = []
-  absl_logger, quiet = logging.get_absl_logger(), _QuietOrbaxErrors()
-  for step in saved:
-    absl_logger.addFilter(quiet)
-    try:
-      restored = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(jax.eval_shape(init)),
-          meta=ocp.args.JsonRestore()))
-    except Exception as e:  # pylint: disable=broad-except  (orbax, tensorstore)
-      first = (str(e).strip().splitlines() or [""])[0][:200]
-      skipped.append(f"step {step} ({type(e).__name__}: {first})")
-      continue
-    finally:
-      absl_logger.removeFilter(quiet)
-    if not all(np.isfinite(np.asarray(x)).all()
-               for x in jax.tree.leaves(restored.state.params)):
-      # Saved before training checked every step (steps.make_train_step).
-      skipped.append(f"step {step} (non-finite parameters)")
-      continue
-    if skipped:
-      aside = os.path.join(workdir, "damaged_checkpoints")
-      os.makedirs(aside, exist_ok=True)
-      for bad in saved[:len(skipped)]:
-        os.replace(os.path.join(directory, str(bad)),
-                   os.path.join(aside, f"{bad}.{int(time.time())}"))
-      manager.close()
-      manager = make_manager()  # forgets the steps moved aside
-      logging.warning(
-          "skipped damaged checkpoint(s) %s; resumed from step %d, the "
-          "newest intact one (the damaged ones are in %s).",
-          "; ".join(skipped), step, aside)
-    return restored, manager
-  if skipped:
-    raise RuntimeError(
-        f"no checkpoint under {directory} restores: "
-        f"{'; '.join(skipped)}. Move that directory away to train from "
-        "scratch, or restore it from a copy.")
-  return None, manager
-
-
-def _forget_metrics_after(path: str, step: int) -> None:
-  """Drops metrics.jsonl rows of steps after `step`, where training resumes.
-
-  A killed run logged steps after its last checkpoint; the resumed run
-  trains them again and logs them anew, so each step keeps one row. A torn
-  last line (killed mid-write) goes too.
-  """
-  if not os.path.exists(path):
-    return
-  with open(path, "rb") as f:
-    lines = f.read().split(b"\n")
-  keep = []
-  for line in lines[:-1]:  # the part after the last newline is torn or empty
-    try:
-      row = json.loads(line)
-    except ValueError:
-      continue
-    if row.get("step", 0) <= step:
-      keep.append(line + b"\n")
-  if len(keep) != len(lines) - 1 or lines[-1]:
-    logging.info("metrics.jsonl: dropped %d row(s) after step %d, where "
-                 "training resumes", len(lines) - 1 - len(keep), step)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-      f.write(b"".join(keep))
-    os.replace(tmp, path)
-
-
 def _log_window(last: dict[str, float], total: int) -> None:
   """One progress line: where the run is, its speed, the window's metrics
   and the time left at this window's speed."""
@@ -365,7 +260,7 @@ def _train(config: TrainConfig,
             max_to_keep=config.keep_checkpoints, create=True),
         item_names=("state", "meta"))
 
-  restored, manager = restore_latest_intact(make_manager, init,
+  restored, manager = resume.restore_latest_intact(make_manager, init,
                                             config.workdir)
   if restored is None:
     state = init(_initial_params(config, definition) if config.init_from
@@ -388,7 +283,7 @@ def _train(config: TrainConfig,
   metrics_path = os.path.join(config.workdir, "metrics.jsonl")
   writer = summaries.Writer(config.workdir)
 
-  _forget_metrics_after(metrics_path, int(state.step))
+  resume.forget_metrics_after(metrics_path, int(state.step))
 
   def record(row):
     with open(metrics_path, "a") as f:  # a line survives a kill right after

@@ -1,4 +1,7 @@
-""""Table" models for engine tests: next-token logits are an explicit function
+"""Shared test helpers: the toy "table" models, the chi-square harness, the
+compile counter, and builders of tiny models and data.
+
+"Table" models for engine tests: next-token logits are an explicit function
 of the whole prefix, so sequence probabilities are exactly computable.
 
 The logits of the token after position t are `table[t, h_t]`, where the state
@@ -17,6 +20,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy import stats
 
 from specdec_jax.decoding import ngram
 from specdec_jax.decoding.protocol import Prefill
@@ -181,3 +185,57 @@ def tiny_ende(root, sentences) -> dict[str, str]:
     models[name] = checkpoints.save(Model(definition, params),
                                     str(root / name), config=cfg)
   return models
+
+
+# ----------------------------------------------------------------------------
+# Harnesses shared by the decoding, adaptive, cascade and demo tests.
+
+
+def example_inputs():
+  """Four 0-padded rows of different lengths, each ending in EOS."""
+  ids = np.zeros((4, 6), np.int32)
+  for b, row in enumerate([[5, 7, 1], [3, 1], [9, 4, 6, 2, 8, 1], [2, 1]]):
+    ids[b, :len(row)] = row
+  return ids
+
+
+def sequence_counts(tokens):
+  keys, counts = np.unique(tokens, axis=0, return_counts=True)
+  return {tuple(k): c for k, c in zip(keys.tolist(), counts)}
+
+
+def chisquare_vs_exact(tokens, exact, min_expected=5.0):
+  """p-value of Pearson's chi-square of the sampled sequences `tokens` [N, T]
+  against `exact` ({sequence: probability}); cells expected fewer than
+  `min_expected` times are pooled into one (the chi-square approximation
+  needs it), and a sequence of probability 0 fails outright."""
+  counts = sequence_counts(tokens)
+  assert set(counts) <= set(exact), "sampled a sequence of probability 0"
+  keys = sorted(exact)
+  probs = np.array([exact[k] for k in keys])
+  observed = np.array([counts.get(k, 0) for k in keys], np.float64)
+  expected = probs / probs.sum() * observed.sum()
+  small = expected < min_expected
+  if small.any():
+    observed = np.append(observed[~small], observed[small].sum())
+    expected = np.append(expected[~small], expected[small].sum())
+  return stats.chisquare(observed, expected).pvalue
+
+
+class CompileCounter:
+  """Counts XLA backend compiles while active (a `with` block)."""
+
+  def __init__(self):
+    self.count = 0
+
+  def _listener(self, event, duration, **kwargs):
+    del duration, kwargs
+    if event == "/jax/core/compile/backend_compile_duration":
+      self.count += 1
+
+  def __enter__(self):
+    jax.monitoring.register_event_duration_secs_listener(self._listener)
+    return self
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listener)
