@@ -50,8 +50,10 @@ def _chip() -> chips.Chip:
 def main(argv):
   del argv
   # Before anything touches a device (the projection asks the chip): the
-  # run files (--gin_file) say whether this is a multi-host job.
-  gin_flags.parse(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
+  # run files (--gin_file) say whether this is a multi-host job. Bindings
+  # of what only the experiment files define are checked with each row.
+  gin_flags.parse(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings,
+                  skip_unknown=True)
   gin_flags.initialize_distributed(
       gin.get_configurable(experiment.ExperimentConfig)().distributed)
   if not _ASSEMBLE_ONLY.value:

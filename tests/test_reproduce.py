@@ -1,8 +1,10 @@
 """reproduce_tables: rows that share a baseline decode it once; the cost of a
 table is projected before it runs; T5X's flags are accepted."""
 
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,8 +13,9 @@ import pytest
 
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
-from specdec_jax.tables import reproduce
+from specdec_jax.launch import gin_flags
 from specdec_jax.planning import table_cost
+from specdec_jax.tables import reproduce
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIGS = os.path.join(REPO, "configs")
@@ -28,18 +31,20 @@ def test_rows_differing_in_draft_share_each_baseline_decode(tmp_path):
   """The two demo rows (draft_base, draft_small) run side by side: every
   example's baseline record (tokens and time_s) is the same object in both
   rows' results, and both rows and the assembled table exist. Run through
-  the script with T5X's --gin_search_paths (a gin file found only there)
-  and --tfds_data_dir, and with --max_examples capping every row."""
+  the script as a T5X user would: experiment files only (no run file),
+  found through --gin_search_paths, T5X-style `--gin.ExperimentConfig.X=`
+  bindings applied after them (issue 47), --tfds_data_dir, and
+  --max_examples capping every row."""
   extra = tmp_path / "my_configs"
-  extra.mkdir()
-  (extra / "quick.gin").write_text(
-      "from __gin__ import dynamic_registration\n"
-      "from specdec_jax.experiments import experiment\n"
-      "experiment.ExperimentConfig:\n"
-      "  repeats = 1\n  cost_repeats = 1\n  max_decode_len = 24\n")
+  (extra / "rows").mkdir(parents=True)
+  for path in glob.glob(os.path.join(_CONFIGS, _DEMO_ROWS)):
+    shutil.copy(path, extra / "rows")
   workdir = tmp_path / "rows"
   cmd = [sys.executable, os.path.join(REPO, "scripts", "reproduce_tables.py"),
-         f"--experiments={_DEMO_ROWS}", "--gin_file=quick.gin",
+         "--experiments=rows/ende_sentences_draft_*_t0.gin",
+         "--gin.ExperimentConfig.repeats=1",
+         "--gin.ExperimentConfig.cost_repeats=1",
+         "--gin.ExperimentConfig.max_decode_len=24",
          f"--gin_search_paths={extra}", f"--tfds_data_dir={tmp_path / 'tfds'}",
          "--max_examples=2", f"--workdir={workdir}",
          "--compilation_cache_dir="]
@@ -62,6 +67,49 @@ def test_rows_differing_in_draft_share_each_baseline_decode(tmp_path):
   assert "max_decode_len = 24" in config.read_text()
   table = (workdir / "table2.md").read_text()
   assert table.count("| ende |") == 2, table
+
+
+def test_bindings_apply_after_every_file_with_or_without_files():
+  """Issue 47: ExperimentConfig is configurable before any file imports it;
+  a binding overrides the files whatever their order; a binding gin cannot
+  apply (unknown name, unknown parameter, unparsable value) raises
+  GinBindingError naming it."""
+  try:
+    gin.clear_config()
+    gin_flags.parse([], ["ExperimentConfig.max_examples = 2"])
+    config = gin.get_configurable(experiment.ExperimentConfig)()
+    assert config.max_examples == 2
+    gin.clear_config()
+    row = "experiments/demo/ende_sentences_draft_base_t0.gin"
+    gin_flags.parse([row], ["ExperimentConfig.max_examples = 3",
+                            "experiment.ExperimentConfig.gamma = 5"])
+    config = gin.get_configurable(experiment.ExperimentConfig)()
+    assert (config.max_examples, config.gamma, config.draft) == (
+        3, 5, "demo:draft_base")
+    for bad in ("Foo.bar = 1", "ExperimentConfig.max_exampels = 2",
+                "ExperimentConfig.max_examples = "):
+      with pytest.raises(gin_flags.GinBindingError, match=bad.split(" =")[0]):
+        gin_flags.parse([], [bad])
+  finally:
+    gin.clear_config()
+
+
+def test_a_binding_that_matches_nothing_is_refused_in_one_line(tmp_path):
+  """Issue 47: a `--gin.X=` binding gin cannot apply ends the script with
+  status 1 and one line naming it, before any row runs (no workdir)."""
+  workdir = tmp_path / "wd"
+  cmd = [sys.executable, os.path.join(REPO, "scripts", "reproduce_tables.py"),
+         f"--experiments={_DEMO_ROWS}", "--gin.ExperimentConfig.max_exampels=2",
+         f"--workdir={workdir}", "--compilation_cache_dir="]
+  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="")
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                        timeout=300)
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("GinBindingError: "), last
+  assert "ExperimentConfig.max_exampels" in last, last
+  assert not workdir.exists()
 
 
 def test_rows_that_cannot_share_a_baseline_run_apart():

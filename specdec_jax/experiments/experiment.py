@@ -28,6 +28,7 @@ import time
 from typing import Any, Sequence
 
 from absl import logging
+import gin
 
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
@@ -51,6 +52,11 @@ from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.experiments.experiment_config import config_problems
+
+
+# Configurable before any gin file imports this module: a script run with
+# experiment files only, or a `--gin.ExperimentConfig.X=V` binding, finds it.
+gin.external_configurable(ExperimentConfig, module=__name__)
 
 
 def validate(config: ExperimentConfig) -> None:

@@ -93,14 +93,26 @@ def search_paths(extra: Sequence[str] | None = None) -> list[str]:
   return [*extra, CONFIGS_DIR, os.getcwd(), os.path.dirname(CONFIGS_DIR)]
 
 
+class GinBindingError(errors.UsageError, ValueError):
+  """A `--gin.X=V` / `--gin_bindings` binding that gin cannot apply."""
+
+
 def parse(gin_files: Sequence[str], bindings: Sequence[str],
-          extra_search_paths: Sequence[str] | None = None) -> None:
-  """Parses files and bindings; missing files name the search path.
+          extra_search_paths: Sequence[str] | None = None,
+          skip_unknown: bool = False) -> None:
+  """Parses files, then bindings; missing files name the search path.
+
+  Every binding applies after every file (a T5X-style `--gin.X=V` overrides
+  what the files say). A binding gin cannot apply (an unknown configurable
+  or parameter, a value that does not parse) raises `GinBindingError`
+  naming it, which the scripts print as one line.
 
   Args:
     gin_files: paths, absolute or relative to a folder of `search_paths`.
     bindings: gin bindings, applied after the files.
     extra_search_paths: folders looked in first (None: --gin_search_paths).
+    skip_unknown: skip bindings of configurables gin does not know yet (a
+      first look at the run files, before the files that define them).
   """
   paths = search_paths(extra_search_paths)
   for path in paths:
@@ -119,8 +131,17 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
     # it looked in vain. (Includes inside the files still use the search
     # path added above.)
     resolved.append(found[0])
-  gin.parse_config_files_and_bindings(resolved, list(bindings),
-                                      finalize_config=False)
+  gin.parse_config_files_and_bindings(resolved, [], finalize_config=False)
+  for binding in bindings:
+    try:
+      gin.parse_config(binding, skip_unknown=skip_unknown)
+    except (ValueError, SyntaxError) as e:
+      first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+      raise GinBindingError(
+          f"gin cannot apply the binding {binding.strip()!r}: {first} Check "
+          f"the name against the configs (e.g. "
+          f"--gin.ExperimentConfig.max_examples=2) and the value's Python "
+          f"syntax (strings in quotes: --gin.X.name=\"'a'\").") from None
 
 
 def use_tfds_data_dir(path: str | None) -> None:

@@ -51,6 +51,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from absl import logging
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -160,6 +161,10 @@ class DemoConfig:
       default_factory=dict)
   variant: str | None = None
   variant_probe: tuple[str, float] = ("demo:draft_base", 0.76)
+
+
+# Configurable before configs/demo.gin imports this module (see experiment).
+gin.external_configurable(DemoConfig, module=__name__)
 
 
 def _vocab_path(config: DemoConfig) -> str:
