@@ -7,10 +7,10 @@ GCS JSON API in memory. tensorstore reaches it through
 `STORAGE_EMULATOR_HOST`. Tests using the fixture skip, saying why, only when
 the emulator cannot start (not installed, or no local port).
 
-It runs through gcs_emulator_main.py, which adds two behaviours of GCS the
-emulator lacks: the generation header on downloads (orbax checkpoints read
-through OCDBT need it) and `ifGenerationMatch` preconditions (the workdir
-lock).
+It runs through scripts/gcs_emulator.py, the project's emulator for users'
+dry runs too, which adds the behaviours of GCS the stock emulator lacks
+(generation headers, `ifGenerationMatch` preconditions, listing offsets,
+empty uploads).
 """
 
 import os
@@ -25,7 +25,7 @@ import pytest
 
 
 _MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                     "gcs_emulator_main.py")
+                     os.pardir, "scripts", "gcs_emulator.py")
 # Buckets the fixture creates.
 BUCKETS = ("models", "results")
 
@@ -36,10 +36,12 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def start(port: int) -> subprocess.Popen:
-  """Starts the emulator; raises RuntimeError if it does not serve in 30 s."""
+def start(port: int, stock: bool = False) -> subprocess.Popen:
+  """Starts the emulator (`stock`: gcp-storage-emulator as it ships, without
+  the project's fixes); raises RuntimeError if it does not serve in 30 s."""
+  program = ["-m", "gcp_storage_emulator"] if stock else [_MAIN]
   process = subprocess.Popen(
-      [sys.executable, _MAIN, "start", "--port",
+      [sys.executable, *program, "start", "--port",
        str(port), "--in-memory", "--quiet"],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
   deadline = time.monotonic() + 30

@@ -38,6 +38,7 @@ from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
 from specdec_jax.experiments import workdir as workdir_lib
 from tests import helpers
+from tests import gcs_emulator as gcs_emulator_lib
 from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
 SENTENCES = ["the cat sat on the mat", "the house is wonderful",
@@ -232,6 +233,47 @@ def test_save_into_a_bucket_round_trips_exactly(gcs_emulator, t5_tiny,  # noqa: 
                    overwrite=True)
   _assert_same_params(checkpoints.load_model(directory).params, doubled)
   assert not os.path.exists(tmp_path / "gs:"), os.listdir(tmp_path)
+
+
+def test_a_server_without_generation_headers_is_named_not_damaged(
+    gcs_emulator, t5_tiny, monkeypatch):  # noqa: F811
+  """Issue 47: the stock gcp-storage-emulator sends no x-goog-generation
+  header with a download, which tensorstore's OCDBT reader refuses. The
+  checkpoint (written through the project's emulator, where it loads) is
+  fine: the error names the server and the missing header, and never says
+  "damaged". Control: the same files load from the project's emulator."""
+  directory = "gs://models/generation_tiny"
+  checkpoints.save(t5_tiny, directory)
+  port = gcs_emulator_lib.free_port()
+  stock = gcs_emulator_lib.start(port, stock=True)
+  try:
+    env = gcs_emulator_lib.environment(port)
+    gcs_emulator_lib.create_bucket(env["TENSORSTORE_GCS_HTTP_URL"], "models")
+    with monkeypatch.context() as patched:
+      for key, value in env.items():
+        patched.setenv(key, value)
+      checkpoints.save(t5_tiny, directory)
+      with pytest.raises(paths.RemoteStorageError) as error:
+        checkpoints.load_model(directory)
+  finally:
+    stock.terminate()
+    stock.wait(timeout=10)
+  message = str(error.value)
+  assert "x-goog-generation" in message and f"localhost:{port}" in message
+  assert "damaged" not in message.replace("not found damaged", "")
+  assert "scripts/gcs_emulator.py" in message
+  _assert_same_params(checkpoints.load_model(directory).params,
+                      t5_tiny.params)
+
+
+def test_server_answers_are_told_from_data_errors():
+  """What decides between the two messages: a storage server's answer
+  (missing generation, refused, unreachable) versus anything else."""
+  assert "x-goog-generation" in paths.server_answer(
+      ValueError("Error reading x: Malformed StorageGeneration"))
+  assert paths.server_answer(RuntimeError("UNAVAILABLE: HTTP 503"))
+  assert paths.server_answer(ValueError("Error decoding chunk: checksum "
+                                        "mismatch")) is None
 
 
 def test_t5x_written_to_a_bucket_reads_as_the_local_copy(gcs_emulator,  # noqa: F811

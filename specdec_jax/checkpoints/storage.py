@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from specdec_jax.infra import multihost
+from specdec_jax.infra import paths
 from specdec_jax import sharding as sharding_lib
 # Paths (local or gs://) live in the one I/O layer, `specdec_jax.infra.paths`;
 # re-exported here for the checkpoint formats.
@@ -166,6 +167,17 @@ def _damaged_orbax_named(directory: str, where: str):
         "the whole checkpoint directory again, or re-save it.") from None
   except Exception as e:  # pylint: disable=broad-except  (orbax, tensorstore)
     first = (str(e).strip().splitlines() or [""])[0].split(" See full")[0][:300]
+    answer = paths.server_answer(e) if paths.is_remote(directory) else None
+    if answer:
+      # The server's answer, not the files: nothing here says they are bad.
+      raise paths.RemoteStorageError(
+          f"{where}: reading {directory} from the storage server at "
+          f"{paths.endpoint()} failed: {answer} ({type(e).__name__}: "
+          f"{first}). The files were not found damaged. Fix: read from "
+          "Cloud Storage itself; for a local dry run use the project's "
+          "emulator, which answers as Cloud Storage does (`python "
+          "scripts/gcs_emulator.py start --port 9023 --in-memory`, "
+          "docs/storage.md).") from None
     raise CheckpointError(
         f"{where}: the parameter files under {directory} are damaged or "
         f"incomplete ({type(e).__name__}: {first}): copy the checkpoint "

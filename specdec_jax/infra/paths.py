@@ -112,13 +112,44 @@ def kvstore_spec(directory: str) -> dict[str, Any]:
   return {"driver": "file", "path": os.path.abspath(directory) + "/"}
 
 
+def endpoint() -> str:
+  """The Cloud Storage server gs:// paths go to (an emulator's, when
+  `TENSORSTORE_GCS_HTTP_URL` names one)."""
+  return os.environ.get("TENSORSTORE_GCS_HTTP_URL",
+                        "https://storage.googleapis.com")
+
+
+# What a storage server answered that is about the server, not the data:
+# a marker of the error text -> what it means. Anything else that fails
+# while reading data that arrived is the data's fault.
+SERVER_ANSWERS = {
+    "Malformed StorageGeneration": (
+        "the server sent no usable x-goog-generation header with a "
+        "download (Cloud Storage always does; the stock gcp-storage-emulator"
+        " and some proxies or GCS-compatible stores do not)"),
+    "PERMISSION_DENIED": "the server refused access (credentials or the "
+                         "bucket's permissions)",
+    "UNAUTHENTICATED": "the server wants credentials "
+                       "(`gcloud auth application-default login`)",
+    "UNAVAILABLE": "the server could not be reached or answered with an "
+                   "error status",
+    "DEADLINE_EXCEEDED": "the server did not answer in time",
+}
+
+
+def server_answer(error: BaseException) -> str | None:
+  """What `error` says about the storage server (see SERVER_ANSWERS), or
+  None when it is not about the server."""
+  text = str(error)
+  return next((meaning for marker, meaning in SERVER_ANSWERS.items()
+               if marker in text), None)
+
+
 def _explain(path: str, what: str, error: BaseException) -> RemoteStorageError:
-  endpoint = os.environ.get("TENSORSTORE_GCS_HTTP_URL",
-                            "https://storage.googleapis.com")
   first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
   return RemoteStorageError(
       f"{what} {path} failed ({first or type(error).__name__}) talking to "
-      f"bucket gs://{bucket(path)} at {endpoint}. Likely causes: no network "
+      f"bucket gs://{bucket(path)} at {endpoint()}. Likely causes: no network "
       "from this machine, no credentials (`gcloud auth application-default "
       "login`, or the VM's service account lacks access to the bucket), or "
       f"the bucket does not exist. Remote calls give up after {timeout_s():g}"

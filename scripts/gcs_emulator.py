@@ -1,14 +1,27 @@
-"""Runs gcp-storage-emulator with two behaviours of Cloud Storage it lacks.
+r"""A local Cloud Storage server for dry runs of gs:// workdirs and checkpoints.
 
-The emulator is a real HTTP server of the GCS JSON API, but (in the pinned
-version) it (1) sends no `x-goog-generation` header with a download, which
-tensorstore's OCDBT reader (orbax checkpoints) needs and refuses as
-"Malformed StorageGeneration"; (2) ignores `ifGenerationMatch` on an
-upload, which the workdir lock relies on; (3) ignores a listing's
-`startOffset`/`endOffset`, with which tensorstore lists a directory; and (4)
-drops the connection on an empty upload (an empty `config.gin`). All four
-are fixed here as GCS documents them (a failed precondition is HTTP
-412), before its server module reads the handlers. Run as `python gcs_emulator_main.py start --port N ...`.
+  pip install -e '.[test]'   # brings gcp-storage-emulator (pinned)
+  python scripts/gcs_emulator.py start --port 9023 --in-memory &
+  export TENSORSTORE_GCS_HTTP_URL=http://localhost:9023 \
+         STORAGE_EMULATOR_HOST=http://localhost:9023 \
+         GOOGLE_AUTH_TOKEN_FOR_TESTING=test
+  # then any script with --workdir=gs://BUCKET/... (create the bucket first:
+  # see docs/storage.md)
+
+It is gcp-storage-emulator (same command-line flags) with four behaviours
+of Cloud Storage that the stock emulator lacks and our I/O relies on:
+
+1. the `x-goog-generation` header on downloads: tensorstore's OCDBT reader
+   (orbax checkpoints) refuses a download without it ("Malformed
+   StorageGeneration"; the stock emulator then looks like a damaged
+   checkpoint);
+2. `ifGenerationMatch` preconditions on uploads (HTTP 412 when they fail),
+   which the workdir lock relies on;
+3. a listing's `startOffset`/`endOffset`, with which tensorstore lists a
+   directory;
+4. empty uploads (an empty `config.gin`), on which it drops the connection.
+
+The tests run the same server (tests/gcs_emulator.py).
 """
 
 import http
