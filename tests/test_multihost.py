@@ -114,9 +114,11 @@ def _wait(procs, tmp_path):
 
 @pytest.fixture(scope="module")
 def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
-  """A run into the bucket killed after its first example, refused while
-  its lock object is left, then resumed once the lock is removed: the
-  processes' working directory and the examples done when killed."""
+  """A run into the bucket whose process 0 is killed after the first
+  example (the survivor exits with our one-line message), refused while
+  process 0's lock object is left, then resumed once the lock is removed
+  as the message says: the processes' working directory and the examples
+  done when killed."""
   del gcs_emulator  # the environment it sets is inherited
   tmp_path = tmp_path_factory.mktemp("two_processes")
   cache = str(tmp_path / "xla")
@@ -135,15 +137,21 @@ def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
       time.sleep(0.2)
     # The running processes hold the lock object.
     assert paths.read_bytes(paths.join(WORKDIR, ".lock")) is not None
-    # Both hosts die at once (a slice preempted). Killing one first would
-    # let the other fail on its lost peer and release the lock on its way
-    # out, as it should, and leave no stale lock to test.
-    for proc in procs:
-      if proc.poll() is None:
-        proc.send_signal(signal.SIGKILL)
+    # Process 0's host dies (preempted): the survivor is ended by JAX's
+    # distributed service within seconds and says so in one line of ours,
+    # with the command that resumes (issue 47).
+    procs[0].send_signal(signal.SIGKILL)
+    lost_at = time.monotonic()
+    survivor = procs[1].wait(timeout=120)
+    waited = time.monotonic() - lost_at
   finally:
     for proc in procs:
       _kill(proc)
+  assert survivor == 1 and waited < 60, (survivor, waited, _tail(tmp_path))
+  last = (tmp_path / "killed1.txt").read_text().strip().splitlines()[-1]
+  assert last.startswith("PeerHostLost: process 1 of 2 was ended"), last
+  assert f"gcloud storage rm {paths.join(WORKDIR, '.lock')}" in last, last
+  assert "scripts/run_experiment.py" in last and WORKDIR in last, last
   killed_at = len(_lines(results))
   assert killed_at >= 1, "no example finished in 900 s:\n" + _tail(tmp_path)
   assert killed_at < EXAMPLES, "the kill came after the run ended"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging as py_logging
 import os
+import shlex
 import sys
 from typing import Callable, Sequence
 
@@ -35,6 +36,7 @@ from specdec_jax import versions
 from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
+from specdec_jax.launch import supervise
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "configs")
@@ -152,9 +154,34 @@ def use_tfds_data_dir(path: str | None) -> None:
   seqio.set_tfds_data_dir_override(path)
 
 
+def _lost_peer_message() -> str:
+  """The one line a process ended by JAX's distributed service leaves."""
+  index, count = flags.FLAGS.process_index, flags.FLAGS.process_count
+  who = (f"process {index} of {count}" if count is not None
+         else "this host's process")
+  workdir = flags.FLAGS["workdir"].value if "workdir" in flags.FLAGS else None
+  kept = (f"The results in {workdir} up to its last finished example are "
+          "kept. " if workdir else "")
+  lock = ""
+  if workdir and paths.is_remote(workdir):
+    lock = (" (if that is refused because the lost process 0's lock object "
+            f"remains, first: gcloud storage rm {paths.join(workdir, '.lock')})")
+  command = " ".join(shlex.quote(arg) for arg in sys.argv)
+  return (f"PeerHostLost: {who} was ended by JAX's distributed service: a "
+          "peer host of this multi-host job was lost (killed or preempted) "
+          f"or stopped answering. {kept}To resume, run the same command on "
+          f"every host{lock}: {command}")
+
+
 def initialize_distributed(distributed: bool = False) -> bool:
   """Joins the multi-host job the flags (or `distributed`) describe, before
-  anything touches a device; returns whether this is one."""
+  anything touches a device; returns whether this is one.
+
+  A multi-host process runs under `supervise`: if JAX's distributed service
+  ends it (a lost peer host), it exits with status 1 and one line saying
+  what was lost, what the workdir keeps and the command that resumes."""
+  if distributed or flags.FLAGS.coordinator_address is not None:
+    supervise.supervise(_lost_peer_message)
   joined = multihost.initialize(distributed, flags.FLAGS.coordinator_address,
                                 flags.FLAGS.process_count,
                                 flags.FLAGS.process_index)
