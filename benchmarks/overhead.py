@@ -159,12 +159,15 @@ def main(argv):
   del argv
   target, draft = sd.load_model(args.target), sd.load_model(args.draft)
   rows = _inputs(target, args.examples, 24)
-  kw = dict(max_decode_len=args.max_decode_len, temperature=args.temperature)
+  decoders = sd.SpeculativeDecoder(
+      target, draft, gamma=1, max_decode_len=args.max_decode_len,
+      sampling=sd.sampling.SamplingConfig(args.temperature))
   print(f"target={args.target} draft={args.draft} examples={len(rows)} "
         f"temperature={args.temperature}")
   print("gamma  alpha      c  speedup  Thm3.8  ratio  with_v  ratio | "
         "prefill_ms base/spec | step_ms | iter_ms = draft + verify + rest")
   for gamma in [int(g) for g in args.gammas]:
+    decoder = decoders.replace(gamma=gamma)
     width = args.max_decode_len + gamma + 1
     prefill_t = _prefill_timer(target, width)
     prefill_d = _prefill_timer(draft, width)
@@ -176,9 +179,8 @@ def main(argv):
       # The four timings of this sentence in interleaved rounds
       # (`timing.best_runs`), so a slow stretch of the machine touches all
       # of them, not one.
-      fns = [functools.partial(sd.generate, target, ids, **kw),
-             functools.partial(sd.speculative_generate, target, draft, ids,
-                               gamma=gamma, **kw),
+      fns = [functools.partial(decoder.baseline, ids),
+             functools.partial(decoder, ids),
              functools.partial(prefill_t, ids),
              functools.partial(prefill_d, ids)]
       for fn in fns:

@@ -39,6 +39,7 @@ The export (--target/--draft) runs in a third subprocess before them, so
 the parent process never starts JAX.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -171,15 +172,16 @@ def _worker_ours(args, rows):
   draft = sd.load_model(f"hf:{args.draft_hf}")
   out = {}
   for mode in MODES:
-    kw = dict(max_decode_len=args.max_new_tokens,
-              temperature=1.0 if mode.endswith("sampled") else 0.0)
+    decoder = sd.SpeculativeDecoder(
+        target, draft, gamma=args.gamma, max_decode_len=args.max_new_tokens,
+        sampling=sd.sampling.SamplingConfig(
+            1.0 if mode.endswith("sampled") else 0.0))
     results = []
     for ids in rows:
       if mode.startswith("plain"):
-        fn = lambda: sd.generate(target, ids, **kw)  # pylint: disable=cell-var-from-loop
+        fn = functools.partial(decoder.baseline, ids)
       else:
-        fn = lambda: sd.speculative_generate(target, draft, ids,  # pylint: disable=cell-var-from-loop
-                                             gamma=args.gamma, **kw)
+        fn = functools.partial(decoder, ids)
       res, t = _timed(fn, args.repeats)
       results.append((_strip(res.tokens[0][:int(res.stats.length[0])]), t))
     out[mode] = results
