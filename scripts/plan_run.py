@@ -39,8 +39,8 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
                              f" {_FLAG}=16").strip()
 
 from absl import flags  # noqa: E402
-from absl import logging  # noqa: E402
 import gin  # noqa: E402
+import jax  # noqa: E402
 
 from specdec_jax.data import tasks  # noqa: E402,F401  (registers TaskConfig)
 from specdec_jax.experiments import chips  # noqa: E402
@@ -96,27 +96,49 @@ def main(argv):
   if "DistillConfig" in gin.config_str():
     result = plan_training.plan_distill_step(
         config, gin.get_configurable(distill.DistillConfig)(), chip)
-    text = json.dumps(result, indent=2, sort_keys=True)
-    if _OUTPUT.value:
-      with open(_OUTPUT.value, "w") as f:
-        f.write(text + "\n")
-    print(text)
-    return
-  try:
-    result = plan.plan(config, chip, _INPUT_LEN.value)
-  except experiment.ConfigError as e:
-    raise SystemExit(f"plan_run: {e}") from None
+  else:
+    try:
+      result = plan.plan(config, chip, _INPUT_LEN.value)
+    except experiment.ConfigError as e:
+      raise SystemExit(f"plan_run: {e}") from None
+  result.setdefault("compiler", _compiler())
   text = json.dumps(result, indent=2, sort_keys=True)
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w") as f:
       f.write(text + "\n")
-  logging.info("fits=%s peak %.1f GB of %.1f GB; c=%.4f v=%.2f predicted "
-               "%.2fx (paper %.2fx)", result["fits"],
-               result["peak_bytes_per_device"] / 1e9, result["hbm_bytes"] / 1e9,
-               result["c"], result["verify_cost"],
-               result["predicted_speedup"] or float("nan"),
-               result["paper_speedup"] or float("nan"))
-  print(text)
+  else:
+    print(text)
+  # The verdict last, where a terminal shows it.
+  print(summary(result, _OUTPUT.value))
+
+
+def _compiler() -> str:
+  """Which compiler the figures are from (the devices planned on)."""
+  return f"XLA:{jax.devices()[0].platform.upper()} (simulated devices)"
+
+
+def summary(result: dict, output: str | None = None) -> str:
+  """A few lines a person reads: what was planned, whether it fits, and
+  (for a decoding run) the predicted speedup."""
+  gb = 1e9
+  kind = "distillation step" if result.get("kind") == "distill_step" else (
+      "decoding run")
+  lines = [
+      f"plan of a {kind} on {result['devices']} x {result['chip']} (mesh "
+      f"{tuple(result['mesh_shape'])}, {result['dtype']}), figures from "
+      f"{result['compiler']}, compiled in {result['compile_seconds']:.0f} s",
+      f"fits: {result['fits']}: peak {result['peak_bytes_per_device'] / gb:.1f}"
+      f" GB of {result['hbm_bytes'] / gb:.1f} GB per device"]
+  if "predicted_speedup" in result:
+    def x(value):
+      return "n/a" if value is None else f"{value:.2f}x"
+    lines.append(
+        f"predicted speedup {x(result['predicted_speedup'])} at gamma "
+        f"{result['gamma']} (paper {x(result['paper_speedup'])}; c "
+        f"{result['c']:.4f}, verification {result['verify_cost']:.2f} target "
+        f"steps)")
+  lines.append(f"full plan: {output}" if output else "full plan: above (JSON)")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

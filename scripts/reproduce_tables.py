@@ -64,7 +64,7 @@ def main(argv):
                           _chip())
   if not gin_flags.is_primary():  # process 0 of a multi-host job writes
     return
-  tables = reproduce.assemble(_WORKDIR.value)
+  tables = reproduce.assemble(_WORKDIR.value, require=_ASSEMBLE_ONLY.value)
   for name in tables:
     print(paths.read_text(paths.join(_WORKDIR.value, f"{name}.md")))
 

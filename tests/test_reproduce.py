@@ -166,3 +166,50 @@ def test_unprojectable_rows_say_why():
   assert total == 0
   assert any("not projected" in line and "target_config" in line
              for line in lines), lines
+
+
+def _summary(target, draft, draft_config=None, alpha=0.7):
+  return {"config": {"task": "wmt14_ende_local", "target": target,
+                     "draft": draft, "draft_config": draft_config,
+                     "temperature": 0.0},
+          "rows": [{"gamma": 4, "alpha": alpha, "c": 0.05, "speedup": 2.0,
+                    "predicted_speedup": 2.5, "examples": 2}]}
+
+
+def test_rows_of_our_models_carry_no_paper_columns(tmp_path):
+  """Issue 48: the demo's models (demo:NAME) are not the paper's T5 sizes
+  even when their names say base or small: their rows keep their own names
+  and no paper alpha, speedup or gamma. A paper row beside them keeps its
+  paper columns (the control)."""
+  tables = reproduce.assemble(str(tmp_path), [
+      _summary("demo:target", "demo:draft_base"),
+      _summary("hf:/ckpt/t5-v1_1-xxl-ende", "hf:/ckpt/small",
+               draft_config="t5_1_1_small", alpha=0.75)])
+  ours, theirs = tables["table2"]
+  assert ours["draft"] == "draft_base"
+  assert all(ours[k] is None for k in ("paper_alpha", "paper_speedup",
+                                       "paper_gamma")), ours
+  assert theirs["draft"] == "t5_small" and theirs["paper_alpha"] is not None
+  rows3 = {r["draft"]: r for r in tables["table3"]}
+  assert rows3["draft_base"]["target"] == "target"
+  assert "paper_alpha_t0" not in rows3["draft_base"]
+  assert "paper_alpha_t0" in rows3["t5_small"]
+
+
+def test_assembling_a_missing_or_empty_workdir_is_refused(tmp_path):
+  """Issue 48: --assemble_only (require=True) on a path that does not
+  exist, or holds no finished row, names it instead of writing empty
+  tables; a workdir with a row assembles (the control)."""
+  missing = tmp_path / "typo"
+  with pytest.raises(reproduce.NothingToAssembleError, match=str(missing)):
+    reproduce.assemble(str(missing), require=True)
+  assert not missing.exists()
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  with pytest.raises(reproduce.NothingToAssembleError, match="no finished"):
+    reproduce.assemble(str(empty), require=True)
+  row = empty / "ende_small_t0"
+  row.mkdir()
+  (row / "summary.json").write_text(json.dumps(
+      _summary("hf:/t", "hf:/s", draft_config="t5_1_1_small")))
+  assert len(reproduce.assemble(str(empty), require=True)["table2"]) == 1

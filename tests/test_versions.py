@@ -3,6 +3,7 @@ and jax versions (specdec_jax/versions.py) agree with setup.py's pins, a
 wrong one is named with the fix; plan_run runs on the host CPU whatever
 accelerator the machine has."""
 
+import json
 import os
 import re
 import subprocess
@@ -64,3 +65,10 @@ def test_plan_run_uses_the_host_cpu_whatever_the_environment_says(tmp_path):
       capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert '"devices": 8' in out.read_text()
+  # Issue 48: the verdict is the last lines, the JSON in --output only; the
+  # figures say which compiler made them (issue 46: XLA:CPU without libtpu).
+  assert json.loads(out.read_text())["compiler"].startswith("XLA:CPU")
+  lines = proc.stdout.strip().splitlines()
+  assert lines[-1] == f"full plan: {out}", lines
+  assert lines[-3].startswith("fits: True: peak "), lines
+  assert "figures from XLA:CPU" in lines[-4] and len(lines) == 4, lines

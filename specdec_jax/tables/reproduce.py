@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from absl import logging
 import gin
 
+from specdec_jax import errors
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax.data import tasks
@@ -43,9 +44,22 @@ _TARGET_KEYS = {"ende": "t5_xxl_ende", "cnndm": "t5_xxl_cnndm",
                 "lm1b": "gpt_97m"}
 
 
+# Models we ship and train (`demo:NAME`) are not the paper's, whatever their
+# size: their rows carry their own names and no paper columns.
+_OURS = "demo:"
+
+
+def _ours(summary_config: dict) -> bool:
+  return any(str(summary_config.get(k, "")).startswith(_OURS)
+             for k in ("target", "draft"))
+
+
 def _draft_key(summary_config: dict) -> str:
-  """The paper's name of a run's draft: its config name, else its path's."""
+  """The paper's name of a run's draft: its config name, else its path's
+  (a shipped model's own name: `draft_base` for demo:draft_base)."""
   draft = summary_config["draft"]
+  if _ours(summary_config):
+    return str(draft).removeprefix(_OURS)
   if draft in ("unigram", "bigram"):
     return draft
   name = str(summary_config.get("draft_config") or draft)
@@ -195,8 +209,28 @@ def load_summaries(workdir: str) -> list[dict]:
   return out
 
 
-def assemble(workdir: str, summaries: Sequence[dict] | None = None) -> dict:
-  """Writes table2.{md,csv} and table3.{md,csv}; returns their rows."""
+class NothingToAssembleError(FileNotFoundError, errors.UsageError):
+  """--assemble_only on a workdir that holds no finished row."""
+
+
+def assemble(workdir: str, summaries: Sequence[dict] | None = None,
+             require: bool = False) -> dict:
+  """Writes table2.{md,csv} and table3.{md,csv}; returns their rows.
+
+  `require`: refuse (NothingToAssembleError, naming the path) a workdir
+  that does not exist or holds no row's summary.json, instead of writing
+  empty tables (`--assemble_only` on a mistyped path)."""
+  if summaries is None and require:
+    if not paths.isdir(workdir):
+      raise NothingToAssembleError(
+          f"--workdir={workdir} does not exist: nothing to assemble. Pass "
+          "the workdir the rows ran into (each row's folder holds its "
+          "summary.json).")
+    if not load_summaries(workdir):
+      raise NothingToAssembleError(
+          f"--workdir={workdir} holds no finished row (no */summary.json): "
+          "nothing to assemble. Run the rows first, or pass the workdir "
+          "they ran into.")
   summaries = list(summaries or load_summaries(workdir))
   table2, table3 = [], {}
   for s in summaries:
@@ -204,8 +238,9 @@ def assemble(workdir: str, summaries: Sequence[dict] | None = None) -> dict:
     task = _TASK_KEYS.get(cfg["task"], cfg["task"])
     draft = _draft_key(cfg)
     temp = int(round(float(cfg["temperature"])))
+    ours = _ours(cfg)
     for row in s["rows"]:
-      ref = paper.TABLE2.get((task, draft, temp))
+      ref = None if ours else paper.TABLE2.get((task, draft, temp))
       table2.append({
           "task": task, "draft": draft, "temperature": temp,
           "gamma": row["gamma"], "alpha": row["alpha"], "c": row["c"],
@@ -214,10 +249,13 @@ def assemble(workdir: str, summaries: Sequence[dict] | None = None) -> dict:
           "paper_alpha": ref[1] if ref else None,
           "paper_speedup": ref[2] if ref else None,
           "examples": row["examples"]})
-      entry = table3.setdefault((task, draft), {"target": f"target ({task})",
+      target = (str(cfg["target"]).removeprefix(_OURS) if ours
+                else f"target ({task})")
+      entry = table3.setdefault((task, draft), {"target": target,
                                                 "draft": draft})
       entry[f"alpha_t{temp}"] = row["alpha"]
-      ref3 = paper.TABLE3.get((_TARGET_KEYS.get(task, task), draft))
+      ref3 = None if ours else paper.TABLE3.get(
+          (_TARGET_KEYS.get(task, task), draft))
       if ref3:
         entry["paper_alpha_t0"], entry["paper_alpha_t1"] = ref3
   cols2 = ("task", "draft", "temperature", "gamma", "alpha", "paper_alpha",
