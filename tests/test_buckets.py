@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 
+import gin
 import jax
 import numpy as np
 import pytest
@@ -33,6 +34,7 @@ from specdec_jax import Model
 from specdec_jax import checkpoints
 from specdec_jax.checkpoints import hf
 from specdec_jax.infra import paths
+from specdec_jax.data import readers
 from specdec_jax.data import tasks
 from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
@@ -389,3 +391,37 @@ def test_convert_to_an_unreachable_bucket_fails_fast_and_says_why(
   assert "gs://unreachable-bucket" in result.stderr
   assert "no network" in result.stderr and "credentials" in result.stderr
   assert paths.TIMEOUT_ENV in result.stderr
+
+
+def test_a_bucket_vocabulary_data_file_and_gin_file_load(
+    gcs_emulator, tiny_vocab, tmp_path):  # noqa: F811
+  """Issue 48: every path a user gives goes through `paths`, so the
+  emulator serves it: a gs:// vocabulary, gs:// task data files and a gs://
+  gin file load, and equal their local copies (the control). A gs://
+  vocabulary read through TensorFlow's own client would have tried the
+  public endpoint instead."""
+  with open(tiny_vocab, "rb") as f:
+    paths.write_bytes("gs://models/data/tiny.model", f.read())
+  sentences = ["the house is wonderful", "a cat sat on the mat"]
+  for language in ("en", "de"):
+    text = "".join(s + "\n" for s in sentences)
+    paths.write_text(f"gs://models/data/mini.{language}", text)
+    (tmp_path / f"mini.{language}").write_text(text)
+  paths.write_text("gs://models/data/exp.gin",
+                   "TaskConfig.wmt_ende_files = {'test': 'mini'}\n")
+  try:
+    gin_flags.parse(["gs://models/data/exp.gin"], [])
+    remote = tasks.current_config()
+    assert remote.wmt_ende_files == {"test": "mini"}
+  finally:
+    gin.clear_config()
+  loaded = {}
+  for where, vocab in (("gs://models/data", "gs://models/data/tiny.model"),
+                       (str(tmp_path), tiny_vocab)):
+    with tasks.override_config(vocab_path=vocab, local_data_dir=where,
+                               wmt_ende_files={"test": "mini"}):
+      examples = readers.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    loaded[where] = [(e.inputs.tolist(), e.targets_text) for e in examples]
+  remote_examples, local_examples = loaded.values()
+  assert remote_examples == local_examples
+  assert [text for _, text in remote_examples] == sentences

@@ -64,6 +64,7 @@ import seqio
 import tensorflow as tf
 
 from specdec_jax.data import local_files
+from specdec_jax.infra import paths
 from specdec_jax.data import metrics
 from specdec_jax.data import text
 
@@ -257,6 +258,7 @@ class _T5Vocabulary(seqio.SentencePieceVocabulary):
   def __init__(self, path: str | None):
     super().__init__(path or "", extra_ids=NUM_EXTRA_IDS)
     self._fixed_path = path
+    self._loaded_from = None
 
   @property
   def sentencepiece_model_file(self) -> str:
@@ -265,10 +267,14 @@ class _T5Vocabulary(seqio.SentencePieceVocabulary):
 
   def _model_context(self):
     path = self.sentencepiece_model_file
-    if self._model is None or self._sentencepiece_model_file != path:
+    if self._model is None or self._loaded_from != path:
       self._model = None
-      self._sentencepiece_model_file = path
+      self._loaded_from = path
       try:
+        # A gs:// file comes through the one I/O layer (its endpoint,
+        # bounded waits), not TensorFlow's own client: seqio reads the
+        # local copy.
+        self._sentencepiece_model_file = paths.local_copy(path)
         super()._model_context()
       except Exception as e:  # tf.errors, protobuf and sentencepiece errors.
         raise _vocabulary_error(path, e) from e

@@ -116,17 +116,24 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
     skip_unknown: skip bindings of configurables gin does not know yet (a
       first look at the run files, before the files that define them).
   """
-  paths = search_paths(extra_search_paths)
-  for path in paths:
-    gin.add_config_file_search_path(path)
+  folders = search_paths(extra_search_paths)
+  for folder in folders:
+    gin.add_config_file_search_path(folder)
   resolved = []
   for f in gin_files:
-    candidates = [f] + [os.path.join(p, f) for p in paths]
+    if paths.is_remote(f):
+      # Through the one I/O layer; its includes resolve as a local file's.
+      try:
+        resolved.append(paths.local_copy(f))
+      except FileNotFoundError:
+        raise FileNotFoundError(f"gin file {f} not found.") from None
+      continue
+    candidates = [f] + [os.path.join(p, f) for p in folders]
     # A path as given (relative to the current directory) comes first.
     found = [c for c in candidates if os.path.exists(c)]
     if not found:
       raise FileNotFoundError(
-          f"gin file {f!r} not found (looked in {', '.join(paths)}). Pass a "
+          f"gin file {f!r} not found (looked in {', '.join(folders)}). Pass a "
           "path like configs/experiments/table2/ende_small_t0.gin, or add "
           "its folder with --gin_search_paths.")
     # The path found, not the name: gin would log an error for each place
