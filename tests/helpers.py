@@ -239,3 +239,27 @@ class CompileCounter:
 
   def __exit__(self, *exc):
     jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
+# ----------------------------------------------------------------------------
+# TensorBoard events, as TensorBoard would read them.
+
+
+def tensorboard_scalars(read, names) -> dict[str, dict[int, float]]:
+  """{tag: {step: value}} of the scalars in the event files `names`, whose
+  bytes `read(name)` returns (local or gs://), in the order given."""
+  import os  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  out: dict[str, dict[int, float]] = {}
+  with tempfile.TemporaryDirectory() as local:
+    for i, name in enumerate(names):
+      path = os.path.join(local, f"{i}.events")
+      with open(path, "wb") as f:
+        f.write(read(name))
+      for event in tf.compat.v1.train.summary_iterator(path):
+        for value in event.summary.value:
+          if value.metadata.plugin_data.plugin_name == "scalars":
+            out.setdefault(value.tag, {})[event.step] = float(
+                tf.make_ndarray(value.tensor))
+  return out

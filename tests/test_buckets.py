@@ -169,10 +169,20 @@ def test_a_run_into_a_bucket_writes_there_and_resumes(gcs_emulator,  # noqa: F81
       paths.join(workdir, "table.md"))
   events = [n for n in stored if n.startswith("tensorboard/events.out.")]
   assert events, stored
-  data = paths.read_bytes(paths.join(workdir, events[-1]))
+  data = b"".join(paths.read_bytes(paths.join(workdir, n)) for n in events)
   for tag in (b"gamma_2/alpha", b"gamma_2/running_alpha", b"gamma_2/speedup",
               b"gamma_2/tokens_per_target_call", b"config"):
     assert tag in data, tag
+  # Each example's scalars once, at its place in the run, across the killed
+  # run's events and the resumed run's (issue 48).
+  scalars = helpers.tensorboard_scalars(
+      lambda n: paths.read_bytes(paths.join(workdir, n)), events)
+  alphas = scalars["gamma_2/alpha"]
+  assert sorted(alphas) == list(range(len(SENTENCES)))
+  records = [json.loads(line) for line in paths.read_text(
+      paths.join(workdir, "examples.jsonl")).splitlines()]
+  assert [alphas[i] for i in range(len(SENTENCES))] == pytest.approx(
+      [r["speculative"]["2"]["alpha"] for r in records])
   assert not os.path.exists(tmp_path / "gs:"), os.listdir(tmp_path)
 
 

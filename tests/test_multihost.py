@@ -37,6 +37,7 @@ from specdec_jax.data import readers
 from specdec_jax.decoding import api
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import loading
+from tests import helpers
 from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,6 +91,12 @@ def _lines(path):
   return [json.loads(line) for line in (data or b"").decode().splitlines()]
 
 
+def _events():
+  """The TensorBoard event objects in the bucket's workdir."""
+  return [n for n in paths.list_files(WORKDIR)
+          if n.startswith("tensorboard/events.out.")]
+
+
 def _tail(tmp_path):
   return "\n".join(f"{p.name}: ...{p.read_text()[-3000:]}"
                    for p in sorted(tmp_path.glob("*.txt")))
@@ -127,12 +134,14 @@ def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
                     f"gs://models/{name}")
   results = paths.join(WORKDIR, "examples.jsonl")
   procs = _launch(tmp_path, cache, "killed",
-                  ["--gin.ExperimentConfig.trace_examples=0"])
+                  ["--gin.ExperimentConfig.trace_examples=0",
+                   "--gin.ExperimentConfig.summary_every_examples=1"])
   try:
     # Generous: loading and compiling take ~1 min on 2 idle cores, several
     # on a machine shared with other jobs.
     deadline = time.monotonic() + 900
-    while not _lines(results) and time.monotonic() < deadline:
+    while not (_lines(results) and _events()) and (
+        time.monotonic() < deadline):
       assert all(p.poll() is None for p in procs), _tail(tmp_path)
       time.sleep(0.2)
     # The running processes hold the lock object.
@@ -155,6 +164,18 @@ def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
   killed_at = len(_lines(results))
   assert killed_at >= 1, "no example finished in 900 s:\n" + _tail(tmp_path)
   assert killed_at < EXAMPLES, "the kill came after the run ended"
+  # Issue 48: TensorBoard showed the run while it ran, and the killed run
+  # keeps what it showed: the examples it flushed, each at its step, with
+  # the alpha of its record (the kill may fall between a record and its
+  # flush, never the other way round).
+  scalars = helpers.tensorboard_scalars(
+      lambda n: paths.read_bytes(paths.join(WORKDIR, n)), _events())
+  shown = scalars[f"gamma_{GAMMA}/alpha"]
+  assert 1 <= len(shown) <= killed_at and sorted(shown) == list(
+      range(len(shown))), (shown, killed_at)
+  done = _lines(results)
+  assert [shown[i] for i in sorted(shown)] == pytest.approx(
+      [done[i]["speculative"][str(GAMMA)]["alpha"] for i in sorted(shown)])
   # SIGKILL released nothing: the lock object stops both processes of a
   # restart, naming its holder and the command that removes it.
   lock = paths.join(WORKDIR, ".lock")

@@ -32,6 +32,7 @@ import gin
 
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
+from specdec_jax.infra import summaries
 from specdec_jax import sharding
 from specdec_jax import theory
 from specdec_jax.data import batching
@@ -252,7 +253,15 @@ def _decode_missing_examples(arms: _Arms, timings: dict
   warmed: set = set()
   timers = None
   started, new = time.perf_counter(), 0
-  with timing.compile_clock() as decode_clock:
+  # TensorBoard's per-example scalars, uploaded as the run goes.
+  live = [summaries.ExampleSummaries(
+      workdir, arms.gammas[a], done[a], config.summary_every_examples,
+      config.summary_every_seconds)
+          for a, (workdir, config) in enumerate(zip(arms.workdirs,
+                                                     arms.configs))]
+  with timing.compile_clock() as decode_clock, contextlib.ExitStack() as up:
+    for writer in live:
+      up.callback(writer.close)
     todo = [b for b in arms.batches
             if any(b.ids[0] not in d for d in done_ids)]
     for batch in todo:
@@ -297,6 +306,7 @@ def _decode_missing_examples(arms: _Arms, timings: dict
         if arms.primary:
           workdir_lib.append_line(files[arm], record.to_json())
         done[arm].append(record)
+        live[arm].add(record)
       new += 1
       _log_progress(arms.configs, done, arms.gammas, new, len(todo), started)
   if todo:
@@ -317,7 +327,7 @@ def _summarize_arms(arms: _Arms,
   `timings` holds the model steps timed between the decoding rounds; when
   there were none (a resumed run with nothing left to decode), the steps
   are timed now, all in the same rounds (`costs.time_extends`)."""
-  summaries = []
+  results = []
   with _logged_time("costs of all arms"):
     arm_costs.time_missing(_missing_cost_requests(arms), arms.batches,
                            timings, arms.configs[0].compiler_options)
@@ -343,8 +353,8 @@ def _summarize_arms(arms: _Arms,
                                     arms.gammas[arm][0], arms.mesh),
             arms.batches[:config.trace_examples], arms.vocab, config.seed,
             write=arms.primary)
-    summaries.append(summary)
-  return summaries
+    results.append(summary)
+  return results
 
 
 @contextlib.contextmanager

@@ -80,6 +80,10 @@ class ExperimentConfig:
     name: the row's name in tables.
     overwrite: delete the workdir's results of other settings instead of
       refusing to resume (same settings resume); see `workdir.py`.
+    summary_every_examples, summary_every_seconds: TensorBoard's
+      per-example scalars reach the workdir (a new events object each time)
+      after this many new examples or seconds, whichever comes first, and
+      at the end: a killed run keeps what it showed.
   """
 
   task: str = "wmt14_ende_local"
@@ -116,6 +120,8 @@ class ExperimentConfig:
   distributed: bool = False
   name: str = ""
   overwrite: bool = False
+  summary_every_examples: int = 10
+  summary_every_seconds: float = 60.0
 
   def decode_kwargs(self) -> dict[str, Any]:
     """The decoding keywords every call of the run shares (sampling, length,
@@ -178,6 +184,11 @@ def config_problems(config: ExperimentConfig) -> list[str]:
     sampling.SamplingConfig(config.temperature, config.top_k, config.top_p)
   except (TypeError, ValueError) as e:
     problems.append(str(e))
+  if config.summary_every_examples < 1 or config.summary_every_seconds <= 0:
+    problems.append(
+        f"summary_every_examples={config.summary_every_examples} and "
+        f"summary_every_seconds={config.summary_every_seconds} must be "
+        f"positive")
   if config.repeats < 1:
     problems.append(f"repeats={config.repeats} must be >= 1")
   for field in ("target", "draft"):

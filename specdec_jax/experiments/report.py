@@ -163,7 +163,7 @@ def write_outputs(workdir: str, config, summary: dict, records) -> None:
   # gin only when outputs are written: the run plan imports this module on
   # accelerator boxes without gin (tests/test_layering.py).
   import gin  # pylint: disable=g-import-not-at-top
-  summaries.write_run(workdir, summary, records, gin.config_str())
+  summaries.write_run(workdir, summary, gin.config_str(), len(records))
   paths.write_text(paths.join(workdir, "summary.json"), json.dumps(
       _jsonable(summary), indent=2, sort_keys=True))
   write_table(paths.join(workdir, "table"), summary["rows"])

@@ -60,7 +60,8 @@ lock = locks.lock
 WorkdirError = locks.WorkdirError
 # ExperimentConfig fields that do not change any recorded number.
 EXTENDING_FIELDS = ("max_examples", "trace_examples", "name", "distributed",
-                    "overwrite")
+                    "overwrite", "summary_every_examples",
+                    "summary_every_seconds")
 # Files up to this size are hashed; larger ones (weights) by size and mtime.
 _HASH_LIMIT = 1 << 20
 
