@@ -15,8 +15,8 @@ of Cloud Storage that the stock emulator lacks and our I/O relies on:
    (orbax checkpoints) refuses a download without it ("Malformed
    StorageGeneration"; the stock emulator then looks like a damaged
    checkpoint);
-2. `ifGenerationMatch` preconditions on uploads (HTTP 412 when they fail),
-   which the workdir lock relies on;
+2. `ifGenerationMatch` preconditions on uploads and deletes (HTTP 412 when
+   they fail), which the workdir lock's lease relies on;
 3. a listing's `startOffset`/`endOffset`, with which tensorstore lists a
    directory;
 4. empty uploads (an empty `config.gin`), on which it drops the connection.
@@ -82,8 +82,26 @@ def ls(request, response, storage, *args, **kwargs):
   return result
 
 
+_delete = objects.delete
+
+
+def delete(request, response, storage, *args, **kwargs):
+  """A delete honours `ifGenerationMatch` too (the lock's release)."""
+  match = request.query.get("ifGenerationMatch")
+  if match:
+    current = _generation(storage, request.params["bucket_name"],
+                          request.params["object_id"])
+    if (current or "0") != match[0]:
+      response.status = http.HTTPStatus.PRECONDITION_FAILED
+      response.json({"error": {"code": 412,
+                               "message": "Precondition Failed"}})
+      return None
+  return _delete(request, response, storage, *args, **kwargs)
+
+
 objects.download = download
 objects.insert = insert
+objects.delete = delete
 objects.ls = ls
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ these tests skip, saying so, only when it cannot start.
 
 import dataclasses
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -33,6 +34,7 @@ import specdec_jax
 from specdec_jax import Model
 from specdec_jax import checkpoints
 from specdec_jax.checkpoints import hf
+from specdec_jax.infra import locks
 from specdec_jax.infra import paths
 from specdec_jax.data import readers
 from specdec_jax.data import tasks
@@ -88,6 +90,56 @@ def test_a_locked_bucket_workdir_names_its_holder_and_the_fix(gcs_emulator):  # 
     assert f"gcloud storage rm {workdir}/.lock" in message
   with workdir_lib.lock(workdir):  # released at the end of the block
     pass
+
+
+def test_replace_if_writes_and_deletes_only_the_generation_it_names(
+    gcs_emulator):  # noqa: F811
+  """GCS's ifGenerationMatch on a replace and on a delete: a stale
+  generation changes nothing (what keeps two lease holders apart)."""
+  path = "gs://results/generations/.lock"
+  assert paths.create_exclusive(path, b"a")
+  data, first = paths.read_generation(path)
+  assert data == b"a"
+  second = paths.replace_if(path, b"b", first)
+  assert second and second != first and paths.read_bytes(path) == b"b"
+  assert paths.replace_if(path, b"c", first) is None  # stale
+  assert paths.replace_if(path, None, first) is None  # stale delete
+  assert paths.read_bytes(path) == b"b"
+  assert paths.replace_if(path, None, second) is not None
+  assert paths.read_bytes(path) is None
+
+
+def test_a_live_lease_is_renewed_and_a_dead_one_taken_over(
+    gcs_emulator, monkeypatch, caplog):  # noqa: F811
+  """Issue 48: a live run renews its lease, so a second run is refused
+  even after several lease lengths; a lock whose holder died (its lease ran
+  out) is taken over with one line, and released at the end; a lock object
+  from before leases (no expiry) is never taken over (the control)."""
+  monkeypatch.setenv(locks.LEASE_ENV, "1.5")
+  workdir = "gs://results/leased"
+  with workdir_lib.lock(workdir):
+    time.sleep(4.5)  # three lease lengths: only renewals keep it live
+    with pytest.raises(workdir_lib.WorkdirError, match="lease runs out in"):
+      with workdir_lib.lock(workdir):
+        pass
+  assert paths.read_bytes(paths.join(workdir, ".lock")) is None
+  dead = {"host": "preempted-host", "pid": 1, "started": "then",
+          "lease_s": 1.5, "expires": time.time() - 30}
+  paths.write_bytes(paths.join(workdir, ".lock"), json.dumps(dead).encode())
+  with caplog.at_level(logging.WARNING):
+    with workdir_lib.lock(workdir):
+      holder = json.loads(paths.read_bytes(paths.join(workdir, ".lock")))
+      assert holder["pid"] == os.getpid()
+  assert [r.message for r in caplog.records
+          if "took over the lock" in r.message and "preempted-host" in
+          r.message], caplog.text
+  assert paths.read_bytes(paths.join(workdir, ".lock")) is None
+  old = {"host": "old-run", "pid": 2, "started": "then"}
+  paths.write_bytes(paths.join(workdir, ".lock"), json.dumps(old).encode())
+  with pytest.raises(workdir_lib.WorkdirError, match="old-run"):
+    with workdir_lib.lock(workdir):
+      pass
+  paths.remove(paths.join(workdir, ".lock"))
 
 
 def test_the_demo_model_loads_from_a_bucket(gcs_emulator):  # noqa: F811

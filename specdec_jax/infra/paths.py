@@ -268,6 +268,24 @@ def _create_if_missing(path: str, data: bytes) -> bool:
   return bool(stamp.generation)
 
 
+def read_generation(path: str) -> tuple[bytes | None, bytes]:
+  """(contents or None, storage generation) of a gs:// object: the
+  generation is what `replace_if` compares (GCS's object generation)."""
+  result = _key_call(path, "reading", lambda s, k: s.read(k))
+  data = bytes(result.value) if result.state == "value" else None
+  return data, bytes(result.stamp.generation)
+
+
+def replace_if(path: str, data: bytes | None, generation: bytes
+               ) -> bytes | None:
+  """Writes `data` to a gs:// object (deletes it when None) only if it is
+  still at `generation` (GCS's `ifGenerationMatch`); the new generation, or
+  None when the object had changed and nothing was written."""
+  stamp = _key_call(path, "replacing",
+                    lambda s, k: s.write(k, data, if_equal=generation))
+  return bytes(stamp.generation) or None
+
+
 def remove(path: str) -> None:
   """Deletes a file; a missing one is fine."""
   if not is_remote(path):

@@ -34,6 +34,7 @@ import gin
 from specdec_jax import errors
 from specdec_jax import versions
 from specdec_jax.experiments import workdir as workdir_lib
+from specdec_jax.infra import locks
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax.launch import supervise
@@ -171,8 +172,8 @@ def _lost_peer_message() -> str:
           "kept. " if workdir else "")
   lock = ""
   if workdir and paths.is_remote(workdir):
-    lock = (" (if that is refused because the lost process 0's lock object "
-            f"remains, first: gcloud storage rm {paths.join(workdir, '.lock')})")
+    lock = (" (a lost process 0's lock object is taken over once its lease "
+            f"runs out, {locks.lease_seconds():g} s after it died)")
   command = " ".join(shlex.quote(arg) for arg in sys.argv)
   return (f"PeerHostLost: {who} was ended by JAX's distributed service: a "
           "peer host of this multi-host job was lost (killed or preempted) "
