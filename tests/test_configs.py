@@ -139,8 +139,8 @@ def test_t5x_fine_tuning_configs_cover_the_papers_models():
   folder = os.path.join(_CONFIGS, "t5x")
   macros = open(os.path.join(_CONFIGS, "experiments/table2/checkpoints.gin")
                 ).read()
-  for task, mixture in (("ende", "wmt_t2t_ende_v003"),
-                        ("cnndm", "cnn_dailymail_v002")):
+  for task, mixture in (("ende", "specdec_wmt14_ende"),
+                        ("cnndm", "specdec_cnn_dailymail")):
     shared = open(os.path.join(folder, f"{task}_finetune.gin")).read()
     assert f'MIXTURE_OR_TASK_NAME = "{mixture}"' in shared
     assert 'include "t5x/configs/runs/finetune.gin"' in shared
@@ -184,3 +184,52 @@ def test_the_draft_recipe_comparison_differs_only_in_the_loss():
   assert configs["onpolicy"].onpolicy.onpolicy_fraction == 0.5
   for config in configs.values():
     dataclasses.replace(config, workdir="w").check()
+
+
+def _buildable_versions(tfds_name: str) -> set[str]:
+  """The versions the pinned TFDS can build of `name[/config]`."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  name, _, config = tfds_name.partition("/")
+  builder = tfds.builder_cls(name)
+  if config:
+    return {str(c.version) for c in builder.BUILDER_CONFIGS
+            if c.name == config}
+  return {str(v) for v in [builder.VERSION, *builder.SUPPORTED_VERSIONS]
+          if v}
+
+
+def test_t5x_configs_read_the_datasets_the_tpu_guide_prepares():
+  """Issue 48: the T5X fine-tuning configs name seqio tasks that read the
+  TFDS datasets docs/tpu.md's data step builds, at versions the pinned TFDS
+  can build, and import no `t5` package (not in T5X's install). Control:
+  T5's own cnn_dailymail_v002 read version 3.1.0, which is not among the
+  buildable ones (what made the old configs unusable)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  import seqio  # pylint: disable=g-import-not-at-top
+  folder = os.path.join(_CONFIGS, "t5x")
+  spec = importlib.util.spec_from_file_location(
+      "specdec_t5x_tasks", os.path.join(folder, "specdec_t5x_tasks.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  with open(os.path.join(REPO, "docs", "tpu.md")) as f:
+    built = set(re.findall(r"tfds build (\S+)", f.read()))
+  read = {}
+  for task in ("specdec_wmt14_ende", "specdec_cnn_dailymail"):
+    tfds_name = seqio.get_mixture_or_task(task).source.tfds_dataset.name
+    name, _, version = tfds_name.partition(":")
+    assert name in built or name.split("/")[0] in built, (name, built)
+    assert version in _buildable_versions(name), (tfds_name, task)
+    read[task] = tfds_name
+  assert "3.1.0" not in _buildable_versions("cnn_dailymail")
+  for path in sorted(os.listdir(folder)):
+    if not path.endswith(".gin"):
+      continue
+    with open(os.path.join(folder, path)) as f:
+      text = f.read()
+    assert "t5.data" not in text and "import t5\n" not in text, path
+    for task in re.findall(r'MIXTURE_OR_TASK_NAME = "(\w+)"', text):
+      assert task in read, (path, task)
+      assert "import specdec_t5x_tasks" in text, path
+    if path.startswith("t5_1_1_"):
+      assert "PYTHONPATH=$SPECDEC/configs/t5x" in text, path
