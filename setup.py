@@ -38,6 +38,8 @@ setuptools.setup(
                  # A Cloud Storage emulator for the gs:// tests (tests/gcs_emulator.py).
                  "gcp-storage-emulator==2026.7.19"],
         "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors"],
+        # `tensorboard --logdir <workdir>` (docs/tpu.md, docs/storage.md).
+        "tensorboard": ["tensorboard==2.21.0"],
         "tpu": [f"jax[tpu]=={_JAX}"],
         "cuda": [f"jax[cuda12]=={_JAX}"],
     },
