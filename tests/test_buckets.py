@@ -134,6 +134,17 @@ def test_a_live_lease_is_renewed_and_a_dead_one_taken_over(
           if "took over the lock" in r.message and "preempted-host" in
           r.message], caplog.text
   assert paths.read_bytes(paths.join(workdir, ".lock")) is None
+  # A run whose lock another run took over (its renewals had stalled past
+  # the lease) stops writing results and leaves the other's lock alone.
+  other = {"host": "other-run", "pid": 3, "started": "now",
+           "lease_s": 60, "expires": time.time() + 60}
+  with workdir_lib.lock(workdir):
+    paths.write_bytes(paths.join(workdir, ".lock"), json.dumps(other).encode())
+    time.sleep(1.5)  # past one renewal (every lease / 3)
+    with pytest.raises(workdir_lib.WorkdirError, match="taken over"):
+      workdir_lib.append_line(paths.join(workdir, "examples.jsonl"), {"id": 0})
+  assert json.loads(paths.read_bytes(paths.join(workdir, ".lock"))) == other
+  assert paths.read_bytes(paths.join(workdir, "examples.jsonl")) is None
   old = {"host": "old-run", "pid": 2, "started": "then"}
   paths.write_bytes(paths.join(workdir, ".lock"), json.dumps(old).encode())
   with pytest.raises(workdir_lib.WorkdirError, match="old-run"):

@@ -262,6 +262,8 @@ def append_line(path: str, record: dict) -> None:
   """Adds one JSON line; a kill loses at most this record."""
   line = (json.dumps(record) + "\n").encode()
   if paths.is_remote(path):
+    # A run whose bucket lock another run took over writes nothing more.
+    locks.check(paths.split(path)[0])
     if path not in _JSONL_CACHE:
       _JSONL_CACHE[path] = paths.read_bytes(path) or b""
     # No append on GCS: the object is replaced whole, atomically.

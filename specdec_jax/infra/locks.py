@@ -27,6 +27,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from typing import Iterator
 
 from specdec_jax import errors
@@ -45,29 +46,68 @@ def lease_seconds() -> float:
   return float(os.environ.get(LEASE_ENV, "120"))
 
 
+def _identity(started: str) -> dict:
+  """Who holds a lock: host, process, and the acquisition (`started`: its
+  time and a random token, so two acquisitions never look alike)."""
+  when, _, token = started.partition(" ")
+  return {"host": socket.gethostname(), "pid": os.getpid(),
+          "started": when, "token": token}
+
+
 def _holder(lease: float, started: str) -> bytes:
   now = time.time()
-  return json.dumps({
-      "host": socket.gethostname(), "pid": os.getpid(), "started": started,
-      "renewed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-      "lease_s": lease, "expires": now + lease}).encode()
+  return json.dumps(dict(
+      _identity(started),
+      renewed=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+      lease_s=lease, expires=now + lease)).encode()
+
+
+def _fields(data: bytes | None) -> dict:
+  try:
+    return dict(json.loads(data))
+  except (TypeError, ValueError):
+    return {}
 
 
 def _expires(data: bytes | None) -> float | None:
   """When a lock object's lease ends (None: unreadable, or from before
   leases: never)."""
   try:
-    return float(json.loads(data)["expires"])
-  except (TypeError, ValueError, KeyError):
+    return float(_fields(data)["expires"])
+  except (KeyError, TypeError, ValueError):
     return None
+
+
+def _ours(data: bytes | None, started: str) -> bool:
+  """Whether a lock object names this very holder (a write of ours whose
+  answer was lost still counts as ours)."""
+  fields = _fields(data)
+  return all(fields.get(k) == v for k, v in _identity(started).items())
+
+
+# Workdirs whose lease this process lost to another run: their results must
+# not be written (`check`).
+_LOST: set[str] = set()
+
+
+def check(workdir: str) -> None:
+  """Raises WorkdirError if this process held `workdir`'s lock and another
+  run took it over (this run's lease had run out): writing on would mix
+  the two runs' results."""
+  if workdir.rstrip("/") in _LOST:
+    raise WorkdirError(
+        f"the lock of {workdir} was taken over by another run while this "
+        "run held it (its lease ran out: renewals failed or stalled for "
+        f"{lease_seconds():g} s): this run stops so that the two do not mix "
+        "their results.")
 
 
 class _Lease:
   """Renews a held lock object's lease from a daemon thread."""
 
-  def __init__(self, path: str, generation: bytes, lease: float,
-               started: str):
-    self.path, self.generation = path, generation
+  def __init__(self, path: str, workdir: str, generation: bytes,
+               lease: float, started: str):
+    self.path, self.workdir, self.generation = path, workdir, generation
     self._lease, self._started = lease, started
     self._stop = threading.Event()
     self.lost = False
@@ -75,69 +115,90 @@ class _Lease:
                                     name="specdec-lock-lease")
     self._thread.start()
 
+  def _renew(self) -> None:
+    # Each call must end well within the lease, or a live run's lease
+    # could run out while one renewal waits.
+    timeout = self._lease / 4
+    generation = paths.replace_if(
+        self.path, _holder(self._lease, self._started), self.generation,
+        timeout=timeout)
+    if generation is None:  # changed: by another run, or by a lost answer
+      data, current = paths.read_generation(self.path, timeout=timeout)
+      if not _ours(data, self._started):
+        self.lost = True
+        _LOST.add(self.workdir.rstrip("/"))
+        _LOG.error("the lock %s was taken over by another run (this run's "
+                   "lease had run out): this run stops writing results",
+                   self.path)
+        return
+      generation = current
+    self.generation = generation
+
   def _run(self) -> None:
-    while not self._stop.wait(self._lease / 3):
+    while not self.lost and not self._stop.wait(self._lease / 3):
       try:
-        generation = paths.replace_if(
-            self.path, _holder(self._lease, self._started), self.generation)
+        self._renew()
       except OSError as e:  # a passing storage error: try again next time
         _LOG.warning("renewing the lease of %s failed (%s); retrying",
                      self.path, e)
-        continue
-      if generation is None:
-        self.lost = True
-        _LOG.error("the lock %s was taken over by another run (this run's "
-                   "lease had run out): its results may mix with that run's",
-                   self.path)
-        return
-      self.generation = generation
 
   def stop(self) -> None:
     self._stop.set()
-    self._thread.join()
+    self._thread.join(timeout=self._lease)
 
 
 @contextlib.contextmanager
 def _remote_lock(workdir: str) -> Iterator[None]:
   path = paths.join(workdir, ".lock")
   lease = lease_seconds()
-  started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+  started = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + " " +
+             uuid.uuid4().hex[:16])
   data = _holder(lease, started)
   generation = None
-  if paths.create_exclusive(path, data):
-    _, generation = paths.read_generation(path)
-  else:
+  for _ in range(2):  # once more if the object vanished between two calls
+    if paths.create_exclusive(path, data):
+      found, generation = paths.read_generation(path)
+      break
     found, current = paths.read_generation(path)
+    if found is None:
+      continue
+    if _ours(found, started):  # our create, whose answer was lost
+      generation = current
+      break
     expires = _expires(found)
-    text = (found or b"?").decode(errors="replace").strip()
-    if found is not None and expires is not None and time.time() > expires:
+    if expires is not None and time.time() > expires:
       generation = paths.replace_if(path, data, current)
       if generation is not None:
         _LOG.warning(
             "took over the lock %s: its holder %s stopped renewing it %.0f s "
-            "ago (its lease ran out), so that run is dead", path, text,
-            time.time() - expires)
-    elif found is None:  # released between the two calls: try once more
-      if paths.create_exclusive(path, data):
-        _, generation = paths.read_generation(path)
-    if generation is None:
-      wait = "" if expires is None else (
-          f" Its lease runs out in {max(expires - time.time(), 0):.0f} s: if "
-          "that run is dead (a preempted host), a restart after that takes "
-          "the lock over by itself.")
-      raise WorkdirError(
-          f"workdir {workdir} is in use by another run ({path} holds {text}):"
-          " two runs in one workdir would mix their results. Wait for it to "
-          f"finish, or give this run another --workdir.{wait} To remove a "
-          f"lock by hand: gcloud storage rm {path}")
-  renew = _Lease(path, generation, lease, started)
+            "ago (its lease ran out), so that run is dead", path,
+            found.decode(errors="replace").strip(), time.time() - expires)
+    break
+  if generation is None:
+    text = (found or b"?").decode(errors="replace").strip()
+    expires = _expires(found)
+    wait = "" if expires is None else (
+        f" Its lease runs out in {max(expires - time.time(), 0):.0f} s: if "
+        "that run is dead (a preempted host), a restart after that takes "
+        "the lock over by itself.")
+    raise WorkdirError(
+        f"workdir {workdir} is in use by another run ({path} holds {text}):"
+        " two runs in one workdir would mix their results. Wait for it to "
+        f"finish, or give this run another --workdir.{wait} To remove a "
+        f"lock by hand: gcloud storage rm {path}")
+  _LOST.discard(workdir.rstrip("/"))
+  renew = _Lease(path, workdir, generation, lease, started)
   try:
     yield
   finally:
     renew.stop()
     if not renew.lost:
-      # Only our own generation: never another run's lock.
-      paths.replace_if(path, None, renew.generation)
+      try:
+        # Only our own generation: never another run's lock.
+        paths.replace_if(path, None, renew.generation)
+      except OSError as e:  # not worth hiding the block's own error
+        _LOG.warning("releasing %s failed (%s): its lease runs out in %g s",
+                     path, e, lease)
 
 
 @contextlib.contextmanager

@@ -156,11 +156,14 @@ def _explain(path: str, what: str, error: BaseException) -> RemoteStorageError:
       f" s; set {TIMEOUT_ENV} to wait longer on a slow link.")
 
 
-def _remote(path: str, what: str, make_future, size: int = 0) -> Any:
-  """Runs one tensorstore call on `path` within the bounded wait."""
-  limit = timeout_s() + size / _MIN_RATE
+def _remote(path: str, what: str, make_future, size: int = 0,
+            timeout: float | None = None) -> Any:
+  """Runs one tensorstore call on `path` within the bounded wait (or
+  `timeout` seconds)."""
+  wait = timeout_s() if timeout is None else timeout
+  limit = wait + size / _MIN_RATE
   try:
-    return make_future(_context(timeout_s())).result(timeout=limit)
+    return make_future(_context(wait)).result(timeout=limit)
   except TimeoutError as e:
     raise _explain(path, what, TimeoutError(
         f"no answer within {limit:g} s")) from e
@@ -185,10 +188,13 @@ def _store(directory: str, context: Any) -> Any:
   return ts.KvStore.open(kvstore_spec(directory), context=context)
 
 
-def _key_call(path: str, what: str, call, size: int = 0) -> Any:
+def _key_call(path: str, what: str, call, size: int = 0,
+              timeout: float | None = None) -> Any:
   directory, name = split(path)
-  store = _remote(path, what, lambda ctx: _store(directory, ctx))
-  return _remote(path, what, lambda _: call(store, name), size)
+  store = _remote(path, what, lambda ctx: _store(directory, ctx),
+                  timeout=timeout)
+  return _remote(path, what, lambda _: call(store, name), size,
+                 timeout=timeout)
 
 
 # --- Reading and writing whole files. ---
@@ -268,21 +274,26 @@ def _create_if_missing(path: str, data: bytes) -> bool:
   return bool(stamp.generation)
 
 
-def read_generation(path: str) -> tuple[bytes | None, bytes]:
+def read_generation(path: str, timeout: float | None = None
+                    ) -> tuple[bytes | None, bytes]:
   """(contents or None, storage generation) of a gs:// object: the
-  generation is what `replace_if` compares (GCS's object generation)."""
-  result = _key_call(path, "reading", lambda s, k: s.read(k))
+  generation is what `replace_if` compares (GCS's object generation).
+  `timeout` bounds each call (default: the I/O layer's wait)."""
+  result = _key_call(path, "reading", lambda s, k: s.read(k),
+                     timeout=timeout)
   data = bytes(result.value) if result.state == "value" else None
   return data, bytes(result.stamp.generation)
 
 
-def replace_if(path: str, data: bytes | None, generation: bytes
-               ) -> bytes | None:
+def replace_if(path: str, data: bytes | None, generation: bytes,
+               timeout: float | None = None) -> bytes | None:
   """Writes `data` to a gs:// object (deletes it when None) only if it is
   still at `generation` (GCS's `ifGenerationMatch`); the new generation, or
-  None when the object had changed and nothing was written."""
+  None when the object had changed and nothing was written. `timeout`
+  bounds each call (default: the I/O layer's wait)."""
   stamp = _key_call(path, "replacing",
-                    lambda s, k: s.write(k, data, if_equal=generation))
+                    lambda s, k: s.write(k, data, if_equal=generation),
+                    timeout=timeout)
   return bytes(stamp.generation) or None
 
 

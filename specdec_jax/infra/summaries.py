@@ -19,6 +19,7 @@ without it.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import time
@@ -29,6 +30,7 @@ import jax
 from specdec_jax.infra import paths
 
 SUBDIR = "tensorboard"
+_LOG = logging.getLogger(__name__)
 
 
 class Writer:
@@ -150,10 +152,16 @@ class ExampleSummaries:
       self.flush()
 
   def flush(self) -> None:
-    """Uploads what was written since the last flush as a new object."""
+    """Uploads what was written since the last flush as a new object. A
+    failed upload is logged, not raised: TensorBoard is a view of the run,
+    whose results are in examples.jsonl."""
     if self._writer is not None:
-      self._writer.close()
-      self._writer = None
+      writer, self._writer = self._writer, None
+      try:
+        writer.close()
+      except OSError as e:
+        _LOG.warning("TensorBoard events not uploaded to %s (%s); the "
+                     "run goes on", writer.destination, e)
     self._pending, self._flushed_at = 0, time.monotonic()
 
   close = flush

@@ -4,14 +4,16 @@ When a host of a multi-host job dies (preempted, killed), JAX's distributed
 service ends every other process from C++: "Terminating process because the
 JAX distributed service detected fatal errors", a C++ stack, SIGABRT. No
 Python code runs on that path, so the process cannot say what it means for
-the run. `supervise` therefore forks before the job is joined: the child
-runs the job with its stderr piped through the parent, which copies it to
-its own stderr as it comes; when the child was ended that way, the parent
-adds one line (`describe()`): a peer was lost, what the workdir keeps, and
-the command that resumes. Otherwise the parent exits with the child's
-status. The child dies with the parent (Linux `PR_SET_PDEATHSIG`), so
-killing the process a user started still ends the job's process, and
-SIGTERM/SIGINT are passed on to it.
+the run. `supervise` therefore runs the job in a child: the same command in
+a fresh interpreter (not a fork: tensorstore and TensorFlow refuse to run
+in a forked copy of a process that used them), with its stderr piped
+through this process, which copies it to its own stderr as it comes. When
+JAX's service ended the child, this process adds one line (`describe()`): a
+peer was lost, what the workdir keeps, and the command that resumes.
+Otherwise it exits with the child's status. The child dies with its parent
+(Linux `PR_SET_PDEATHSIG`), so killing the process a user started still
+ends the job's process; SIGTERM is passed on (SIGINT from a terminal
+reaches both already).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import subprocess
 import sys
+import threading
 from typing import Callable
 
 # What JAX's distributed runtime prints when it ends a process over a
@@ -28,69 +32,83 @@ from typing import Callable
 # distributed service detected fatal errors. This most likely indicates
 # that another task died ...").
 FATAL_MARKERS = (b"JAX distributed service detected fatal errors",)
-# Set to 1 to run without the supervising parent (e.g. under a debugger).
+# Set to 1 to run without the supervising parent (the child has it set).
 DISABLE_ENV = "SPECDEC_NO_SUPERVISOR"
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with(parent: int) -> None:
-  """This (child) process gets SIGKILL when `parent` exits."""
+def _die_with_parent() -> None:
+  """In the child, before it runs: SIGKILL when the parent exits."""
   try:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6",
                        use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
   except (OSError, AttributeError):  # not Linux: no such call
-    return
-  if os.getppid() != parent:  # the parent died before prctl took effect
-    os._exit(1)  # pylint: disable=protected-access
+    pass
 
 
-def lost_peer(stderr_tail: bytes, status: int) -> bool:
-  """Whether a child that printed `stderr_tail` and ended with wait
-  `status` was ended by JAX's distributed service."""
-  if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-    return False
-  return any(marker in stderr_tail for marker in FATAL_MARKERS)
+class _Relay:
+  """Copies a pipe to this process's stderr; remembers whether a marker
+  went by (also one split across two reads)."""
+
+  def __init__(self, pipe):
+    self._pipe = pipe
+    self.seen = False
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread.start()
+
+  def _run(self) -> None:
+    keep = max(len(m) for m in FATAL_MARKERS)
+    tail = b""
+    while True:
+      chunk = os.read(self._pipe.fileno(), 1 << 16)
+      if not chunk:
+        return
+      try:
+        os.write(sys.stderr.fileno(), chunk)
+      except OSError:  # our stderr is gone: keep draining the child's
+        pass
+      window = tail + chunk
+      self.seen = self.seen or any(m in window for m in FATAL_MARKERS)
+      tail = window[-keep:]
+
+  def join(self, timeout: float) -> None:
+    self._thread.join(timeout)
 
 
-def _exit_code(status: int) -> int:
-  if os.WIFEXITED(status):
-    return os.WEXITSTATUS(status)
-  return 128 + os.WTERMSIG(status)
+def lost_peer(seen_marker: bool, returncode: int) -> bool:
+  """Whether a child that exited with `returncode` (negative: a signal)
+  after printing a marker (`seen_marker`) was ended by JAX's service."""
+  return seen_marker and returncode != 0
 
 
 def supervise(describe: Callable[[], str]) -> None:
-  """Forks. Returns in the child, which runs the job; the parent never
-  returns: it relays the child's stderr, then exits with the child's
-  status, or with status 1 after `describe()`'s line when JAX's
-  distributed service ended the child. Does nothing (returns) when
-  $SPECDEC_NO_SUPERVISOR is 1."""
+  """Runs this command again in a child and never returns: exits with the
+  child's status, or with 1 after `describe()`'s line when JAX's
+  distributed service ended the child. Returns at once in the child (and
+  whenever $SPECDEC_NO_SUPERVISOR is 1)."""
   if os.environ.get(DISABLE_ENV) == "1":
     return
-  sys.stdout.flush()
-  sys.stderr.flush()
-  parent = os.getpid()
-  read_fd, write_fd = os.pipe()
-  child = os.fork()
-  if child == 0:
-    os.close(read_fd)
-    os.dup2(write_fd, sys.stderr.fileno())
-    os.close(write_fd)
-    _die_with(parent)
-    return
-  os.close(write_fd)
-  for sig in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(sig, lambda s, _: os.kill(child, s))
-  tail = b""
-  while True:
-    chunk = os.read(read_fd, 1 << 16)
-    if not chunk:
-      break
-    os.write(sys.stderr.fileno(), chunk)
-    tail = (tail + chunk)[-(1 << 14):]
-  os.close(read_fd)
-  _, status = os.waitpid(child, 0)
-  if lost_peer(tail, status):
-    os.write(sys.stderr.fileno(), (describe() + "\n").encode())
-    os._exit(1)  # pylint: disable=protected-access
-  os._exit(_exit_code(status))  # pylint: disable=protected-access
+  code = 1
+  try:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = subprocess.Popen(  # pylint: disable=subprocess-popen-preexec-fn
+        [sys.executable, *sys.argv], env=dict(os.environ, **{DISABLE_ENV: "1"}),
+        stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+    relay = _Relay(child.stderr)
+    signal.signal(signal.SIGTERM, lambda s, _: child.send_signal(s))
+    # The terminal's Ctrl-C reaches the child too (one process group):
+    # here it must neither kill the parent nor be sent twice.
+    signal.signal(signal.SIGINT, lambda s, _: None)
+    returncode = child.wait()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # A grandchild holding the pipe must not keep this process waiting.
+    relay.join(timeout=10)
+    code = 128 - returncode if returncode < 0 else returncode
+    if lost_peer(relay.seen, returncode):
+      os.write(sys.stderr.fileno(), (describe() + "\n").encode())
+      code = 1
+  finally:
+    # Nothing else of this process runs: the child did the work.
+    os._exit(code)  # pylint: disable=protected-access

@@ -251,8 +251,8 @@ def assemble(workdir: str, summaries: Sequence[dict] | None = None,
           "examples": row["examples"]})
       target = (str(cfg["target"]).removeprefix(_OURS) if ours
                 else f"target ({task})")
-      entry = table3.setdefault((task, draft), {"target": target,
-                                                "draft": draft})
+      entry = table3.setdefault((task, target, draft), {"target": target,
+                                                        "draft": draft})
       entry[f"alpha_t{temp}"] = row["alpha"]
       ref3 = None if ours else paper.TABLE3.get(
           (_TARGET_KEYS.get(task, task), draft))
