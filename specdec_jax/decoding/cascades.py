@@ -69,6 +69,7 @@ class CascadeDef(composite.CompositeDef):
   gamma: int
 
   top_key = "draft"
+  what = "a cascade"
 
   def parts(self) -> tuple[tuple[str, Any], ...]:
     return (("draft", self.draft), ("drafter", self.drafter))
@@ -81,27 +82,9 @@ class CascadeDef(composite.CompositeDef):
     g = self.gamma
     return [(self.draft, g + 3)] + inner, extra + g + 1
 
-  @property
-  def vocab_size(self) -> int:
-    return self.draft.vocab_size
-
-  @property
-  def max_input_len(self) -> int | None:
-    limits = [m.max_input_len for m in (self.draft, self.drafter)
-              if m.max_input_len is not None]
-    return min(limits) if limits else None
-
   def make_drafter(self, gamma, sampler, refeed, draft_sample, fast_greedy):
     return CascadeDrafter(self, gamma, sampler, refeed, draft_sample,
                           fast_greedy)
-
-  def prefill(self, params, input_ids, num_decode_positions):
-    raise TypeError("a cascade is a drafter, not a model: pass it as the "
-                    "draft of speculative_generate.")
-
-  def extend(self, params, cache, tokens, positions):
-    raise TypeError("a cascade is a drafter, not a model: pass it as the "
-                    "draft of speculative_generate.")
 
 
 def cascade(draft: Model, draft_of_draft: Model, *, gamma: int) -> Model:

@@ -11,6 +11,7 @@ nesting of them without knowing their classes.
 
 from __future__ import annotations
 
+import abc
 import numbers
 from typing import Any
 
@@ -20,19 +21,40 @@ from specdec_jax.decoding.protocol import vocab_fingerprint
 _INT32_MAX = 2**31 - 1
 
 
-class CompositeDef:
+class CompositeDef(abc.ABC):
   """Base of the drafters made of other drafters; a frozen dataclass whose
-  parameters travel as {key: part params} for the keys of `parts`."""
+  parameters travel as {key: part params} for the keys of `parts`. What
+  every composite shares is here: its vocabulary and input limit come from
+  its parts, and it cannot be decoded on its own (no prefill/extend)."""
 
   top_key: str = ""  # the part whose model the drafter mostly runs
+  what: str = "a composite drafter"  # its name in errors
 
+  @abc.abstractmethod
   def parts(self) -> tuple[tuple[str, Any], ...]:
     """(params key, definition) of each part, top first."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def combine_sizes(self, part_sizes):
     """This drafter's `call_sizes` from its parts' (in `parts` order)."""
-    raise NotImplementedError
+
+  @property
+  def vocab_size(self) -> int:
+    return self.parts()[0][1].vocab_size
+
+  @property
+  def max_input_len(self) -> int | None:
+    limits = [d.max_input_len for _, d in self.parts()
+              if d.max_input_len is not None]
+    return min(limits) if limits else None
+
+  def prefill(self, params, input_ids, num_decode_positions):
+    raise TypeError(f"{self.what} is a drafter, not a model: pass it as the "
+                    "draft of speculative_generate.")
+
+  def extend(self, params, cache, tokens, positions):
+    raise TypeError(f"{self.what} is a drafter, not a model: pass it as the "
+                    "draft of speculative_generate.")
 
 
 def size_argument(name: str, value: Any) -> int:

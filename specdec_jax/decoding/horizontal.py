@@ -46,6 +46,7 @@ class HorizontalDef(composite.CompositeDef):
   split: int
 
   top_key = "early"
+  what = "a horizontal drafter"
 
   def parts(self) -> tuple[tuple[str, Any], ...]:
     return (("early", self.early), ("late", self.late))
@@ -54,27 +55,9 @@ class HorizontalDef(composite.CompositeDef):
     (early, e_extra), (late, l_extra) = part_sizes
     return early + late, max(e_extra, l_extra)
 
-  @property
-  def vocab_size(self) -> int:
-    return self.early.vocab_size
-
-  @property
-  def max_input_len(self) -> int | None:
-    limits = [m.max_input_len for m in (self.early, self.late)
-              if m.max_input_len is not None]
-    return min(limits) if limits else None
-
   def make_drafter(self, gamma, sampler, refeed, draft_sample, fast_greedy):
     return HorizontalDrafter(self, gamma, sampler, refeed, draft_sample,
                              fast_greedy)
-
-  def prefill(self, params, input_ids, num_decode_positions):
-    raise TypeError("a horizontal drafter is not a model: pass it as the "
-                    "draft of speculative_generate.")
-
-  def extend(self, params, cache, tokens, positions):
-    raise TypeError("a horizontal drafter is not a model: pass it as the "
-                    "draft of speculative_generate.")
 
 
 def horizontal(early: Model, late: Model, *, split: int) -> Model:
