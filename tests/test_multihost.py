@@ -180,10 +180,27 @@ def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
   done = _lines(results)
   assert [shown[i] for i in sorted(shown)] == pytest.approx(
       [done[i]["speculative"][str(GAMMA)]["alpha"] for i in sorted(shown)])
-  # SIGKILL released nothing, but the lock's lease runs out: the same
-  # command, restarted on both processes with no hand step, takes the lock
-  # over (saying so) and completes (issue 48).
-  assert paths.read_bytes(paths.join(WORKDIR, ".lock")) is not None
+  lock = paths.join(WORKDIR, ".lock")
+  stale = paths.read_bytes(lock)
+  assert stale is not None  # SIGKILL released nothing
+  # While another run holds a live lease, a restart is refused on both
+  # processes: process 0 names the holder and when its lease runs out,
+  # process 1 stops with process 0 (multihost.on_primary), and nothing is
+  # written. (The other run is written here; it then ends, leaving the
+  # killed run's stale lock as it was.)
+  live = {"host": "other-run", "pid": 1, "started": "now", "token": "t",
+          "lease_s": 600, "expires": time.time() + 600}
+  paths.write_bytes(lock, json.dumps(live).encode())
+  codes = _wait(_launch(tmp_path, cache, "refused"), tmp_path)
+  assert 0 not in codes, _tail(tmp_path)
+  refused0 = (tmp_path / "refused0.txt").read_text()
+  assert "other-run" in refused0 and "lease runs out in" in refused0
+  assert "process 0 stopped the run" in (tmp_path / "refused1.txt").read_text()
+  assert len(_lines(results)) == killed_at
+  paths.write_bytes(lock, stale)
+  # The killed run's lease has run out: the same command, restarted on both
+  # processes with no hand step, takes its lock over (saying so) and
+  # completes (issue 48).
   codes = _wait(_launch(tmp_path, cache, "resumed",
                         ["--gin.ExperimentConfig.trace_examples=1"]), tmp_path)
   assert codes == [0, 0], _tail(tmp_path)
