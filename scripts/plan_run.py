@@ -40,7 +40,6 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 
 from absl import flags  # noqa: E402
 import gin  # noqa: E402
-import jax  # noqa: E402
 
 from specdec_jax.data import tasks  # noqa: E402,F401  (registers TaskConfig)
 from specdec_jax.experiments import chips  # noqa: E402
@@ -52,7 +51,8 @@ from specdec_jax.planning import plan_training  # noqa: E402
 from specdec_jax.training import distill  # noqa: E402
 
 _CHIP = flags.DEFINE_enum("chip", None, list(chips.CHIPS),
-                          "Chip to project on (default: tpu_v4).")
+                          "Chip to project on (default: the chip of the "
+                          "run's TPU topology, else tpu_v4).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the plan (JSON) or, "
                               "with --experiments, the tables (Markdown).")
 _EXPERIMENTS = flags.DEFINE_string(
@@ -60,7 +60,8 @@ _EXPERIMENTS = flags.DEFINE_string(
     "configs/) to project as a table instead of one run.")
 _SETUPS = flags.DEFINE_string(
     "setups", None, "With --experiments: only the setups whose run config "
-    "contains this string (default all of plan_table.SETUPS).")
+    "contains one of these comma-separated strings (default all of "
+    "plan_table.SETUPS).")
 _INPUT_LEN = flags.DEFINE_integer(
     "input_len", None, "Input length to plan for (default: the model's "
     "max_input_len, the longest row a run can meet).")
@@ -80,8 +81,8 @@ def main(argv):
                    if plan_table.is_row(os.path.basename(f)))
     if not files:
       raise SystemExit(f"no experiment configs match {pattern}")
-    setups = [s for s in plan_table.SETUPS
-              if not _SETUPS.value or _SETUPS.value in s[1]]
+    wanted = _SETUPS.value.split(",") if _SETUPS.value else [""]
+    setups = [s for s in plan_table.SETUPS if any(w in s[1] for w in wanted)]
     text = plan_table.project_table(
         files, lambda f, run: _config([f, run], flags.FLAGS.gin_bindings),
         input_len=_INPUT_LEN.value, setups=setups,
@@ -92,7 +93,9 @@ def main(argv):
     print(text)
     return
   config = _config(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
-  chip = chips.get_chip(_CHIP.value or "tpu_v4")
+  chip = chips.get_chip(_CHIP.value or (
+      chips.get_topology(config.topology).chip if config.topology
+      else "tpu_v4"))
   if "DistillConfig" in gin.config_str():
     result = plan_training.plan_distill_step(
         config, gin.get_configurable(distill.DistillConfig)(), chip)
@@ -101,7 +104,6 @@ def main(argv):
       result = plan.plan(config, chip, _INPUT_LEN.value)
     except experiment.ConfigError as e:
       raise SystemExit(f"plan_run: {e}") from None
-  result.setdefault("compiler", _compiler())
   text = json.dumps(result, indent=2, sort_keys=True)
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w") as f:
@@ -110,11 +112,6 @@ def main(argv):
     print(text)
   # The verdict last, where a terminal shows it.
   print(summary(result, _OUTPUT.value))
-
-
-def _compiler() -> str:
-  """Which compiler the figures are from (the devices planned on)."""
-  return f"XLA:{jax.devices()[0].platform.upper()} (simulated devices)"
 
 
 def summary(result: dict, output: str | None = None) -> str:

@@ -1,4 +1,5 @@
-"""Test session setup: 8 simulated CPU devices for the sharding tests.
+"""Test session setup: the CPU platform, and 8 simulated CPU devices for the
+sharding tests.
 
 The flag must be set before JAX initialises its backends, so it lives here,
 which pytest imports before any test module. Single-device tests are
@@ -11,6 +12,12 @@ import random
 import string
 
 import pytest
+
+# The CPU, without first trying a TPU: with libtpu installed (make test
+# installs it for tests/test_tpu_compile.py, which compiles for TPUs
+# without initialising one) every JAX start would try it, seconds each.
+# Subprocesses the tests start inherit it.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):

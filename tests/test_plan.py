@@ -58,6 +58,9 @@ def test_memory_figures_are_positive_and_model_axis_splits_weights(plans):
     assert p["target_step_seconds"] > 0 and p["c"] > 0
     assert p["verify_cost"] >= 1.0
   assert one["devices"] == 1 and four["devices"] == 4
+  # No TPU topology: simulated CPU devices, and the plan says so.
+  assert one["compiler"] == "XLA:CPU (simulated devices)"
+  assert one["topology"] is None
   total = one["param_bytes_per_device"]["target"]
   share = four["param_bytes_per_device"]["target"] / total
   # Norm scales stay whole, so a little over a quarter.
@@ -164,6 +167,8 @@ def test_no_fit_check_on_cpu_devices():
   assert chips.chip_of_device_kind("TPU v4").name == "tpu_v4"
   assert chips.chip_of_device_kind("TPU v5 lite").name == "tpu_v5e"
   assert chips.chip_of_device_kind("NVIDIA H200").name == "h200"
+  assert chips.chip_of_device_kind("TPU v6 lite").name == "tpu_v6e"
+  assert chips.chip_of_device_kind("TPU v5").name == "tpu_v5p"
   assert np.isfinite(V4.hbm_bytes)
 
 

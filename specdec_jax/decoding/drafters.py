@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -123,13 +124,22 @@ class ModelDrafter:
     return cursor.nonfinite
 
   def _sample(self, logits, key, need_conf):
-    """One token [B] from logits [B, V], its q [B, V] (or None), conf [B]."""
+    """One token [B] from logits [B, V], its q [B, V] (or None), conf [B].
+
+    The logits and q are pinned to the draft's own layout (under the
+    replicated rules of a replicated draft, whole on every device): else
+    the partitioner may split q over `model` like the target's p that it
+    meets in the verification, and every draft step would sample with
+    collectives (seen in the TPU compiler's HLO for top-p).
+    """
+    logits = nn.with_logical_constraint(logits, ("batch", "vocab"))
     if self.fast_greedy:
       x = sampling.argmax(logits)
       conf = (jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1) if need_conf
               else jnp.zeros(x.shape, jnp.float32))
       return x, None, conf
-    q = self.sampler.probs(logits)
+    q = nn.with_logical_constraint(self.sampler.probs(logits),
+                                   ("batch", "vocab"))
     x = jax.vmap(self.draft_sample)(key, q)
     if self.sampler.greedy:
       conf = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)

@@ -11,6 +11,8 @@ axis use. Vendor figures, not measurements; sources:
            HBM at 819 GB/s, ICI 1600 Gbit/s).
   tpu_v5p  https://cloud.google.com/tpu/docs/v5p (459 TFLOP/s bf16, 95 GiB
            HBM at 2765 GB/s, ICI 4800 Gbit/s).
+  tpu_v6e  https://cloud.google.com/tpu/docs/v6e (918 TFLOP/s bf16, 32 GB
+           HBM at 1640 GB/s, ICI 3584 Gbit/s).
   a100     https://www.nvidia.com/en-us/data-center/a100/ (A100 80GB SXM:
            312 TFLOP/s dense bf16, 2039 GB/s, 80 GB; NVLink 600 GB/s).
   h100     https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM:
@@ -55,6 +57,8 @@ CHIPS = {
                     ("TPU v5 lite", "TPU v5e")),
     "tpu_v5p": Chip("tpu_v5p", 459e12, 2765e9, 95 * GIB, 600e9,
                     ("TPU v5p", "TPU v5")),
+    "tpu_v6e": Chip("tpu_v6e", 918e12, 1640e9, 32 * GIB, 448e9,
+                    ("TPU v6 lite", "TPU v6e")),
     "a100": Chip("a100", 312e12, 2039e9, 80 * 10**9, 600e9, ("A100",)),
     "h100": Chip("h100", 989e12, 3350e9, 80 * 10**9, 900e9, ("H100",)),
     "h200": Chip("h200", 989e12, 4800e9, 141 * 10**9, 900e9, ("H200",)),
@@ -75,3 +79,55 @@ def chip_of_device_kind(kind: str) -> Chip | None:
   matches = [(len(k), chip) for chip in CHIPS.values()
              for k in chip.device_kinds if k.lower() in kind.lower()]
   return max(matches, key=lambda m: m[0])[1] if matches else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """A TPU slice that libtpu compiles for without one
+  (`specdec_jax.planning.topology`).
+
+  Attributes:
+    name: libtpu's topology name, e.g. "v4:2x2x1" (generation: chips along
+      each axis); the key of `TOPOLOGIES`.
+    chip: the key of `CHIPS` of its chips.
+    accelerator_type: Cloud TPU's name of the slice (`--accelerator-type`).
+    chips_per_host: chips each host holds, along the same axes.
+    chip_config_name: libtpu's per-chip layout ("megacore": a v4 chip's two
+      TensorCores are one device, as on a Cloud TPU VM); "" for the default.
+  """
+
+  name: str
+  chip: str
+  accelerator_type: str
+  chips_per_host: tuple[int, ...]
+  chip_config_name: str = ""
+
+  @property
+  def num_chips(self) -> int:
+    n = 1
+    for d in self.name.split(":")[1].split("x"):
+      n *= int(d)
+    return n
+
+  @property
+  def num_hosts(self) -> int:
+    per_host = 1
+    for d in self.chips_per_host:
+      per_host *= d
+    return self.num_chips // per_host
+
+
+TOPOLOGIES = {t.name: t for t in (
+    Topology("v4:2x2x1", "tpu_v4", "v4-8", (2, 2, 1), "megacore"),
+    Topology("v4:2x2x4", "tpu_v4", "v4-32", (2, 2, 1), "megacore"),
+    Topology("v5e:2x2", "tpu_v5e", "v5litepod-4", (2, 2)),
+    Topology("v5:2x2x1", "tpu_v5p", "v5p-8", (2, 2, 1)),
+    Topology("v6e:2x2", "tpu_v6e", "v6e-4", (2, 2)),
+)}
+
+
+def get_topology(name: str) -> Topology:
+  if name not in TOPOLOGIES:
+    raise ValueError(f"unknown TPU topology {name!r}; known: "
+                     f"{', '.join(TOPOLOGIES)}")
+  return TOPOLOGIES[name]

@@ -16,6 +16,7 @@ from specdec_jax import sampling
 from specdec_jax.decoding import api
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding.stopping import StopRule
+from specdec_jax.experiments import chips
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,10 @@ class ExperimentConfig:
       or vocabulary do not divide the model axis (T5-small's 6 heads on 4
       chips).
     distributed: call jax.distributed.initialize() (multi-host pods).
+    topology: the TPU slice the run is for, as libtpu names it (a key of
+      `chips.TOPOLOGIES`, e.g. 'v4:2x2x1' for a v4-8 host): `plan_run.py`
+      compiles for its devices with the TPU compiler where libtpu is
+      installed, the mesh taking its first devices; None: not a TPU.
     name: the row's name in tables.
     overwrite: delete the workdir's results of other settings instead of
       refusing to resume (same settings resume); see `workdir.py`.
@@ -118,6 +123,7 @@ class ExperimentConfig:
   mesh_shape: Sequence[int] | None = None
   replicate_draft: bool | None = None
   distributed: bool = False
+  topology: str | None = None
   name: str = ""
   overwrite: bool = False
   summary_every_examples: int = 10
@@ -213,4 +219,16 @@ def config_problems(config: ExperimentConfig) -> list[str]:
           f"Cloud TPU')")
   if config.mesh_shape is not None and len(config.mesh_shape) != 2:
     problems.append(f"mesh_shape={config.mesh_shape!r}: use (data, model)")
+  if config.topology is not None:
+    if config.topology not in chips.TOPOLOGIES:
+      problems.append(f"topology={config.topology!r} is not a TPU slice we "
+                      f"plan for; use one of {', '.join(chips.TOPOLOGIES)}")
+    elif config.mesh_shape is not None and (
+        config.mesh_shape[0] * config.mesh_shape[1] >
+        chips.TOPOLOGIES[config.topology].num_chips):
+      problems.append(
+          f"mesh_shape={tuple(config.mesh_shape)} needs more chips than "
+          f"topology {config.topology!r} has "
+          f"({chips.TOPOLOGIES[config.topology].num_chips}): use a larger "
+          f"slice or a smaller mesh")
   return problems

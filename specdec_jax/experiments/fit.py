@@ -71,6 +71,8 @@ class RunShape:
   top_k: int
   top_p: float
   replicate_draft: bool
+  # The TPU slice to compile for (`chips.TOPOLOGIES`), None: not a TPU.
+  topology: str | None = None
 
 
 def run_shape(config: ExperimentConfig, input_len: int | None = None
@@ -96,7 +98,8 @@ def run_shape(config: ExperimentConfig, input_len: int | None = None
       max_decode_len=config.max_decode_len, input_len=int(length), batch=1,
       mesh_shape=mesh_shape, temperature=config.temperature,
       top_k=config.top_k, top_p=config.top_p,
-      replicate_draft=replicate_draft(config, draft, mesh_shape))
+      replicate_draft=replicate_draft(config, draft, mesh_shape),
+      topology=config.topology)
 
 
 def _parts(logical_spec, mesh_shape) -> list[int]:
@@ -179,6 +182,34 @@ def estimate(shape: RunShape) -> dict[str, Any]:
   return out
 
 
+# The run config that splits a model over one host's chips, per chip.
+MODEL_PARALLEL_RUNS = {"tpu_v4": "runs/tpu_v4_8_model_parallel.gin",
+                       "tpu_v5e": "runs/tpu_v5e_4_model_parallel.gin"}
+
+
+def fix_for(shape: RunShape, chip: chips.Chip, hbm: int,
+            needed: int | None = None) -> str:
+  """What makes `shape` fit `hbm` bytes per device: bfloat16, or the
+  smallest model-parallel mesh whose share fits. `needed`: the bytes one
+  device needs now where a compiler measured more than the shapes count;
+  the larger meshes are scaled by the same factor."""
+  fixes = []
+  if jnp.dtype(shape.target.config.param_dtype) != jnp.bfloat16:
+    fixes.append("dtype bfloat16")
+  scale = max(1.0, (needed or 0) / estimate(shape)["total_bytes"])
+  for model in (2, 4, 8, 16):
+    if model <= shape.mesh_shape[1]:
+      continue
+    bigger = dataclasses.replace(shape, mesh_shape=(1, model))
+    if scale * estimate(bigger)["total_bytes"] <= hbm:
+      run = MODEL_PARALLEL_RUNS.get(chip.name)
+      fixes.append(run if run and model <= 4
+                   else f"mesh_shape=(1, {model}) (model parallel)")
+      break
+  return ("use " + " or ".join(fixes)) if fixes else (
+      "use a larger chip or a smaller draft/target")
+
+
 def check_fits(config: ExperimentConfig, chip: chips.Chip,
                hbm_bytes: int | None = None) -> dict[str, Any]:
   """Raises ConfigError (numbers and fix) if the run cannot fit `chip`.
@@ -191,20 +222,7 @@ def check_fits(config: ExperimentConfig, chip: chips.Chip,
   hbm = int(hbm_bytes or chip.hbm_bytes)
   if est["total_bytes"] <= hbm:
     return est
-  fixes = []
-  if jnp.dtype(shape.target.config.param_dtype) != jnp.bfloat16:
-    fixes.append("dtype bfloat16")
-  for model in (2, 4, 8, 16):
-    if model <= shape.mesh_shape[1]:
-      continue
-    bigger = dataclasses.replace(shape, mesh_shape=(1, model))
-    if estimate(bigger)["total_bytes"] <= hbm:
-      fixes.append("runs/tpu_v4_8_model_parallel.gin"
-                   if chip.name == "tpu_v4" and model <= 4
-                   else f"mesh_shape=(1, {model}) (model parallel)")
-      break
-  fix = ("use " + " or ".join(fixes)) if fixes else (
-      "use a larger chip or a smaller draft/target")
+  fix = fix_for(shape, chip, hbm)
   raise ConfigError(
       f"this run needs about {est['total_bytes'] / GB:.1f} GB per device but "
       f"{chip.name} has {hbm / GB:.1f} GB ({hbm / chips.GIB:.0f} GiB): "

@@ -20,6 +20,8 @@ Multi-host jobs take T5X's flags: `--coordinator_address=HOST:PORT`,
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import logging as py_logging
 import os
 import shlex
@@ -30,6 +32,7 @@ from absl import app
 from absl import flags
 from absl import logging
 import gin
+import jax
 
 from specdec_jax import errors
 from specdec_jax import versions
@@ -242,6 +245,27 @@ def use_compilation_cache(path: str) -> None:
   compilation_cache.reset_cache()
 
 
+def skip_absent_tpu() -> None:
+  """Keeps JAX from trying a TPU that is not there.
+
+  With libtpu installed (`make test` installs it, for the TPU compile
+  checks) JAX tries the TPU first at every start, which on a machine
+  without one costs seconds and prints errors. Where JAX_PLATFORMS is unset,
+  no TPU device file exists (/dev/accel*, /dev/vfio/N on Cloud TPU VMs) and
+  no CUDA plugin is installed, JAX is told to use the CPU. A TPU VM, a GPU
+  machine or an explicit JAX_PLATFORMS is left alone.
+  """
+  if os.environ.get("JAX_PLATFORMS") or (
+      importlib.util.find_spec("libtpu") is None):
+    return
+  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    return
+  if any(importlib.util.find_spec(p) for p in ("jax_cuda12_plugin",
+                                               "jax_cuda13_plugin")):
+    return
+  jax.config.update("jax_platforms", "cpu")
+
+
 def run(main: Callable[[Sequence[str]], None]) -> None:
   """absl `app.run` with `--gin.NAME=VALUE` support, quiet orbax logs, a
   check of the Python and jax versions (`versions.check`), the compilation
@@ -249,6 +273,7 @@ def run(main: Callable[[Sequence[str]], None]) -> None:
   `UsageError` (a bad config, a busy workdir, a missing checkpoint, ...)
   ends the script with its message and status 1, no traceback."""
   logging.get_absl_logger().addFilter(_QuietOrbax())
+  skip_absent_tpu()
 
   def main_with_cache(argv):
     versions.check()

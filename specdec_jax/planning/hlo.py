@@ -3,7 +3,9 @@
 `compiled.as_text()` of a jitted program is parsed into computations and
 instructions (name, result type, opcode, the rest of the line). From them:
 the collectives of a decoding loop's body and of the loops nested in it,
-and the float32 copies XLA:CPU makes of bfloat16 arrays (see `plan.py`).
+the copies made inside loops and the program's host callbacks (what the
+design promises not to do, tests/test_tpu_compile.py), and the float32
+copies XLA:CPU makes of bfloat16 arrays (see `plan.py`).
 """
 
 from __future__ import annotations
@@ -103,6 +105,53 @@ def loop_collectives(text: str) -> dict[str, list[dict]]:
       "per_iteration": _collectives(
           comps, _reachable(comps, body, stop=set(inner))),
       "per_inner_step": _collectives(comps, inner_names)}
+
+
+def loop_copies(text: str, min_bytes: int, dtype: str | None = None
+                ) -> list[dict]:
+  """Copies of at least `min_bytes` that a while loop's body materialises
+  every iteration: a `copy` in the body or in what it calls (nested loops,
+  calls, branches), not inside a fusion, where a copy is a layout change
+  computed on the fly as the fused consumer reads its operand. Such a copy
+  is an array the loop should update in place, duplicated instead.
+  `dtype` (e.g. "bf16"): only copies of that element type."""
+  _, comps = parse_hlo(text)
+  fused = {c for instrs in comps.values() for i in instrs
+           if i["op"] == "fusion" for c in _CALLS.findall(i["rest"])}
+  names = set()
+  for _, body in _whiles(comps, list(comps)):
+    names |= _reachable(comps, body, stop=fused)
+  out = []
+  for name in sorted(names):
+    for instr in comps[name]:
+      size = _type_bytes(instr["type"])
+      if (instr["op"] == "copy" and size >= min_bytes and
+          (dtype is None or instr["type"].startswith(dtype + "["))):
+        out.append({"computation": name, "name": instr["name"],
+                    "shape": re.sub(r"\{[^}]*\}", "", instr["type"]),
+                    "bytes": size})
+  return out
+
+
+_HOST_OPS = ("infeed", "outfeed", "send", "recv", "send-done", "recv-done")
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+
+
+def host_callbacks(text: str) -> list[dict]:
+  """Every transfer to or from the host in the program: infeed/outfeed,
+  send/recv, and custom calls into the host (`jax.debug.callback`,
+  `jax.pure_callback`, io_callback)."""
+  entry, comps = parse_hlo(text)
+  out = []
+  for name in sorted(_reachable(comps, entry)):
+    for instr in comps[name]:
+      target = _TARGET.search(instr["rest"])
+      if instr["op"] in _HOST_OPS or (
+          instr["op"] == "custom-call" and target and re.search(
+              r"callback|host", target.group(1), re.IGNORECASE)):
+        out.append({"op": instr["op"],
+                    "target": target.group(1) if target else ""})
+  return out
 
 
 def program_collectives(text: str) -> list[dict]:

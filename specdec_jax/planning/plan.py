@@ -51,6 +51,7 @@ from specdec_jax.experiments.fit import RunShape
 from specdec_jax.experiments.fit import cache_shapes
 from specdec_jax.planning import hlo
 from specdec_jax.planning import paper
+from specdec_jax.planning import topology
 
 
 # A step that accesses more than this many times its weights' bytes is
@@ -62,9 +63,21 @@ BYTES_RATIO_FLAG = 2.0
 # Compiling from abstract shapes.
 
 
-def _mesh(shape: RunShape):
+def target_devices(shape: RunShape) -> tuple[tuple, str | None]:
+  """(devices, why not a TPU) the programs of `shape` compile for: the TPU
+  slice it names where libtpu is installed, else this process's devices
+  (simulated CPU devices when planning), with the reason."""
+  if shape.topology is None:
+    return tuple(jax.devices()), None
+  missing = topology.libtpu_missing()
+  if missing:
+    return tuple(jax.devices()), missing
+  return topology.devices(shape.topology), None
+
+
+def mesh_for(shape: RunShape):
   data, model = shape.mesh_shape
-  return sharding.make_mesh(data, model)
+  return sharding.make_mesh(data, model, devices=target_devices(shape)[0])
 
 
 def abstract_params(definition, mesh, replicate: bool = False) -> Any:
@@ -122,6 +135,13 @@ def _memory(compiled) -> dict[str, int]:
 # The plan.
 
 
+def _on_cpu(tree) -> bool:
+  leaf = jax.tree.leaves(tree)[0]
+  device = next(iter(leaf.sharding.device_set)) if hasattr(
+      leaf, "sharding") and leaf.sharding is not None else jax.devices()[0]
+  return device.platform == "cpu"
+
+
 def _inputs(shape: RunShape, mesh) -> list[jax.ShapeDtypeStruct]:
   rows = sharding.batch_sharding(mesh, shape.batch)
   return [jax.ShapeDtypeStruct((shape.batch, shape.input_len), jnp.int32,
@@ -135,7 +155,10 @@ def step_cost(definition, params, cache, num_tokens: int) -> dict[str, Any]:
   donated, as the loop updates it in place) for the backend of `params`
   (arrays or ShapeDtypeStructs with shardings): flops, bytes, collectives.
 
-  `bytes_accessed` takes out XLA:CPU's float32 weight copies (0 elsewhere).
+  `bytes_accessed` is the compiler's own figure, less XLA:CPU's float32
+  weight copies on a CPU. A TPU's figure also counts the compiler's
+  HBM-to-VMEM prefetches (several times the weights): a plan's roofline
+  takes its bytes from shapes instead (`step_bytes_from_shapes`).
   """
   leaf = jax.tree.leaves(cache)[0]
   batch = leaf.shape[0]
@@ -150,7 +173,8 @@ def step_cost(definition, params, cache, num_tokens: int) -> dict[str, Any]:
     compiled = fn.lower(params, cache, ids, ids).compile()
   text = compiled.as_text()
   out = _cost(compiled)
-  out["cpu_convert_bytes"] = hlo.cpu_convert_bytes(text)
+  out["cpu_convert_bytes"] = (hlo.cpu_convert_bytes(text)
+                              if _on_cpu(params) else 0)
   # A converted weight of n elements costs the CPU 2n (read bf16) + 4n
   # (write f32) + 4n (the dot reads f32) bytes where an accelerator reads
   # 2n: 8n = 2 x the copies' bytes more.
@@ -160,10 +184,30 @@ def step_cost(definition, params, cache, num_tokens: int) -> dict[str, Any]:
   return out
 
 
-def _step(definition, params, shape: RunShape, mesh, num_tokens: int
-          ) -> dict[str, Any]:
+def _step(definition, params, shape: RunShape, mesh, num_tokens: int,
+          replicated: bool = False) -> dict[str, Any]:
   cache = _abstract_cache(definition, params, shape, mesh)
-  return step_cost(definition, params, cache, num_tokens)
+  out = step_cost(definition, params, cache, num_tokens)
+  out["bytes_from_shapes"] = step_bytes_from_shapes(
+      definition, shape, replicated)
+  return out
+
+
+def step_bytes_from_shapes(definition, shape: RunShape,
+                           replicated: bool = False) -> int:
+  """Bytes per device one cached decoder call must read from HBM: its
+  decoder weights and its caches (self- and cross-attention), counted from
+  shapes and the run's sharding. The roofline's numerator on every
+  backend: compilers' own counts differ in what they include."""
+  mesh_shape = (1, 1) if replicated else shape.mesh_shape
+  weights = fit.decoder_weights(definition.param_shapes())
+  spec = None if replicated else fit.decoder_weights(
+      definition.param_logical_axes())
+  cache = cache_shapes(definition, None, shape.batch, shape.input_len,
+                       shape.max_decode_len + shape.gamma + 1)
+  return (fit.shard_bytes(weights, spec, mesh_shape) +
+          fit.shard_bytes(cache, definition.cache_logical_axes(cache),
+                          mesh_shape))
 
 
 def _collective_seconds(collectives, chip: chips.Chip, parts: int) -> float:
@@ -177,10 +221,13 @@ def _collective_seconds(collectives, chip: chips.Chip, parts: int) -> float:
              for c in collectives) / chip.interconnect_bytes_per_s
 
 
-def roofline_seconds(step: dict, chip: chips.Chip, parts: int) -> float:
-  """max(compute, HBM traffic) + collectives: a bound, not a measurement."""
+def roofline_seconds(step: dict, chip: chips.Chip, parts: int,
+                     num_bytes: float) -> float:
+  """max(compute, HBM traffic of `num_bytes`) + collectives: a bound, not a
+  measurement. Plans pass `step["bytes_from_shapes"]`; on a real device
+  `benchmarks/gpu.py` passes its compiler's `step["bytes_accessed"]`."""
   return (max(step["flops"] / chip.bf16_flops,
-              step["bytes_accessed"] / chip.hbm_bytes_per_s)
+              num_bytes / chip.hbm_bytes_per_s)
           + _collective_seconds(step["collectives"], chip, parts))
 
 
@@ -199,37 +246,89 @@ def paper_row(config: ExperimentConfig):
 _COMPILED: dict = {}
 
 
-def _loop_summary(compiled) -> dict[str, Any]:
-  """Per-device memory and loop collectives of a compiled decoding loop."""
+def smallest_cache_leaf_bytes(shape: RunShape) -> int:
+  """Bytes per device of the smallest key or value cache of either model: a
+  copy this large inside a loop is a cache not updated in place."""
+  out = []
+  positions = shape.max_decode_len + shape.gamma + 1
+  for definition, replicated in ((shape.target, False),
+                                 (shape.draft, shape.replicate_draft)):
+    mesh_shape = (1, 1) if replicated else shape.mesh_shape
+    cache = cache_shapes(definition, None, shape.batch, shape.input_len,
+                         positions)
+    specs = jax.tree.leaves(definition.cache_logical_axes(cache),
+                            is_leaf=lambda x: isinstance(
+                                x, jax.sharding.PartitionSpec))
+    # Keys and values ([B, N, H, S] / [B, N, S, H]), not the cache's
+    # per-row indices.
+    out += [fit.shard_bytes(leaf, spec, mesh_shape)
+            for leaf, spec in zip(jax.tree.leaves(cache), specs)
+            if leaf.ndim >= 3]
+  return min(out)
+
+
+def _cache_copy_filter(shape: RunShape) -> tuple[int, str]:
+  """(min bytes, HLO element type) of a copy that is a whole cache."""
+  dtype = jnp.dtype(shape.target.config.dtype)
+  return (smallest_cache_leaf_bytes(shape),
+          "bf16" if dtype == jnp.bfloat16 else f"f{dtype.itemsize * 8}")
+
+
+def _loop_summary(compiled, on_cpu: bool, cache_bytes: tuple[int, str]
+                  ) -> dict[str, Any]:
+  """Per-device memory and loop collectives of a compiled decoding loop,
+  the cache-sized copies its loops make (`hlo.loop_copies`) and its host
+  callbacks: what the design promises not to do.
+
+  `peak_bytes` is the compiler's arguments + outputs + temporaries - aliased
+  on a TPU; on a CPU, without XLA:CPU's float32 weight copies (and never
+  below what the arguments alone hold: the copies share buffers with other
+  temporaries, so subtracting them can undershoot).
+  """
   text = compiled.as_text()
+  return {"memory": memory_summary(compiled, on_cpu, text),
+          "collectives": hlo.loop_collectives(text),
+          "cache_copies": hlo.loop_copies(text, *cache_bytes),
+          "host_callbacks": hlo.host_callbacks(text)}
+
+
+def memory_summary(compiled, on_cpu: bool, text: str | None = None
+                   ) -> dict[str, int]:
+  """The compiler's memory per device, and `peak_bytes` (see
+  `_loop_summary`)."""
   memory = _memory(compiled)
+  compiled_peak = (memory["argument_bytes"] + memory["output_bytes"] +
+                   memory["temp_bytes"] - memory["alias_bytes"])
+  if not on_cpu:
+    memory["peak_bytes"] = compiled_peak
+    return memory
+  text = compiled.as_text() if text is None else text
   memory["cpu_convert_bytes"] = hlo.cpu_convert_bytes(text)
-  memory["peak_bytes_cpu"] = (memory["argument_bytes"] +
-                              memory["output_bytes"] + memory["temp_bytes"]
-                              - memory["alias_bytes"])
-  # Without the CPU's float32 weight copies; never below what the arguments
-  # alone hold (the copies share buffers with other temporaries, so
-  # subtracting them can undershoot).
+  memory["peak_bytes_cpu"] = compiled_peak
   memory["peak_bytes"] = max(
-      memory["peak_bytes_cpu"] - memory["cpu_convert_bytes"],
-      memory["argument_bytes"] + memory["output_bytes"])
-  return {"memory": memory, "collectives": hlo.loop_collectives(text)}
+      compiled_peak - memory["cpu_convert_bytes"],
+      memory["argument_bytes"] + memory["output_bytes"] -
+      memory["alias_bytes"])
+  return memory
 
 
 def compile_programs(shape: RunShape) -> dict[str, Any]:
   """Compiles the loops and step programs of `shape`: chip-independent."""
-  mesh = _mesh(shape)
+  devices, not_tpu = target_devices(shape)
+  on_cpu = devices[0].platform == "cpu"
+  mesh = mesh_for(shape)
   tparams = abstract_params(shape.target, mesh)
   dparams = abstract_params(shape.draft, mesh, replicate=shape.replicate_draft)
   sampler = sampling.SamplingConfig(shape.temperature, shape.top_k,
                                     shape.top_p)
   inputs = _inputs(shape, mesh)
+  cache_bytes = _cache_copy_filter(shape)
   started = time.perf_counter()
   out: dict[str, Any] = {}
   # Programs that several rows share (the target's loop and steps) are
   # compiled once per process.
   common = (shape.mesh_shape, shape.input_len, shape.batch,
-            shape.max_decode_len)
+            shape.max_decode_len, devices[0].platform, shape.topology)
 
   def memo(key, make):
     if key not in _COMPILED:
@@ -239,10 +338,12 @@ def compile_programs(shape: RunShape) -> dict[str, Any]:
   out["generate"] = memo(("generate", shape.target, sampler, common),
                          lambda: _loop_summary(_compile(engine.build_generate(
                              shape.target, shape.max_decode_len, sampler),
-                                                        tparams, *inputs)))
+                                                        tparams, *inputs),
+                                               on_cpu, cache_bytes))
   out["speculative"] = _loop_summary(_compile(engine.build_speculative(
       shape.target, shape.draft, shape.gamma, shape.max_decode_len, sampler,
-      draft_replicated=shape.replicate_draft), tparams, dparams, *inputs))
+      draft_replicated=shape.replicate_draft), tparams, dparams, *inputs),
+                                    on_cpu, cache_bytes)
   out["target_step"] = memo(
       ("step", shape.target, False, 1, shape.gamma, common),
       lambda: _step(shape.target, tparams, shape, mesh, 1))
@@ -255,15 +356,20 @@ def compile_programs(shape: RunShape) -> dict[str, Any]:
   # communication is taken from the loop's inner steps (see `project`).
   if shape.replicate_draft:
     one = dataclasses.replace(shape, mesh_shape=(1, 1))
-    draft_mesh = _mesh(one)
+    draft_mesh = mesh_for(one)
     draft_step = lambda: _step(shape.draft, abstract_params(  # noqa: E731
-        shape.draft, draft_mesh, replicate=True), one, draft_mesh, 1)
+        shape.draft, draft_mesh, replicate=True), one, draft_mesh, 1,
+                               replicated=True)
   else:
     draft_step = lambda: _step(shape.draft, dparams, shape, mesh, 1)  # noqa: E731
   out["draft_step"] = memo(
       ("step", shape.draft, shape.replicate_draft, 1, shape.gamma, common),
       draft_step)
   out["compile_seconds"] = time.perf_counter() - started
+  out["compiler"] = topology.compiler_name(devices)
+  out["device_kind"] = devices[0].device_kind
+  if not_tpu:
+    out["compiler"] += f"; not the TPU compiler: {not_tpu}"
   return out
 
 
@@ -273,18 +379,26 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
   est = fit.estimate(shape)
   parts = shape.mesh_shape[1]
   spec_mem = programs["speculative"]["memory"]
-  # Per device: the larger of the compiled programs' peak (CPU float32
-  # weight copies taken out) and the count from shapes.
-  peak = max(spec_mem["peak_bytes"],
-             programs["generate"]["memory"]["peak_bytes"], est["total_bytes"])
-  t_step = roofline_seconds(programs["target_step"], chip, parts)
-  t_verify = roofline_seconds(programs["verify_step"], chip, parts)
+  tpu = programs["compiler"].startswith("libtpu")
+  compiled_peak = max(spec_mem["peak_bytes"],
+                      programs["generate"]["memory"]["peak_bytes"])
+  # Per device: the TPU compiler's own peak where it compiled the programs;
+  # on simulated CPU devices the larger of the CPU's peak (float32 weight
+  # copies taken out) and the count from shapes.
+  peak = compiled_peak if tpu else max(compiled_peak, est["total_bytes"])
+
+  def seconds(step, collectives=None):
+    if collectives is not None:
+      step = dict(step, collectives=collectives)
+    return roofline_seconds(step, chip, parts, step["bytes_from_shapes"])
+
+  t_step = seconds(programs["target_step"])
+  t_verify = seconds(programs["verify_step"])
   # The draft step's communication is the loop's (its cache is laid out
   # there by the model's constraints, which a standalone step's replicated
   # input cache does not reproduce for a replicated draft).
   inner = programs["speculative"]["collectives"]["per_inner_step"]
-  t_draft = roofline_seconds(dict(programs["draft_step"], collectives=inner),
-                             chip, parts)
+  t_draft = seconds(programs["draft_step"], inner)
   c, verify_cost = t_draft / t_step, t_verify / t_step
   row = paper_row(config)
   alpha = row[1] if row else None
@@ -299,10 +413,16 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
       spec = fit.decoder_weights(spec)
     step["weight_bytes"] = fit.shard_bytes(weights, spec, shape.mesh_shape)
     step["bytes_over_weights"] = step["bytes_accessed"] / step["weight_bytes"]
-    step["flagged"] = step["bytes_over_weights"] > BYTES_RATIO_FLAG
+    # A TPU's count includes its prefetches into VMEM, several times the
+    # weights by design: the flag reads a CPU's count only (the TPU's caches
+    # are checked in its HLO, tests/test_tpu_compile.py).
+    step["flagged"] = (not tpu and
+                       step["bytes_over_weights"] > BYTES_RATIO_FLAG)
     steps[name] = step
   hbm = chip.hbm_bytes
   out = {
+      "compiler": programs["compiler"], "device_kind": programs["device_kind"],
+      "topology": shape.topology,
       "chip": chip.name, "devices": int(np.prod(shape.mesh_shape)),
       "mesh_shape": list(shape.mesh_shape),
       "target": repr(config.target_config), "draft": repr(config.draft_config),
@@ -315,9 +435,17 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
       "param_bytes_total": {"target": est["target_param_bytes_total"],
                             "draft": est["draft_param_bytes_total"]},
       "peak_bytes_per_device": peak,
+      "peak_bytes_source": (
+          "the TPU compiler's memory_analysis (arguments + outputs + "
+          "temporaries - aliased), the larger of the two loops" if tpu else
+          "XLA:CPU's memory_analysis less its float32 weight copies, or the "
+          "count from shapes where larger"),
+      "peak_bytes_shape_estimate": est["total_bytes"],
+      "roofline_bytes_source": "shapes: decoder weights + caches per device",
       "memory": {"generate": programs["generate"]["memory"],
                  "speculative": spec_mem, "shape_estimate": est},
       "hbm_bytes": hbm, "fits": bool(peak <= hbm),
+      "fix": None if peak <= hbm else fit.fix_for(shape, chip, hbm, peak),
       "loop_collectives": {
           "generate_per_target_call":
               programs["generate"]["collectives"]["per_iteration"],
@@ -331,6 +459,17 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
           "speculative": sum(c["count"] for c in programs["speculative"][
               "collectives"]["per_iteration"]) + (shape.gamma - 1) * sum(
                   c["count"] for c in inner)},
+      "promises": {
+          "cache_copies_in_loops": sum(
+              len(programs[k]["cache_copies"])
+              for k in ("generate", "speculative")),
+          "host_callbacks": sum(
+              len(programs[k]["host_callbacks"])
+              for k in ("generate", "speculative")),
+          "collectives_per_draft_step": sum(c["count"] for c in inner)},
+      "loop_cache_copies": {
+          k: _grouped(programs[k]["cache_copies"])
+          for k in ("generate", "speculative")},
       "steps": steps,
       "target_step_seconds": t_step, "verify_seconds": t_verify,
       "draft_step_seconds": t_draft, "c": c, "verify_cost": verify_cost,
@@ -344,6 +483,16 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
       "compile_seconds": programs["compile_seconds"],
   }
   return out
+
+
+def _grouped(copies: list[dict]) -> list[dict]:
+  """{shape, bytes, count} of each copied shape."""
+  out: dict[str, dict] = {}
+  for c in copies:
+    entry = out.setdefault(c["shape"], {"shape": c["shape"],
+                                        "bytes": c["bytes"], "count": 0})
+    entry["count"] += 1
+  return sorted(out.values(), key=lambda e: -e["bytes"])
 
 
 def plan(config: ExperimentConfig, chip: chips.Chip,

@@ -3,7 +3,10 @@
 `project_table` plans every Table 2 row on each setup of `SETUPS` (a run
 config and a chip), compiling each distinct program set once (the chip only
 changes the roofline), and renders Markdown: the rows with alpha (paper), c,
-v(gamma), the projected and the paper's speedup and per-device memory.
+v(gamma), the projected and the paper's speedup, per-device memory (the
+compiler's peak beside the count from shapes), the verdict with its fix, and
+compile time. TPU setups compile with the TPU compiler where libtpu is
+installed; each section names the compiler its figures come from.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ SETUPS = (
     ("One TPU v4 chip (the paper's setting)", "runs/tpu_v4.gin", "tpu_v4"),
     ("TPU v4-8 host, T5-XXL model parallel over 4 chips",
      "runs/tpu_v4_8_model_parallel.gin", "tpu_v4"),
+    ("One TPU v5e chip", "runs/tpu_v5e.gin", "tpu_v5e"),
+    ("TPU v5e-4 host, T5-XXL model parallel over 4 chips",
+     "runs/tpu_v5e_4_model_parallel.gin", "tpu_v5e"),
+    ("One TPU v6e chip", "runs/tpu_v6e.gin", "tpu_v6e"),
     ("One NVIDIA H100 SXM", "runs/gpu.gin", "h100"),
     ("One NVIDIA H200", "runs/gpu.gin", "h200"),
 )
@@ -55,9 +62,10 @@ def project_table(files: Sequence[str], make_config: Callable,
         f"{chip.hbm_bytes / 1e9:.1f} GB, interconnect "
         f"{chip.interconnect_bytes_per_s / 1e9:.0f} GB/s.", "",
         "| row | γ | α (paper) | c | v(γ) | projected | paper | "
-        "params/device GB (target + draft) | peak/device GB | fits | "
-        "collectives/iteration |",
-        "|---|---|---|---|---|---|---|---|---|---|---|"]
+        "params/device GB (target + draft) | peak/device GB | from shapes GB "
+        "| fits | collectives/iteration | compile s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    used = set()
     for f in files:
       name = f.rsplit("/", 1)[-1].removesuffix(".gin")
       config = make_config(f, run_file)
@@ -71,8 +79,10 @@ def project_table(files: Sequence[str], make_config: Callable,
               f"{time.perf_counter() - started:.0f} s")
         r = plan.project(config, shape, compiled[shape], chip)
       except ConfigError as e:
-        lines.append(f"| {name} | | | | | | | | | no: {e} | |")
+        lines.append(f"| {name} | | | | | | | | | | no: {e} | | |")
+        log(lines[-1])
         continue
+      used.add(r["compiler"])
       params = r["param_bytes_per_device"]
       ratios.setdefault(title, []).append(
           r["predicted_speedup"] / r["paper_speedup"])
@@ -81,9 +91,13 @@ def project_table(files: Sequence[str], make_config: Callable,
           f"| {r['verify_cost']:.2f} | {r['predicted_speedup']:.2f}x | "
           f"{r['paper_speedup']:.1f}x | {_gb(params['target'])} + "
           f"{params['draft'] / 1e9:.2f} | {_gb(r['peak_bytes_per_device'])} "
-          f"| {'yes' if r['fits'] else 'NO'} | "
-          f"{r['collectives_per_iteration']['speculative']} |")
+          f"| {_gb(r['peak_bytes_shape_estimate'])} | "
+          f"{'yes' if r['fits'] else 'NO: ' + r['fix']} | "
+          f"{r['collectives_per_iteration']['speculative']} | "
+          f"{r['compile_seconds']:.0f} |")
       log(lines[-1])
+    if used:
+      lines[2:2] = [f"Figures from {' and '.join(sorted(used))}.", ""]
     sections.append("\n".join(lines))
   summary = ["| setup | projected / paper: mean | min | max |",
              "|---|---|---|---|"]

@@ -8,8 +8,9 @@ logical rules and frozen, the draft (`draft_config`) replicated or sharded
 (`DistillConfig.replicate_student`) with an Adafactor state, batch rows
 (`DistillConfig.batch_size` x input_len / target_len) over `data`, both in
 the run's dtype. It reports the compiled program's memory per device
-against the chip's HBM, with XLA:CPU's float32 copies of bfloat16 weights
-taken out as in `plan._loop_summary`.
+against the chip's HBM: the TPU compiler's own where the run names a TPU
+topology and libtpu is installed, else XLA:CPU's with its float32 copies of
+bfloat16 weights taken out (`plan.memory_summary`).
 
   python scripts/plan_run.py \
     --gin_file=training/distill_t5_1_1_small_from_xxl.gin \
@@ -29,8 +30,8 @@ import optax
 from specdec_jax import sharding
 from specdec_jax.experiments import fit
 from specdec_jax.experiments import chips
-from specdec_jax.planning import hlo
 from specdec_jax.planning import plan
+from specdec_jax.planning import topology
 from specdec_jax.experiments.experiment import ExperimentConfig
 from specdec_jax.training import distill
 from specdec_jax.training import steps
@@ -47,8 +48,7 @@ def abstract_step_args(config: ExperimentConfig,
   """(step function, (state, batch, teacher_params) as ShapeDtypeStructs)."""
   distill_config.check()
   shape = fit.run_shape(config, distill_config.input_len)
-  data, model = shape.mesh_shape
-  mesh = sharding.make_mesh(data, model)
+  mesh = plan.mesh_for(shape)
   teacher = plan.abstract_params(shape.target, mesh)
   student = plan.abstract_params(shape.draft, mesh,
                                  replicate=distill_config.replicate_student)
@@ -83,13 +83,12 @@ def plan_distill_step(config: ExperimentConfig,
   start = time.perf_counter()
   compiled = plan._compile(step, *args)  # pylint: disable=protected-access
   seconds = time.perf_counter() - start
-  memory = plan._memory(compiled)  # pylint: disable=protected-access
-  memory["cpu_convert_bytes"] = hlo.cpu_convert_bytes(compiled.as_text())
-  memory["peak_bytes_cpu"] = (memory["argument_bytes"] + memory["output_bytes"]
-                              + memory["temp_bytes"] - memory["alias_bytes"])
-  peak = max(memory["peak_bytes_cpu"] - memory["cpu_convert_bytes"],
-             memory["argument_bytes"] + memory["output_bytes"]
-             - memory["alias_bytes"])
+  devices, not_tpu = plan.target_devices(shape)
+  memory = plan.memory_summary(compiled, devices[0].platform == "cpu")
+  peak = memory["peak_bytes"]
+  compiler = topology.compiler_name(devices)
+  if not_tpu:
+    compiler += f"; not the TPU compiler: {not_tpu}"
   state, _, teacher = args
 
   def per_device(tree):
@@ -98,7 +97,9 @@ def plan_distill_step(config: ExperimentConfig,
         for leaf in jax.tree.leaves(tree)))
 
   return {
-      "kind": "distill_step", "chip": chip.name,
+      "kind": "distill_step", "compiler": compiler,
+      "device_kind": devices[0].device_kind, "topology": shape.topology,
+      "chip": chip.name,
       "devices": int(np.prod(shape.mesh_shape)),
       "mesh_shape": list(shape.mesh_shape),
       "teacher": repr(config.target_config),
