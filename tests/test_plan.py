@@ -23,6 +23,7 @@ from specdec_jax.decoding import api
 from specdec_jax.experiments import fit
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
+from specdec_jax.experiments import experiment_config
 from specdec_jax.experiments import loading
 from specdec_jax.planning import hlo
 from specdec_jax.planning import plan
@@ -193,3 +194,17 @@ def test_load_models_replicates_the_draft_as_planned():
   assert shape.replicate_draft
   est = fit.estimate(shape)
   assert est["draft_param_bytes"] == est["draft_param_bytes_total"]
+
+
+def test_a_topology_is_checked_against_the_slices_we_plan_for():
+  """A run config's TPU slice must be one libtpu describes for us, with at
+  least the mesh's chips; the message names the fix."""
+  ok = _config((1, 4), topology="v4:2x2x1")
+  assert experiment_config.config_problems(ok) == []
+  unknown = experiment_config.config_problems(_config((1, 1),
+                                                      topology="v9:2x2"))
+  assert len(unknown) == 1 and "v4:2x2x1" in unknown[0], unknown
+  small = experiment_config.config_problems(_config((1, 16),
+                                                    topology="v4:2x2x1"))
+  assert len(small) == 1 and "larger slice or a smaller mesh" in small[0]
+  assert chips.TOPOLOGIES["v4:2x2x4"].num_hosts == 4

@@ -41,6 +41,7 @@ from specdec_jax import sharding
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding.cascades import CascadeDef
+from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import fit
 from specdec_jax.models import registry
@@ -130,6 +131,17 @@ def _cache_bytes(definition, mesh_shape):
   return [fit.shard_bytes(leaf, spec, mesh_shape)
           for leaf, spec in zip(jax.tree.leaves(cache), specs)
           if leaf.ndim >= 3]
+
+
+def test_every_topology_describes_its_chips():
+  """Each slice a run config can name: libtpu gives its number of chips,
+  over its number of hosts, of the kind our chip table maps to its chip."""
+  for name, spec in chips.TOPOLOGIES.items():
+    devices = topology.devices(name)
+    assert len(devices) == spec.num_chips, name
+    assert chips.chip_of_device_kind(devices[0].device_kind).name == \
+        spec.chip, (name, devices[0].device_kind)
+    assert len({d.process_index for d in devices}) == spec.num_hosts, name
 
 
 def test_every_decoding_loop_compiles_for_tpu_v4(v4, loops):
@@ -288,7 +300,7 @@ def test_training_and_distillation_steps_compile_for_tpu_v4(v4):
       mesh_shape=(1, 4), topology="v4:2x2x1")
   d = distill.DistillConfig(batch_size=4, input_len=INPUT, target_len=INPUT)
   result = plan_training.plan_distill_step(
-      config, d, plan_training.chips.get_chip("tpu_v4"))
+      config, d, chips.get_chip("tpu_v4"))
   assert result["compiler"].startswith("libtpu")
   assert result["device_kind"] == "TPU v4"
   assert result["peak_bytes_per_device"] >= result["memory"][
@@ -319,7 +331,7 @@ def test_a_plan_names_the_tpu_compiler_and_reports_its_memory():
       target_config="t5_1_1_tiny", draft_config="t5_1_1_tiny",
       dtype="bfloat16", gamma=GAMMA, max_decode_len=DECODE,
       mesh_shape=(1, 4), replicate_draft=True, topology="v4:2x2x1")
-  p = plan.plan(config, plan_training.chips.get_chip("tpu_v4"),
+  p = plan.plan(config, chips.get_chip("tpu_v4"),
                 input_len=INPUT)
   assert p["compiler"].startswith("libtpu ") and "TPU compiler" in p[
       "compiler"]

@@ -91,7 +91,8 @@ class Topology:
       each axis); the key of `TOPOLOGIES`.
     chip: the key of `CHIPS` of its chips.
     accelerator_type: Cloud TPU's name of the slice (`--accelerator-type`).
-    chips_per_host: chips each host holds, along the same axes.
+    chips_per_host: chips each host holds along x, y, z (libtpu wants
+      three, also for the 2-D v5e and v6e).
     chip_config_name: libtpu's per-chip layout ("megacore": a v4 chip's two
       TensorCores are one device, as on a Cloud TPU VM); "" for the default.
   """
@@ -120,9 +121,9 @@ class Topology:
 TOPOLOGIES = {t.name: t for t in (
     Topology("v4:2x2x1", "tpu_v4", "v4-8", (2, 2, 1), "megacore"),
     Topology("v4:2x2x4", "tpu_v4", "v4-32", (2, 2, 1), "megacore"),
-    Topology("v5e:2x2", "tpu_v5e", "v5litepod-4", (2, 2)),
+    Topology("v5e:2x2", "tpu_v5e", "v5litepod-4", (2, 2, 1)),
     Topology("v5:2x2x1", "tpu_v5p", "v5p-8", (2, 2, 1)),
-    Topology("v6e:2x2", "tpu_v6e", "v6e-4", (2, 2)),
+    Topology("v6e:2x2", "tpu_v6e", "v6e-4", (2, 2, 1)),
 )}
 
 

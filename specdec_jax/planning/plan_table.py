@@ -46,6 +46,17 @@ def _gb(n) -> str:
   return f"{n / 1e9:.1f}"
 
 
+def _refusal(config, chip, error) -> str:
+  """The verdict of a row the shape check refuses: its need and its fix."""
+  try:
+    shape = fit.run_shape(config)
+    need = fit.estimate(shape)["total_bytes"]
+  except ConfigError:
+    return f"no: {error}"
+  return (f"no: needs {_gb(need)} GB of {_gb(chip.hbm_bytes)}; "
+          f"{fit.fix_for(shape, chip, chip.hbm_bytes)}")
+
+
 def project_table(files: Sequence[str], make_config: Callable,
                   input_len: int | None = None, command: str = "",
                   setups=SETUPS, log=print) -> str:
@@ -79,7 +90,8 @@ def project_table(files: Sequence[str], make_config: Callable,
               f"{time.perf_counter() - started:.0f} s")
         r = plan.project(config, shape, compiled[shape], chip)
       except ConfigError as e:
-        lines.append(f"| {name} | | | | | | | | | | no: {e} | | |")
+        lines.append(f"| {name} | | | | | | | | | | {_refusal(config, chip, e)}"
+                     f" | | |")
         log(lines[-1])
         continue
       used.add(r["compiler"])
