@@ -40,6 +40,7 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 
 from absl import flags  # noqa: E402
 import gin  # noqa: E402
+import jax  # noqa: E402
 
 from specdec_jax.data import tasks  # noqa: E402,F401  (registers TaskConfig)
 from specdec_jax.experiments import chips  # noqa: E402
@@ -75,6 +76,9 @@ def _config(gin_files, bindings) -> experiment.ExperimentConfig:
 
 def main(argv):
   del argv
+  # Plans compile each program once, and a TPU program compiled ahead of
+  # time cannot be read back from JAX's persistent cache: keep it out.
+  jax.config.update("jax_enable_compilation_cache", False)
   if _EXPERIMENTS.value:
     pattern = os.path.join(gin_flags.CONFIGS_DIR, _EXPERIMENTS.value)
     files = sorted(f for f in glob.glob(pattern)

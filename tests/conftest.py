@@ -38,6 +38,9 @@ def pytest_configure(config):
       "JAX_COMPILATION_CACHE_DIR" not in os.environ):
     path = tempfile.mkdtemp(prefix="specdec-test-xla-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    # Only programs that took seconds: writing the many small ones cost
+    # more than fetching them saved (docs/log/suite_timing.md).
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "3")
     config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
   config.addinivalue_line(
       "markers", "quick: a fast test module, in `make test-quick`'s subset "

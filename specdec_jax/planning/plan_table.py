@@ -11,10 +11,12 @@ installed; each section names the compiler its figures come from.
 
 from __future__ import annotations
 
+import gc
 import re
 import time
 from typing import Callable, Sequence
 
+import jax
 import numpy as np
 
 from specdec_jax.experiments import fit
@@ -85,6 +87,10 @@ def project_table(files: Sequence[str], make_config: Callable,
         shape = fit.run_shape(config, input_len)
         if shape not in compiled:
           started = time.perf_counter()
+          # What the previous row compiled stays in JAX's caches (at XXL
+          # size about a GB per row with the TPU compiler): let it go.
+          jax.clear_caches()
+          gc.collect()
           compiled[shape] = plan.compile_programs(shape)
           log(f"{name} on {shape.mesh_shape}: compiled in "
               f"{time.perf_counter() - started:.0f} s")
