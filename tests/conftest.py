@@ -9,9 +9,7 @@ unaffected: they run on the first device.
 import io
 import os
 import random
-import shutil
 import string
-import tempfile
 
 import pytest
 
@@ -27,21 +25,6 @@ if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
 
 
 def pytest_configure(config):
-  # One persistent XLA compilation cache for the whole session: both xdist
-  # workers and every script a test starts (they inherit the environment
-  # set here, before the workers start) fetch a program another process
-  # already compiled instead of compiling it again. Fresh per session, so
-  # nothing carries over between runs. JAX reports a fetch as a backend
-  # compile too (/jax/core/compile/backend_compile_duration), so
-  # CompileCounter still counts every miss of JAX's in-memory caches.
-  if "PYTEST_XDIST_WORKER" not in os.environ and (
-      "JAX_COMPILATION_CACHE_DIR" not in os.environ):
-    path = tempfile.mkdtemp(prefix="specdec-test-xla-")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
-    # Only programs that took seconds: writing the many small ones cost
-    # more than fetching them saved (docs/log/suite_timing.md).
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "3")
-    config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
   config.addinivalue_line(
       "markers", "quick: a fast test module, in `make test-quick`'s subset "
       "(CI runs every test)")

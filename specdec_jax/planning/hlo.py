@@ -133,20 +133,24 @@ def loop_copies(text: str, min_bytes: int, dtype: str | None = None
   return out
 
 
-_HOST_OPS = ("infeed", "outfeed", "send", "recv", "send-done", "recv-done")
+_FEEDS = ("infeed", "outfeed")
+_SEND_RECV = ("send", "recv", "send-done", "recv-done")
 _TARGET = re.compile(r'custom_call_target="([^"]*)"')
 
 
 def host_callbacks(text: str) -> list[dict]:
   """Every transfer to or from the host in the program: infeed/outfeed,
-  send/recv, and custom calls into the host (`jax.debug.callback`,
-  `jax.pure_callback`, io_callback)."""
+  send/recv to the host (`is_host_transfer=true`: how a TPU program calls
+  `jax.debug.callback`), and custom calls into the host (a CPU's
+  callbacks); device-to-device send/recv is not one."""
   entry, comps = parse_hlo(text)
   out = []
   for name in sorted(_reachable(comps, entry)):
     for instr in comps[name]:
       target = _TARGET.search(instr["rest"])
-      if instr["op"] in _HOST_OPS or (
+      if instr["op"] in _FEEDS or (
+          instr["op"] in _SEND_RECV and
+          "is_host_transfer=true" in instr["rest"]) or (
           instr["op"] == "custom-call" and target and re.search(
               r"callback|host", target.group(1), re.IGNORECASE)):
         out.append({"op": instr["op"],
