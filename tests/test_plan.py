@@ -25,6 +25,7 @@ from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import experiment_config
 from specdec_jax.experiments import loading
+from specdec_jax.experiments import workdir
 from specdec_jax.planning import hlo
 from specdec_jax.planning import plan
 from specdec_jax.models import registry
@@ -208,3 +209,14 @@ def test_a_topology_is_checked_against_the_slices_we_plan_for():
                                                     topology="v4:2x2x1"))
   assert len(small) == 1 and "larger slice or a smaller mesh" in small[0]
   assert chips.TOPOLOGIES["v4:2x2x4"].num_hosts == 4
+
+
+def test_a_topology_does_not_change_what_a_workdir_holds():
+  """The slice a run is planned for changes no recorded number: a workdir
+  written under runs/tpu_v4.gin's topology resumes without it and back
+  (the fingerprint leaves it out, as `max_examples`); the mesh does not."""
+  base = _config((1, 4))
+  assert workdir.fingerprint(base) == workdir.fingerprint(
+      dataclasses.replace(base, topology="v4:2x2x1"))
+  assert workdir.fingerprint(base) != workdir.fingerprint(
+      dataclasses.replace(base, mesh_shape=(1, 2)))

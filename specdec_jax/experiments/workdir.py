@@ -58,10 +58,11 @@ RESULT_FILES = ("examples.jsonl", "costs.json", "optimal_gamma.json",
 # it lives in the core; its error is this module's too.
 lock = locks.lock
 WorkdirError = locks.WorkdirError
-# ExperimentConfig fields that do not change any recorded number.
+# ExperimentConfig fields that do not change any recorded number (`topology`
+# only says what scripts/plan_run.py compiles for).
 EXTENDING_FIELDS = ("max_examples", "trace_examples", "name", "distributed",
                     "overwrite", "summary_every_examples",
-                    "summary_every_seconds")
+                    "summary_every_seconds", "topology")
 # Files up to this size are hashed; larger ones (weights) by size and mtime.
 _HASH_LIMIT = 1 << 20
 
