@@ -47,6 +47,9 @@ flags.DEFINE_integer("input_len", 64, "Input tokens.")
 flags.DEFINE_integer("cache_positions", 256, "Decoder cache slots.")
 flags.DEFINE_enum("chip", None, list(chips.CHIPS),
                   "Roofline chip (default: from the device kind).")
+flags.DEFINE_string("hlo_dir", None,
+                    "Also write each size's optimized HLO of a one-token "
+                    "and a two-token step here (<size>_extend_<n>.hlo.txt).")
 flags.DEFINE_string("out", os.path.join(os.environ.get("OUT", "."),
                                         "gpu_benchmark.json"),
                     "JSON output.")
@@ -77,20 +80,37 @@ def step_bytes(model):
       {k: v for k, v in model.params.items() if k != "encoder"}))
 
 
+def write_step_hlo(model, ids, cache_positions, name, directory):
+  """The compiled HLO of a cached `extend` of 1 and of 2 tokens (the cache
+  donated, as in `plan.step_cost`): how the device's compiler lowers a
+  matrix-vector step against a two-row one."""
+  os.makedirs(directory, exist_ok=True)
+  cache = jax.jit(lambda p, i: model.definition.prefill(
+      p, i, cache_positions).cache)(model.params, jnp.asarray(ids))
+  for n in (1, 2):
+    tokens = jax.ShapeDtypeStruct((ids.shape[0], n), jnp.int32)
+    text = jax.jit(model.definition.extend, donate_argnums=1).lower(
+        model.params, cache, tokens, tokens).compile().as_text()
+    with open(os.path.join(directory, f"{name}_extend_{n}.hlo.txt"),
+              "w") as f:
+      f.write(text)
+
+
 def roofline(model, ids, cache_positions, gammas, chip):
-  """Roofline times (ms) of one step and verify costs, as plan_run projects
-  them, from this device's compiled step programs."""
+  """Roofline times (ms) of one step and verify costs from this device's
+  compiled step programs, with this device compiler's own bytes accessed
+  (a plan counts them from shapes: the two can be compared here)."""
   prefill = jax.jit(lambda p, i: model.definition.prefill(
       p, i, cache_positions).cache)
   cache = prefill(model.params, jnp.asarray(ids))
   one = plan.step_cost(model.definition, model.params, cache, 1)
-  t1 = plan.roofline_seconds(one, chip, 1)
+  t1 = plan.roofline_seconds(one, chip, 1, one["bytes_accessed"])
   out = {"roofline_ms": t1 * 1e3, "flops": one["flops"],
          "bytes_accessed": one["bytes_accessed"]}
   for g in gammas:
     cost = plan.step_cost(model.definition, model.params, cache, g + 1)
     out[f"verify_cost_roofline_g{g}"] = plan.roofline_seconds(
-        cost, chip, 1) / t1
+        cost, chip, 1, cost["bytes_accessed"]) / t1
   return out
 
 
@@ -130,6 +150,8 @@ def main(argv):
       row.update(roofline(model, ids, args.cache_positions, gammas, chip))
       row["step_over_roofline"] = row["step_ms"] / row["roofline_ms"]
       roof[name] = row["roofline_ms"]
+    if args.hlo_dir:
+      write_step_hlo(model, ids, args.cache_positions, name, args.hlo_dir)
     step[name] = t1
     results["sizes"][name] = row
     print(name, {k: round(v, 3) for k, v in row.items()}, flush=True)

@@ -23,6 +23,7 @@ jax, flax and numpy.
 """
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.quick  # `make test-quick`
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
                     "specdec_jax")
+REPO = os.path.dirname(os.path.abspath(ROOT))
 LAYERS = ("core", "infra", "checkpoints", "data", "training", "experiments",
           "planning", "launch", "tables")
 _BELOW_TRAINING = {"core", "infra", "checkpoints", "data"}
@@ -218,16 +220,31 @@ def test_core_imports_and_decodes_without_tensorflow_seqio_gin():
   assert result.stdout.strip().endswith("ok")
 
 
-def test_gpu_benchmark_modules_import_without_tensorflow_seqio_gin():
+def test_gpu_benchmark_runs_without_tensorflow_seqio_gin(tmp_path):
   """benchmarks/gpu.py runs on an accelerator box with jax, flax and optax
-  only: the run plan and its helpers must import there."""
+  only: it runs here end to end on two tiny sizes with TensorFlow, seqio
+  and gin blocked, writes its JSON (each size's roofline from the run
+  plan's step programs) and the step programs' HLO."""
+  out = tmp_path / "gpu.json"
   code = _IMPORT_CORE.split("import specdec_jax\n")[0] + (
-      "from specdec_jax.experiments import chips, costs, fit, timing\n"
-      "from specdec_jax.planning import plan\n"
-      "print('ok')\n")
+      "import runpy\n"
+      f"sys.argv = ['gpu.py', '--sizes=t5_1_1_tiny,t5_tiny', '--gammas=1',"
+      f" '--input_len=8', '--cache_positions=16', '--chip=h200',"
+      f" '--out={out}', '--hlo_dir={tmp_path}']\n"
+      "runpy.run_path('benchmarks/gpu.py', run_name='__main__')\n")
   result = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                          text=True, check=False)
+                          text=True, check=False, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=REPO))
   assert result.returncode == 0, result.stderr[-3000:]
+  sizes = json.loads(out.read_text())["sizes"]
+  assert set(sizes) == {"t5_1_1_tiny", "t5_tiny"}
+  for row in sizes.values():
+    assert row["step_ms"] > 0 and row["roofline_ms"] > 0
+    assert row["verify_cost_g1"] > 0 and row["verify_cost_roofline_g1"] > 0
+  assert sizes["t5_1_1_tiny"]["vs_largest"]["c_roofline"] > 0
+  assert sorted(p.name for p in tmp_path.glob("*.hlo.txt")) == [
+      f"{n}_extend_{k}.hlo.txt" for n in ("t5_1_1_tiny", "t5_tiny")
+      for k in (1, 2)]
 
 
 def test_the_blocker_blocks():

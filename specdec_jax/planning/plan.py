@@ -316,7 +316,7 @@ def compile_programs(shape: RunShape) -> dict[str, Any]:
   """Compiles the loops and step programs of `shape`: chip-independent."""
   devices, not_tpu = target_devices(shape)
   on_cpu = devices[0].platform == "cpu"
-  mesh = mesh_for(shape)
+  mesh = sharding.make_mesh(*shape.mesh_shape, devices=devices)
   tparams = abstract_params(shape.target, mesh)
   dparams = abstract_params(shape.draft, mesh, replicate=shape.replicate_draft)
   sampler = sampling.SamplingConfig(shape.temperature, shape.top_k,
