@@ -32,7 +32,7 @@ MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
 # Below this total mass the residual max(0, p - l*q) is rounding noise (it is
 # the total variation distance between p and q, and a rejection happens with
 # at most that probability), so we sample from p instead.
-_RESIDUAL_EPS = 1e-6
+RESIDUAL_EPS = 1e-6
 
 
 def argmax(logits: jax.Array) -> jax.Array:
@@ -321,5 +321,5 @@ def _accept_row(key, tokens, q, p, lenience, num_proposed=None):
                      q[jnp.minimum(num_accepted, gamma - 1)], 0.0)
   residual = jnp.maximum(p_next - lenience * q_next, 0.0)
   mass = jnp.sum(residual)
-  residual = jnp.where(mass > _RESIDUAL_EPS, residual / mass, p_next)
+  residual = jnp.where(mass > RESIDUAL_EPS, residual / mass, p_next)
   return num_accepted.astype(jnp.int32), sample(sample_key, residual)

@@ -13,6 +13,11 @@ Python scalars and a list of lengths and return floats.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import heapq
+from typing import Sequence
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -342,3 +347,240 @@ def cascade_walltime_improvement(alphas, gammas, costs) -> float:
                      f"{costs.shape}")
   time = 1.0 + float(np.dot(calls[1:], costs))
   return float(expected_tokens(alphas[0], gammas[0])) / time
+
+
+# ----------------------------------------------------------------------------
+# Token trees (beyond the paper; `decoding/trees.py`).
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeShape:
+  """A static tree of draft positions, breadth first.
+
+  Attributes:
+    parents: the parent of nodes 1..M (node 0 is the root, the pending
+      token): non-decreasing, each below its node, so that nodes come
+      breadth first and siblings are contiguous, in rank order (the first
+      child is the draft's first sample, or its argmax when greedy).
+  """
+
+  parents: tuple[int, ...]
+
+  def __post_init__(self):
+    parents = tuple(self.parents)
+    object.__setattr__(self, "parents", parents)
+    if not parents:
+      raise ValueError("a tree shape needs at least one node below the root.")
+    for i, p in enumerate(parents):
+      if (isinstance(p, bool) or not isinstance(p, (int, np.integer))
+          or not 0 <= p <= i):
+        raise ValueError(
+            f"tree shape: node {i + 1}'s parent must be an earlier node "
+            f"(0..{i}), got {p!r}.")
+      if i and p < parents[i - 1]:
+        raise ValueError(
+            f"tree shape: parents must be listed breadth first "
+            f"(non-decreasing), but node {i + 1}'s parent {p} comes after "
+            f"node {i}'s parent {parents[i - 1]}.")
+
+  @classmethod
+  def from_branching(cls, branching: Sequence[int]) -> "TreeShape":
+    """Every node of depth d gets branching[d] children."""
+    branching = tuple(branching)
+    if not branching or any(
+        isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1
+        for b in branching):
+      raise ValueError(f"tree branching must be integers >= 1, one per "
+                       f"depth, e.g. (3, 2, 1, 1); got {branching!r}.")
+    parents, level, next_id = [], [0], 1
+    for b in branching:
+      new_level = []
+      for node in level:
+        for _ in range(b):
+          parents.append(node)
+          new_level.append(next_id)
+          next_id += 1
+      level = new_level
+    return cls(tuple(parents))
+
+  @classmethod
+  def chain(cls, gamma: int) -> "TreeShape":
+    """The paper's chain of gamma tokens, as a tree."""
+    return cls.from_branching((1,) * gamma)
+
+  @property
+  def num_nodes(self) -> int:
+    """M, the draft positions (root excluded)."""
+    return len(self.parents)
+
+  @property
+  def verified(self) -> int:
+    """Tokens the target scores per call: M + 1."""
+    return len(self.parents) + 1
+
+  @functools.cached_property
+  def depths(self) -> np.ndarray:
+    """int32 [M + 1], each node's depth (root 0)."""
+    depth = [0]
+    for p in self.parents:
+      depth.append(depth[p] + 1)
+    return np.asarray(depth, np.int32)
+
+  @property
+  def depth(self) -> int:
+    """D, the longest path (the most draft tokens one call can accept)."""
+    return int(self.depths.max())
+
+  @functools.cached_property
+  def levels(self) -> tuple[np.ndarray, ...]:
+    """The node indices of each depth 0..D."""
+    return tuple(np.flatnonzero(self.depths == d)
+                 for d in range(self.depth + 1))
+
+  @functools.cached_property
+  def children(self) -> np.ndarray:
+    """int32 [M + 1, k]: node i's children in rank order, padded with 0."""
+    kids = [[] for _ in range(self.verified)]
+    for i, p in enumerate(self.parents):
+      kids[p].append(i + 1)
+    width = max(len(k) for k in kids)
+    return np.asarray([k + [0] * (width - len(k)) for k in kids], np.int32)
+
+  @functools.cached_property
+  def num_children(self) -> np.ndarray:
+    """int32 [M + 1]."""
+    return np.bincount(np.asarray(self.parents),
+                       minlength=self.verified).astype(np.int32)
+
+  @property
+  def max_children(self) -> int:
+    return int(self.num_children.max())
+
+  @functools.cached_property
+  def ranks(self) -> np.ndarray:
+    """int32 [M + 1], each node's rank among its siblings (root 0)."""
+    rank, seen = [0], {}
+    for p in self.parents:
+      rank.append(seen.get(p, 0))
+      seen[p] = rank[-1] + 1
+    return np.asarray(rank, np.int32)
+
+  @functools.cached_property
+  def ancestors(self) -> np.ndarray:
+    """bool [M + 1, M + 1]: [i, j] iff j is i or an ancestor of i."""
+    out = np.eye(self.verified, dtype=bool)
+    for i, p in enumerate(self.parents, start=1):
+      out[i] |= out[p]
+    return out
+
+  def describe(self) -> str:
+    """Branching per depth when uniform ("3x2x1x1"), else the node count
+    and depth ("31 nodes, depth 7")."""
+    uniform = []
+    for level in self.levels[:-1]:
+      counts = set(self.num_children[level].tolist())
+      if len(counts) != 1:
+        return f"{self.num_nodes} nodes, depth {self.depth}"
+      uniform.append(counts.pop())
+    return "x".join(map(str, uniform))
+
+  @classmethod
+  def best(cls, rank_accept: np.ndarray, size: int) -> "TreeShape":
+    """The shape of `size` nodes with the largest expected accepted length
+    when a child of rank j at depth d is accepted with probability
+    rank_accept[d, j] given that its elder siblings were rejected (a
+    Sequoia-style shape; see `tree_node_probabilities`): the `size` most
+    probable nodes, which always form a tree."""
+    return cls(best_tree_parents(np.asarray(rank_accept), size))
+
+
+#
+# A tree's walk accepts, at each node, the child of rank j with probability
+# a[d, j] given that its elder siblings were rejected (d the child's depth
+# - 1). With these per-rank rates as the only model of the draft (the
+# trees' analogue of the paper's i.i.d. alpha: one rate per depth and rank,
+# whatever the prefix), a node is reached with the product of its path's
+# acceptances, and the expected tokens per call is 1 plus their sum
+# (Theorem 3.8 for a chain: a[d, 0] = alpha gives (1 - alpha^(g+1)) /
+# (1 - alpha)).
+
+
+def rank_acceptance(rank_histogram, children=None) -> np.ndarray:
+  """a [D, k]: the measured rate at which the child of rank j is accepted
+  at depth d, given that the walk reached depth d and rejected its elder
+  siblings, from `DecodeStats.rank_histogram` summed over rows ([D, k + 1],
+  column k counting the walks that accepted none). NaN where no walk got
+  that far. `children` [D] (the number of children of every node of each
+  depth, `TreeShape.describe`'s numbers) marks ranks past a depth's
+  children NaN; nodes of one depth with different numbers of children
+  would be pooled: measure with a shape whose depths are uniform."""
+  hist = np.asarray(rank_histogram, np.float64)
+  if hist.ndim == 3:
+    hist = hist.sum(axis=0)
+  reached = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]   # rank >= j or none
+  with np.errstate(invalid="ignore", divide="ignore"):
+    rates = np.where(reached[:, :-1] > 0, hist[:, :-1] / reached[:, :-1],
+                     np.nan)
+  if children is not None:
+    ranks = np.arange(rates.shape[1])[None, :]
+    rates = np.where(ranks < np.asarray(children)[:, None], rates, np.nan)
+  return rates
+
+
+def _child_probability(rank_accept: np.ndarray, depth: int, rank: int):
+  """P(the walk at a node of depth `depth` accepts its rank-`rank` child),
+  from the per-rank rates a (NaN and missing entries count as 0)."""
+  a = np.nan_to_num(np.asarray(rank_accept, np.float64))
+  if depth >= a.shape[0] or rank >= a.shape[1]:
+    return 0.0
+  return float(a[depth, rank] * np.prod(1.0 - a[depth, :rank]))
+
+
+def tree_node_probabilities(parents, rank_accept) -> np.ndarray:
+  """P(the walk reaches node i) [M + 1] of the tree whose nodes 1..M have
+  `parents` (breadth first, `trees.TreeShape.parents`), under the per-rank
+  rates a [D, k] (`rank_acceptance`); node 0, the root, has 1."""
+  reach, depth, seen = [1.0], [0], {}
+  for p in parents:
+    rank = seen.get(p, 0)
+    seen[p] = rank + 1
+    depth.append(depth[p] + 1)
+    reach.append(reach[p] * _child_probability(rank_accept, depth[p], rank))
+  return np.asarray(reach)
+
+
+def tree_expected_tokens(parents, rank_accept) -> float:
+  """Expected tokens per target call of a tree (accepted draft tokens plus
+  the target's own), ignoring the end of the sequence."""
+  return float(np.sum(tree_node_probabilities(parents, rank_accept)))
+
+
+def best_tree_parents(rank_accept, size: int) -> tuple[int, ...]:
+  """The parents (breadth first) of the tree of `size` nodes with the
+  largest `tree_expected_tokens` under the per-rank rates: its nodes are
+  the `size` most probable ones, taken one at a time from the frontier (a
+  node's first child and next younger sibling), which keeps a tree (a
+  child is less probable than its parent; a younger sibling is offered
+  only once its elder is in). Depth is bounded by the rates' D."""
+  if size < 1:
+    raise ValueError(f"a tree needs at least one node, got size={size}.")
+  # A node is its path of ranks from the root.
+  frontier = [(-_child_probability(rank_accept, 0, 0), (0,), 1.0)]
+  chosen = []
+  while frontier and len(chosen) < size:
+    neg, path, parent_reach = heapq.heappop(frontier)
+    chosen.append(path)
+    reach = -neg
+    depth = len(path)
+    heapq.heappush(frontier, (
+        -reach * _child_probability(rank_accept, depth, 0), path + (0,),
+        reach))
+    sibling = path[:-1] + (path[-1] + 1,)
+    heapq.heappush(frontier, (
+        -parent_reach * _child_probability(rank_accept, depth - 1,
+                                           path[-1] + 1),
+        sibling, parent_reach))
+  order = sorted(chosen, key=lambda path: (len(path), path))
+  index = {(): 0}
+  index.update({path: i + 1 for i, path in enumerate(order)})
+  return tuple(index[path[:-1]] for path in order)

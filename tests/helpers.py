@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from specdec_jax.decoding import ngram
+from specdec_jax.models import ngram
 from specdec_jax.decoding.protocol import Prefill
 from specdec_jax.decoding.protocol import Model
 
@@ -64,17 +64,30 @@ class TableDef:
                    start_token=jnp.zeros((batch,), jnp.int32),
                    start_pos=jnp.zeros((batch,), jnp.int32))
 
-  def extend(self, params, cache, tokens, positions):
+  def extend(self, params, cache, tokens, positions, tree=None):
     batch, slots = cache["tokens"].shape
     rows = jnp.arange(batch)[:, None]
-    cached = cache["tokens"].at[rows, positions].set(tokens)
-    contrib = jnp.asarray(_weights(slots)) * (cached + 1)  # [B, S]
-    visible = jnp.arange(slots)[None, None, :] <= positions[:, :, None]
+    written = positions if tree is None else tree.slots
+    cached = cache["tokens"].at[rows, written].set(tokens)
+    if tree is None:
+      key_pos = jnp.arange(slots)[None, :]
+      visible = key_pos[:, None, :] <= positions[:, :, None]
+    else:
+      key_pos, visible = tree.expand(slots)
+    # Each visible token weighs by its position (not its slot).
+    contrib = jnp.asarray(_weights(slots + 1))[
+        jnp.clip(key_pos, 0, slots)] * (cached + 1)  # [B, S]
     state = (cache["h0"][:, None] + jnp.sum(
         jnp.where(visible, contrib[:, None, :], 0), axis=-1)) % self.states
     pos = jnp.minimum(positions, self.positions - 1)
     logits = params["table"][pos, state]
     return logits, dict(cache, tokens=cached)
+
+  def copy_slots(self, cache, src, dst):
+    rows = jnp.arange(src.shape[0])[:, None]
+    moved = cache["tokens"][rows, src]
+    return dict(cache, tokens=cache["tokens"].at[rows, dst].set(
+        moved, mode="drop"))
 
 
 def table_model(vocab, *, seed=0, scale=2.0, states=7, positions=64,

@@ -27,7 +27,7 @@ import specdec_jax as sd
 from specdec_jax import sampling
 from specdec_jax.decoding import drafters
 from specdec_jax.decoding import engine
-from specdec_jax.decoding import ngram
+from specdec_jax.models import ngram
 from specdec_jax.decoding import stopping
 from specdec_jax.tokens import EOS_ID
 from tests import helpers

@@ -18,7 +18,7 @@ from specdec_jax import sampling
 from specdec_jax import theory
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import cascades as sd_cascades
-from specdec_jax.decoding import ngram
+from specdec_jax.models import ngram
 from specdec_jax.decoding import stopping as sd_stopping
 from specdec_jax.decoding import verify
 from specdec_jax.decoding.api import generate, speculative_generate

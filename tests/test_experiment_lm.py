@@ -74,7 +74,7 @@ def test_ngram_draft_for_decoder_only_target_learns_across_the_prompt(
   (decoder_only): a bigram that only occurs from the prompt's last token into
   the continuation gets most of its row's mass, where a T5-style fit on the
   targets alone (the negative control) leaves it at the smoothing floor."""
-  from specdec_jax.decoding import ngram  # pylint: disable=g-import-not-at-top
+  from specdec_jax.models import ngram  # pylint: disable=g-import-not-at-top
   _, task_config = lm_setup
   target = checkpoints.load_model("gpt_tiny")
   with tasks.override_config(**task_config):

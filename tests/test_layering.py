@@ -200,7 +200,8 @@ sys.meta_path.insert(0, Block())
 import specdec_jax
 from specdec_jax import sampling, theory, sharding, tokens
 from specdec_jax import decoding, models, checkpoints
-from specdec_jax.decoding import api, engine, ngram, protocol
+from specdec_jax.decoding import api, engine, protocol
+from specdec_jax.models import ngram
 from specdec_jax.models import gpt, registry, t5
 from specdec_jax.checkpoints import configs, hf, native, storage, t5x
 model = specdec_jax.load_model("t5_tiny", seed=0)

@@ -18,7 +18,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax.decoding import checks
 from specdec_jax.decoding import engine
-from specdec_jax.decoding import ngram
+from specdec_jax.models import ngram
 from tests import helpers
 
 VOCAB = 16

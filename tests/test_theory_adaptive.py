@@ -17,7 +17,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax import Model
 from specdec_jax import theory
-from specdec_jax.decoding import ngram
+from specdec_jax.models import ngram
 from specdec_jax.decoding import stopping
 
 pytestmark = pytest.mark.quick  # `make test-quick`

@@ -23,7 +23,7 @@ from specdec_jax import sampling
 from specdec_jax.decoding import checks
 from specdec_jax.decoding import cascades
 from specdec_jax.decoding import engine
-from specdec_jax.decoding import ngram
+from specdec_jax.models import ngram
 from specdec_jax.decoding import stopping
 from tests import helpers
 

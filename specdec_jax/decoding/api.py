@@ -23,6 +23,7 @@ from specdec_jax.decoding import checks
 from specdec_jax.decoding.checks import compiler_options_key  # noqa: F401  (public)
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import stopping
+from specdec_jax.decoding import trees
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
 
@@ -145,7 +146,9 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
   Args:
     target: the model whose output distribution is kept.
     draft: the cheaper approximation model; same vocabulary size. A cascade
-      (`sd.cascade(draft, draft_of_draft, gamma=k)`) works here too.
+      (`sd.cascade(draft, draft_of_draft, gamma=k)`), a horizontal drafter
+      and a token tree (`sd.tree(draft, (3, 2, 1, 1))`, gamma its depth)
+      work here too.
     input_ids: int [batch, length], 0-padded, each row ending in EOS (1).
     gamma: draft tokens per iteration (static; >= 1); with a `draft_stop`
       rule, the most draft tokens per iteration.
@@ -239,6 +242,10 @@ class SpeculativeDecoder:
           f"sampling must be a SamplingConfig(temperature, top_k, top_p), "
           f"got {self.sampling!r}.")
     checks.check_compatible(self.target, self.draft)
+    shape = trees.shape_of(self.draft.definition)
+    if shape is not None:
+      checks.check_tree(shape, self.target, self.gamma, self.max_decode_len,
+                        self.lenience, self.draft_stop)
 
   def replace(self, **changes: Any) -> "SpeculativeDecoder":
     """The same decoder with some settings changed (checked again)."""
@@ -269,11 +276,16 @@ class SpeculativeDecoder:
     sizes, extra_width = composite.call_sizes(draft.definition)
     checks.check_width(max_decode_len + gamma + 1 + extra_width,
                        f"max_decode_len + gamma + 1 (+ {extra_width} for "
-                       f"the cascade's inner gammas)")
+                       f"a cascade's inner gammas or a tree's nodes)")
+    shape = trees.shape_of(draft.definition)
     checks.check_memory([target, *composite.models_of(draft)], ids.shape,
                         gamma, max_decode_len, bool(record_trace),
-                        f"gamma={gamma}, max_decode_len={max_decode_len}",
-                        tuple(t for _, t in sizes), extra_width)
+                        f"gamma={gamma}, max_decode_len={max_decode_len}"
+                        + ("" if shape is None else
+                           f", a tree of {shape.num_nodes} nodes"),
+                        tuple(t for _, t in sizes), extra_width,
+                        target_tokens=None if shape is None
+                        else shape.verified)
     fn = engine.build_speculative(
         target.definition, draft.definition, gamma, max_decode_len,
         self.sampling, self.lenience, bool(record_trace),

@@ -17,7 +17,6 @@ import jax
 import numpy as np
 
 from specdec_jax.decoding import composite
-from specdec_jax.decoding import ngram
 from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
@@ -138,8 +137,8 @@ def check_inputs(input_ids: Any,
           f"input row {row} has {int(lengths.max())} tokens but the {name} "
           f"model accepts at most {limit}. Truncate the input (the data "
           f"pipeline's feature length) or raise the model's max_input_len.")
-  if any(family_of(m) == protocol.ENCODER_DECODER and not isinstance(
-      m.definition, ngram.NgramDef) for _, m in models):
+  if any(family_of(m) == protocol.ENCODER_DECODER
+         and getattr(m.definition, "reads_inputs", True) for _, m in models):
     # T5 saw every training input end in EOS; without it the encoder output,
     # and so the translation, changes silently.
     last_index = ids.shape[1] - 1 - np.argmax(ids[:, ::-1] != 0, axis=1)
@@ -286,7 +285,8 @@ def model_bytes(definition: Any, param_shapes: Any, ids_shape: tuple,
 def check_memory(models: list[Model], ids_shape: tuple[int, int],
                   gamma: int, max_decode_len: int, record_trace: bool,
                   what: str, call_tokens: tuple[int, ...] = (),
-                  extra_width: int = 0) -> None:
+                  extra_width: int = 0,
+                  target_tokens: int | None = None) -> None:
   """Refuses, before compiling, a loop whose buffers cannot fit.
 
   Counts each model's cache, the largest buffer of one model call (the
@@ -295,13 +295,16 @@ def check_memory(models: list[Model], ids_shape: tuple[int, int],
   the token buffers; all from shapes (`model_bytes`). `call_tokens`: the
   tokens per call of each draft model (`composite.call_sizes`: a cascade's
   middle model verifies its inner gamma + 1 at once; default 2), and
-  `extra_width` the scratch positions a cascade adds. A rough bound: it
+  `extra_width` the scratch positions a cascade or a tree adds,
+  `target_tokens` the tokens the target scores a call (default gamma + 1;
+  a tree's nodes + 1). A rough bound: it
   catches the impossible (gamma=10**6, max_decode_len=10**7), not the
   tight. Skipped for sizes that always fit (`_ESTIMATE_ABOVE`).
   """
   batch = ids_shape[0]
   width = max_decode_len + gamma + 1 + extra_width
-  tokens_per_call = [gamma + 1] + [
+  target_tokens = gamma + 1 if target_tokens is None else target_tokens
+  tokens_per_call = [target_tokens] + [
       call_tokens[i] if i < len(call_tokens) else 2
       for i in range(len(models) - 1)]
   if batch * width * max(tokens_per_call) <= _ESTIMATE_ABOVE:
@@ -316,7 +319,7 @@ def check_memory(models: list[Model], ids_shape: tuple[int, int],
     caches += cache
     largest = max(largest, peak)
   vocab = models[0].vocab_size
-  logits = 2 * 4 * batch * vocab * ((gamma + 1) + sum(
+  logits = 2 * 4 * batch * vocab * (target_tokens + sum(
       max(gamma, t) for t in tokens_per_call[1:]))
   tokens = 4 * batch * width * (1 + (gamma if record_trace else 0))
   # The loop's carry is held twice where XLA cannot update it in place, and
@@ -331,6 +334,41 @@ def check_memory(models: list[Model], ids_shape: tuple[int, int],
         f"logits/probabilities {logits / 2**30:,.1f} GiB) but only "
         f"{free / 2**30:,.1f} GiB is {where}: lower max_decode_len, gamma "
         f"or the batch size.")
+
+
+def check_tree(shape: Any, target: Model, gamma: int, max_decode_len: int,
+               lenience: float, draft_stop: Any) -> None:
+  """Refuses, before compiling, settings a token tree cannot take."""
+  name = f"the tree {shape.describe()} ({shape.num_nodes} nodes, depth " \
+         f"{shape.depth})"
+  if gamma != shape.depth:
+    raise ValueError(
+        f"gamma={gamma} but {name} proposes up to {shape.depth} tokens per "
+        f"iteration: pass gamma={shape.depth} (a tree's gamma is its depth).")
+  if shape.depth > max_decode_len:
+    raise ValueError(
+        f"{name} is deeper than max_decode_len={max_decode_len}: its deepest "
+        f"nodes could never be emitted; use a shallower tree or raise "
+        f"max_decode_len.")
+  if shape.max_children > target.vocab_size:
+    raise ValueError(
+        f"{name} gives a node {shape.max_children} children but the "
+        f"vocabulary has {target.vocab_size} tokens: children are distinct "
+        f"tokens; narrow the tree.")
+  if lenience != 1.0:
+    raise ValueError(
+        f"lenience={lenience}: token trees are verified exactly only; use "
+        f"lenience=1.0 with a tree (or a chain draft for the lossy variant).")
+  if draft_stop is not None:
+    raise ValueError(
+        "draft_stop rules shorten a chain of draft tokens; a token tree has a "
+        "static shape: pass draft_stop=None with a tree (or a plain draft "
+        "with the rule).")
+  if not hasattr(target.definition, "copy_slots"):
+    raise TypeError(
+        f"the target {type(target.definition).__name__} cannot score token "
+        f"trees (it needs extend(..., tree=) and copy_slots, as T5 and the "
+        f"GPT-like model have).")
 
 
 def check_nonfinite(stats: DecodeStats, on_nonfinite: str,

@@ -67,6 +67,12 @@ class ModelCursor:
                     index: jax.Array) -> tuple[jax.Array, "ModelCursor"]:
     positions = self.start_pos[:, None] + index
     logits, cache = model.extend(params, self.cache, tokens, positions)
+    return self.checked(logits, cache)
+
+  def checked(self, logits: jax.Array,
+              cache: Any) -> tuple[jax.Array, "ModelCursor"]:
+    """(float32 logits, the cursor on `cache`), its non-finite flag
+    updated with the logits [B, K, V] the model just produced."""
     logits = logits.astype(jnp.float32)
     nonfinite = self.nonfinite
     if nonfinite is not None:

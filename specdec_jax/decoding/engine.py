@@ -29,6 +29,7 @@ import numpy as np
 from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax.decoding import drafters
+from specdec_jax.decoding import trees
 from specdec_jax.decoding import verify
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
@@ -269,6 +270,7 @@ def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
   offsets = jnp.arange(gamma + 1)  # of the verified tokens, from n
 
   fast = verify.fast_greedy(static_sampler, draft_sample)
+  tree = trees.shape_of(draft)
   # Its sizes; `run` builds it again around the traced numbers.
   drafter = drafters.make_drafter(draft, gamma, static_sampler, 1,
                                   draft_sample, fast)
@@ -302,6 +304,36 @@ def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
     choice = jnp.sum(jnp.asarray(widths) < longest)
     return jax.lax.switch(choice, [branch(w) for w in widths], cursor)
 
+  def _tree_step(s: SpeculativeState, drafter, target_params, draft_params,
+                 step_keys, sampler):
+    """One iteration's drafting and verification with a token tree
+    (`trees.py`): the draft proposes the tree, the target scores all its
+    nodes in one call, the walk decides, and both caches keep the accepted
+    path. Returns what the chain's code has at the same point: the walked
+    path as a chain proposal of `gamma` (the depth) tokens, the target's
+    and the draft's new states, the verdict, the rank accepted at each
+    depth and the draft's level stats."""
+    n = s.stream.length
+    tree_prop, draft_state, level = _in(
+        draft_rules(), drafter.propose, draft_params, s.draft, s.stream,
+        step_keys[:, :gamma])
+    tokens = tree_prop.tokens.at[:, 0].set(
+        s.target.token_at(s.stream, n[:, None])[:, 0])
+    logits, target_cursor = trees.feed(s.target, target, target_params,
+                                       tokens, n, tree,
+                                       np.arange(tree.verified))
+    verdict, path, rank = verify.verify_tree(
+        logits, tree_prop, tree, step_keys[:, gamma], sampler, fast=fast,
+        verifier=drafter.verifier)
+    target_cursor = trees.keep_path(target_cursor, target, n, path)
+    draft_state = drafter.keep(draft_state, n, path)
+    batch = n.shape[0]
+    prop = drafters.Proposal(
+        tokens=verdict.tokens[:, :gamma], probs=None,
+        conf=jnp.zeros((batch, gamma), jnp.float32),
+        length=jnp.full((batch,), gamma, jnp.int32))
+    return prop, target_cursor, draft_state, verdict, rank, level
+
   def run(target_params, draft_params, input_ids, seeds, rows, values):
     sampler = static_sampler.traced(values)
     lenience = values["lenience"]
@@ -312,7 +344,8 @@ def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
     batch = input_ids.shape[0]
     keys = row_keys(seeds, rows)
     stats = _initial_stats(batch, gamma, drafter.depth, max_decode_len,
-                           record_trace)
+                           record_trace,
+                           None if tree is None else tree.max_children)
     state = SpeculativeState(
         step=jnp.int32(0), stream=_new_stream(batch, width),
         target=_cursor(target, target_params, input_ids, width, check_finite),
@@ -335,25 +368,30 @@ def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
         # A proposal past the row's last token is wasted; done rows stop at 1.
         limit = jnp.clip(max_decode_len - n - 1, 1, gamma)
         limit = jnp.where(s.stream.done, 1, limit)
-      prop, draft_state, level = _in(
-          draft_rules(), drafter.propose, draft_params, s.draft, s.stream,
-          step_keys[:, :gamma], keep, limit)
-      # One target run scores the pending token and the proposed tokens.
-      verify_tokens = jnp.concatenate(
-          [s.target.token_at(s.stream, n[:, None]), prop.tokens], axis=1)
-      longest = jnp.max(jnp.where(s.stream.done, 1, prop.length))
-      logits, target_cursor = target_call(s.target, target_params,
-                                          verify_tokens,
-                                          n[:, None] + offsets, longest)
-      verdict = verify.verify(logits, prop, step_keys[:, gamma], sampler,
-                              lenience=lenience, fast=fast)
+      if tree is None:
+        prop, draft_state, level = _in(
+            draft_rules(), drafter.propose, draft_params, s.draft, s.stream,
+            step_keys[:, :gamma], keep, limit)
+        # One target run scores the pending token and the proposed tokens.
+        verify_tokens = jnp.concatenate(
+            [s.target.token_at(s.stream, n[:, None]), prop.tokens], axis=1)
+        longest = jnp.max(jnp.where(s.stream.done, 1, prop.length))
+        logits, target_cursor = target_call(s.target, target_params,
+                                            verify_tokens,
+                                            n[:, None] + offsets, longest)
+        verdict = verify.verify(logits, prop, step_keys[:, gamma], sampler,
+                                lenience=lenience, fast=fast)
+        rank = None
+      else:
+        prop, target_cursor, draft_state, verdict, rank, level = _tree_step(
+            s, drafter, target_params, draft_params, step_keys, sampler)
       stream, emitted = _advance(s.stream, verdict.tokens, verdict.count,
                                  max_decode_len)
       active = ~s.stream.done
       # alpha and the counters: beta at every verified position emitted.
       counted = verify.counted_positions(emitted, prop.length, gamma)
       st = _count_iteration(s.stats, s.step, active, prop, verdict, emitted,
-                            counted, level)
+                            counted, level, rank)
       stop_state = s.stop_state
       if rule is not None:
         stop_state = rule.update(stop_state, prop.conf, verdict.accept_prob,
@@ -389,10 +427,13 @@ def _in(context, fn, *args):
 
 
 def _initial_stats(batch: int, gamma: int, depth: int, max_decode_len: int,
-                   record_trace: bool) -> dict[str, jax.Array]:
+                   record_trace: bool,
+                   tree_width: int | None = None) -> dict[str, jax.Array]:
   """The per-row counters of the speculative loop, at zero: the fields of
   `DecodeStats` it accumulates (depth: draft levels below the target), and
-  with `record_trace` the per-iteration trace (-1: no iteration)."""
+  with `record_trace` the per-iteration trace (-1: no iteration); with a
+  token tree of at most `tree_width` children a node, its rank
+  histogram."""
   zeros = jnp.zeros((batch,), jnp.int32)
   stats = {
       "target_calls": zeros, "draft_calls": zeros,
@@ -405,6 +446,9 @@ def _initial_stats(batch: int, gamma: int, depth: int, max_decode_len: int,
       "level_alpha_sum": jnp.zeros((batch, depth), jnp.float32),
       "level_alpha_count": jnp.zeros((batch, depth), jnp.int32),
   }
+  if tree_width is not None:
+    stats["rank_histogram"] = jnp.zeros((batch, gamma, tree_width + 1),
+                                        jnp.int32)
   if record_trace:
     stats["trace_draft"] = jnp.zeros((batch, max_decode_len, gamma),
                                      jnp.int32)
@@ -418,7 +462,8 @@ def _count_iteration(stats: dict[str, jax.Array], step: jax.Array,
                      active: jax.Array, prop: drafters.Proposal,
                      verdict: verify.Verdict, emitted: jax.Array,
                      counted: jax.Array,
-                     level: dict[str, jax.Array]) -> dict[str, jax.Array]:
+                     level: dict[str, jax.Array],
+                     rank: jax.Array | None = None) -> dict[str, jax.Array]:
   """`stats` after one iteration, counted for the rows still decoding.
 
   Args:
@@ -433,6 +478,9 @@ def _count_iteration(stats: dict[str, jax.Array], step: jax.Array,
       (`verify.counted_positions`: only emitted ones).
     level: the drafter's per-level "calls", "alpha_sum" and "alpha_count"
       (cascades; [B, depth]).
+    rank: int32 [B, G] with a token tree: the rank of the child accepted at
+      each depth walked (the tree's widest k where none was), counted at
+      the `counted` depths.
   """
   accepted, nxt, beta = verdict.accepted, verdict.next, verdict.beta
   # Draft tokens that reached the output (none after an accepted EOS).
@@ -455,6 +503,10 @@ def _count_iteration(stats: dict[str, jax.Array], step: jax.Array,
       "level_alpha_sum": levels["alpha_sum"],
       "level_alpha_count": levels["alpha_count"],
   }
+  if rank is not None:
+    width = stats["rank_histogram"].shape[-1]
+    increments["rank_histogram"] = (
+        counted[..., None] * jax.nn.one_hot(rank, width, dtype=jnp.int32))
   stats = dict(stats)
   for name, increment in increments.items():
     stats[name] = stats[name] + increment

@@ -22,6 +22,13 @@ token is the decoder start id 0 at position 0 and the encoder output lives in
 the cache; for a decoder-only model the start token is the last prompt token
 and every earlier prompt position is already in the cache after `prefill`.
 
+Token trees. `extend` may also take a `TreeMask` (`decoding/trees.py`): the
+K tokens are then nodes of a tree, each written at its own cache slot and
+attending to the committed slots and to its ancestors only, at the
+position of its depth (not of its slot). Models that take trees also have
+`copy_slots(cache, src, dst)`, with which the engine moves the accepted
+path of a tree into the slots of its positions.
+
 `Model` bundles a `ModelDef` with its parameters and vocabulary: what
 `load_model` returns and the decoders take.
 
@@ -38,6 +45,7 @@ import weakref
 
 import flax
 import jax
+import jax.numpy as jnp
 
 
 @flax.struct.dataclass
@@ -56,6 +64,42 @@ class Prefill:
   cache: Any
   start_token: jax.Array
   start_pos: jax.Array
+
+
+@flax.struct.dataclass
+class TreeMask:
+  """Where the K nodes of a token-tree chunk go and what each of them sees.
+
+  The tree's nodes 0..M (0 the root; `trees.TreeShape` numbers them
+  breadth first) own the cache slots root..root + M; the slots below the
+  root hold the committed sequence (slot s at position s), which every node
+  sees; of the tree, a node sees itself and its ancestors only. A node of
+  depth d sits at position root + d.
+
+  Attributes:
+    root: int32 [B], the root's cache slot.
+    slots: int32 [B, K], the slot each fed node is written to.
+    sees: bool [K, M + 1], fed node k sees tree node i.
+    depth: int32 [M + 1], each tree node's depth.
+  """
+
+  root: jax.Array
+  slots: jax.Array
+  sees: jax.Array
+  depth: jax.Array
+
+  def expand(self, num_slots: int) -> tuple[jax.Array, jax.Array]:
+    """(key positions int32 [B, S], visible bool [B, K, S]) over a cache of
+    S = `num_slots` slots."""
+    size = self.depth.shape[0]
+    rel = jnp.arange(num_slots)[None, :] - self.root[:, None]   # [B, S]
+    in_tree = (rel >= 0) & (rel < size)
+    node = jnp.clip(rel, 0, size - 1)
+    key_positions = jnp.where(in_tree, self.root[:, None] + self.depth[node],
+                              jnp.arange(num_slots)[None, :])
+    sees = jnp.moveaxis(self.sees[:, node], 0, 1)             # [B, K, S]
+    visible = (rel < 0)[:, None, :] | (in_tree[:, None, :] & sees)
+    return key_positions.astype(jnp.int32), visible
 
 
 # A definition declares its family in a class attribute `family` (optional:
@@ -104,7 +148,8 @@ class ModelDef(Protocol):
     """
 
   def extend(self, params: Any, cache: Any, tokens: jax.Array,
-             positions: jax.Array) -> tuple[jax.Array, Any]:
+             positions: jax.Array,
+             tree: TreeMask | None = None) -> tuple[jax.Array, Any]:
     """Feeds K tokens per row at the given decoder positions.
 
     Args:
@@ -114,6 +159,9 @@ class ModelDef(Protocol):
       positions: int32 [B, K], the decoder position of each token;
         non-decreasing along K (a repeated position rewrites the same slot
         with the same token, which the engine uses at the start of a row).
+      tree: None (a chain: written at `positions`, causal), or where the
+        nodes of a token tree are written and what they see (optional:
+        only models that take token trees accept it).
 
     Returns:
       (logits float32 [B, K, V], the updated cache). logits[:, k] is the

@@ -62,6 +62,9 @@ class DecodeStats:
     stop_state: the `draft_stop` rule's final per-row statistics, a dict
       (ExpectedGainStop: `accept_sum`, `count` [B, bins]; see
       `stopping.calibration`), or None.
+    rank_histogram: int32 [B, G, k + 1] with a token tree (G its depth, k
+      its most children a node): at each depth walked, how often the child
+      of each rank was accepted (k: none was); None without a tree.
     target_nonfinite, draft_nonfinite: bool [B] any logit the target (the
       draft) produced for the row was NaN or inf; None when decoding ran
       with on_nonfinite='ignore' (draft_nonfinite also after `generate`).
@@ -87,6 +90,7 @@ class DecodeStats:
   level_alpha: Any = None
   trace_proposed: Any = None
   stop_state: Any = None
+  rank_histogram: Any = None
   target_nonfinite: Any = None
   draft_nonfinite: Any = None
 

@@ -106,6 +106,14 @@ def verify(logits: jax.Array, prop: Proposal, key: jax.Array,
     q_x = jnp.take_along_axis(prop.probs, tokens[..., None], -1)[..., 0]
     accept_prob = jnp.where(q_x > 0, jnp.minimum(
         1.0, p_x / jnp.maximum(q_x, 1e-30)), 0.0)
+  return _verdict(tokens, accepted, nxt, beta, accept_prob, p)
+
+
+def _verdict(tokens, accepted, nxt, beta, accept_prob, p) -> Verdict:
+  """The Verdict of accepting the first `accepted` [B] of the draft
+  `tokens` [B, G] then emitting `nxt` [B]."""
+  gamma = tokens.shape[1]
+  positions = jnp.arange(gamma + 1)[None, :]
   new = jnp.concatenate([tokens, jnp.zeros_like(tokens[:, :1])], axis=1)
   new = jnp.where(positions == accepted[:, None], nxt[:, None], new)
   is_eos = (new == EOS_ID) & (positions <= accepted[:, None])
@@ -115,6 +123,130 @@ def verify(logits: jax.Array, prop: Proposal, key: jax.Array,
                  next=nxt.astype(jnp.int32), tokens=new,
                  count=count.astype(jnp.int32), beta=beta,
                  accept_prob=accept_prob, probs=p)
+
+
+def _residual(p: jax.Array, q: jax.Array) -> jax.Array:
+  """norm(max(0, p - q)) over the last axis, or p where that is
+  numerically zero (p == q: a rejection cannot have happened)."""
+  residual = jnp.maximum(p - q, 0.0)
+  mass = jnp.sum(residual, axis=-1, keepdims=True)
+  return jnp.where(mass > sampling.RESIDUAL_EPS,
+                   residual / jnp.maximum(mass, 1e-30), p)
+
+
+def verify_tree(logits: jax.Array, prop: Any, shape: Any, key: jax.Array,
+                sampler: sampling.SamplingConfig, *, fast: bool = False,
+                verifier: str = "exact") -> tuple[Verdict, jax.Array,
+                                                  jax.Array]:
+  """Walks a token tree from its root: one verification of a `TreeProposal`.
+
+  At each node the children are tested in rank order by recursive
+  rejection sampling: child c_j (drawn from q with c_1..c_{j-1} removed,
+  renormalised: q_j) is accepted with probability min(1, p_j(c_j) /
+  q_j(c_j)), where p_1 is the target's p at the node and each rejection
+  leaves p_{j+1} = norm(max(0, p_j - q_j)); the walk moves to the accepted
+  child, and where every child is rejected it emits a sample of the last
+  residual. Each step outputs a sample of p_j given the rejections before
+  it (the paper's Theorem: speculative sampling with q_j against p_j), so
+  the token emitted at each depth follows the target's p exactly. After a
+  leaf, the bonus token comes from p at the leaf. With the fast greedy
+  path, the walk follows the child equal to the target's argmax.
+
+  Args:
+    logits: the target's logits [B, M + 1, V] at every node (0 the root).
+    prop: the `trees.TreeProposal`.
+    shape: its `trees.TreeShape`.
+    key: one PRNG key per row [B].
+    sampler: the transform of logits into p (the draft used the same).
+    fast: the fast greedy path.
+    verifier: "exact", or a deliberately wrong rule (`trees.VERIFIERS`).
+
+  Returns:
+    (the Verdict over the walked path, as over a chain of D tokens whose
+    beta is sum_x min(p, q) at each node walked (the chain's alpha); the
+    path int32 [B, D] of node indices (past the accepted ones: repeats of
+    the last); rank int32 [B, D], the rank of the child accepted at each
+    depth walked, k where none was).
+  """
+  batch = logits.shape[0]
+  depth, width = shape.depth, shape.max_children
+  children = jnp.asarray(shape.children)
+  num_children = jnp.asarray(shape.num_children)
+  rows = jnp.arange(batch)
+  if fast:
+    best = sampling.argmax(logits)                               # [B, M+1]
+    p = None
+  else:
+    p = sampler.probs(logits)
+  keys = jax.vmap(lambda k: jax.random.split(k, depth + 1))(key)
+  node = jnp.zeros((batch,), jnp.int32)
+  searching = jnp.ones((batch,), jnp.bool_)
+  accepted = jnp.zeros((batch,), jnp.int32)
+  nxt = jnp.zeros((batch,), jnp.int32)
+  path, ranks, betas = [], [], []
+  for d in range(depth):
+    kids = children[node]                                        # [B, k]
+    kid_tokens = jnp.take_along_axis(prop.tokens, kids, axis=1)
+    kid_valid = ((jnp.arange(width)[None, :] < num_children[node][:, None])
+                 & jnp.take_along_axis(prop.valid, kids, axis=1))
+    if fast:
+      target = best[rows, node]
+      match = kid_valid & (kid_tokens == target[:, None])
+      hit = jnp.any(match, axis=1)
+      rank = jnp.min(jnp.where(match, jnp.arange(width)[None, :], width), 1)
+      betas.append((kid_valid[:, 0] & (kid_tokens[:, 0] == target)
+                    ).astype(jnp.float32))
+      stop_token = target
+    else:
+      p_cur = p[rows, node]                                      # [B, V]
+      q_cur = prop.probs[rows, node]
+      betas.append(jnp.sum(jnp.minimum(p_cur, q_cur), axis=-1))
+      u = jax.vmap(lambda k: jax.random.uniform(k, (width + 1,)))(keys[:, d])
+      hit = jnp.zeros((batch,), jnp.bool_)
+      rank = jnp.full((batch,), width, jnp.int32)
+      for j in range(width):
+        x = kid_tokens[:, j]
+        q_norm = q_cur / jnp.maximum(jnp.sum(q_cur, -1, keepdims=True), 1e-30)
+        q_x = q_norm[rows, x]
+        p_x = p_cur[rows, x]
+        # r in (0, 1], as in `sampling.speculative_accept`.
+        ok = (kid_valid[:, j] & ~hit & (q_x > 0)
+              & ((1.0 - u[:, j]) * q_x <= p_x))
+        rank = jnp.where(ok, j, rank)
+        hit = hit | ok
+        rejected = (kid_valid[:, j] & ~hit)[:, None]
+        if verifier == "exact":
+          p_cur = jnp.where(rejected, _residual(p_cur, q_norm), p_cur)
+        removed = jax.nn.one_hot(x, q_cur.shape[-1], dtype=jnp.bool_)
+        q_cur = jnp.where(rejected & removed, 0.0, q_cur)
+      if verifier != "exact":
+        # The deliberately wrong rule: siblings were tested against p
+        # itself; the correction takes the first child's residual only.
+        p_cur = _residual(p[rows, node], prop.probs[rows, node])
+      stop_token = sampling.inverse_cdf(p_cur, u[:, width:])
+    chosen = jnp.take_along_axis(kids, jnp.minimum(rank, width - 1)[:, None],
+                                 axis=1)[:, 0]
+    nxt = jnp.where(searching & ~hit, stop_token, nxt)
+    ranks.append(jnp.where(searching, rank, width))
+    step = searching & hit
+    node = jnp.where(step, chosen, node)
+    path.append(node)
+    accepted = accepted + step
+    searching = step
+  # A walk that reached a leaf: the bonus token from p at the leaf.
+  if fast:
+    bonus = best[rows, node]
+  else:
+    bonus = sampling.inverse_cdf(
+        p[rows, node], jax.vmap(lambda k: jax.random.uniform(k, (1,)))(
+            keys[:, depth]))
+  nxt = jnp.where(searching, bonus, nxt)
+  path = jnp.stack(path, axis=1)
+  path_tokens = jnp.take_along_axis(prop.tokens, path, axis=1)
+  beta = jnp.stack(betas, axis=1)
+  verdict = _verdict(path_tokens, accepted, nxt, beta,
+                     jnp.zeros_like(beta), p)
+  return verdict, path, jnp.stack(ranks, axis=1)
 
 
 def counted_positions(emitted: jax.Array, length: jax.Array,

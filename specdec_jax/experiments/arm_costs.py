@@ -23,6 +23,7 @@ import numpy as np
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax.decoding import composite
+from specdec_jax.decoding import trees
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import costs
 from specdec_jax.experiments import workdir as workdir_lib
@@ -33,6 +34,13 @@ def cost_model(draft: Model) -> Model:
   a cascade its top model (the cascade's own cost per token depends on its
   acceptance; docs/log/benchmarks_history.md reports cascades by measured walltime)."""
   return composite.top_model(draft)
+
+
+def verified_gamma(draft: Model, gamma: int) -> int:
+  """The gamma whose verification (gamma + 1 tokens) a target call of this
+  draft costs: gamma itself, or a token tree's nodes."""
+  shape = trees.shape_of(draft.definition)
+  return gamma if shape is None else shape.num_nodes
 
 
 def stored_costs(path: str, gammas) -> dict | None:
@@ -72,8 +80,9 @@ def missing_requests(configs: Sequence, stored: Sequence[dict | None],
   for config, costs_, draft, gs in zip(configs, stored, drafts, gammas):
     if costs_ is None:
       for g in gs:
+        v = verified_gamma(draft, g)
         requests[config.cost_repeats] += costs.cost_requests(
-            target, cost_model(draft), g, config.max_decode_len + g + 1)
+            target, cost_model(draft), v, config.max_decode_len + v + 1)
   return requests
 
 
@@ -105,10 +114,13 @@ def load_or_measure(config, target: Model, draft: Model, batches, gammas,
   process 0's written to `path` and returned on every host."""
   if stored is not None:
     return stored
+  verified = {g: verified_gamma(draft, g) for g in gammas}
   measured = {
       g: costs.measure_costs(target, cost_model(draft),
-                             shape_batch(batches).input_ids, gamma=g,
-                             cache_positions=config.max_decode_len + g + 1,
+                             shape_batch(batches).input_ids,
+                             gamma=verified[g],
+                             cache_positions=(config.max_decode_len
+                                              + verified[g] + 1),
                              repeats=config.cost_repeats, timings=timings,
                              compiler_options=config.compiler_options)
       for g in gammas}

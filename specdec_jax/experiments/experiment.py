@@ -98,7 +98,7 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
 PER_DRAFT_FIELDS = ("draft", "draft_config", "gamma", "max_gamma",
                     "probe_gamma", "probe_examples",
                     "optimal_gamma_verify_cost", "draft_stop", "cascade",
-                    "replicate_draft", "ngram_split", "ngram_max_examples",
+                    "tree", "tree_parents", "replicate_draft", "ngram_split", "ngram_max_examples",
                     "cost_repeats", "trace_examples", "name", "overwrite")
 
 

@@ -15,6 +15,7 @@ from specdec_jax import errors
 from specdec_jax import sampling
 from specdec_jax.decoding import api
 from specdec_jax.decoding import stopping
+from specdec_jax.decoding import trees
 from specdec_jax.decoding.stopping import StopRule
 from specdec_jax.experiments import chips
 
@@ -68,6 +69,11 @@ class ExperimentConfig:
       naming the model config where the checkpoint needs one (t5x:).
       (('demo:draft_small', 3),) drafts with
       `sd.cascade(draft, draft_small, gamma=3)`.
+    tree: the draft proposes a token tree (`sd.tree`, beyond the paper):
+      its branching per depth, e.g. (3, 2, 1, 1); gamma must be its depth.
+    tree_parents: the same for any static tree: the parent of nodes
+      1..M breadth first (`sd.TreeShape`), e.g. a Sequoia-style shape from
+      `TreeShape.best`; at most one of tree and tree_parents.
     compiler_options: XLA options of every decoding loop and cost timing
       of the run (None: XLA's defaults), e.g. `api.CPU_EIGEN_MATMULS`:
       {'xla_cpu_experimental_ynn_fusion_type': ''} on CPUs where Eigen runs
@@ -120,6 +126,8 @@ class ExperimentConfig:
   trace_examples: int = 3
   draft_stop: StopRule | None = None
   cascade: Sequence[tuple[str | int, ...]] = ()
+  tree: Sequence[int] | None = None
+  tree_parents: Sequence[int] | None = None
   mesh_shape: Sequence[int] | None = None
   replicate_draft: bool | None = None
   distributed: bool = False
@@ -145,6 +153,15 @@ class ExperimentConfig:
                                          self.top_p),
         draft_stop=self.draft_stop, mesh=mesh,
         compiler_options=self.compiler_options)
+
+  def tree_shape(self) -> trees.TreeShape | None:
+    """The draft's token-tree shape (None: a chain); raises ValueError for
+    a malformed one (`config_problems` reports it)."""
+    if self.tree is not None:
+      return trees.TreeShape.from_branching(tuple(self.tree))
+    if self.tree_parents is not None:
+      return trees.TreeShape(tuple(self.tree_parents))
+    return None
 
   def gammas(self) -> tuple[int, ...] | str:
     if isinstance(self.gamma, str):
@@ -217,6 +234,7 @@ def config_problems(config: ExperimentConfig) -> list[str]:
           f"cascade spec {entry[0]!r} is a placeholder: point the checkpoint "
           f"macro at your checkpoint (see README, 'Reproduce the paper on "
           f"Cloud TPU')")
+  problems += _tree_problems(config)
   if config.mesh_shape is not None and len(config.mesh_shape) != 2:
     problems.append(f"mesh_shape={config.mesh_shape!r}: use (data, model)")
   if config.topology is not None:
@@ -231,4 +249,34 @@ def config_problems(config: ExperimentConfig) -> list[str]:
           f"topology {config.topology!r} has "
           f"({chips.TOPOLOGIES[config.topology].num_chips}): use a larger "
           f"slice or a smaller mesh")
+  return problems
+
+
+def _tree_problems(config: ExperimentConfig) -> list[str]:
+  """What is wrong with a tree row's settings, each with its fix."""
+  if config.tree is None and config.tree_parents is None:
+    return []
+  if config.tree is not None and config.tree_parents is not None:
+    return ["tree and tree_parents are both set: give the tree's shape one "
+            "way (a branching per depth, or the parents breadth first)"]
+  try:
+    shape = config.tree_shape()
+  except (TypeError, ValueError) as e:
+    return [str(e)]
+  problems = []
+  if config.cascade:
+    problems.append("a token tree's draft must be a plain model: drop "
+                    "cascade or tree")
+  if config.draft_stop is not None:
+    problems.append("draft_stop shortens chains; a token tree has a static "
+                    "shape: drop draft_stop or tree")
+  if config.gammas() != (shape.depth,):
+    problems.append(
+        f"gamma={config.gamma!r} but the tree {shape.describe()} is "
+        f"{shape.depth} deep: set gamma = {shape.depth} (a tree's gamma is "
+        f"its depth)")
+  if shape.depth > config.max_decode_len:
+    problems.append(
+        f"the tree {shape.describe()} is deeper ({shape.depth}) than "
+        f"max_decode_len={config.max_decode_len}: use a shallower tree")
   return problems

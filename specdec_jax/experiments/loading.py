@@ -14,7 +14,8 @@ from specdec_jax import checkpoints
 from specdec_jax.data import readers
 from specdec_jax.data import tasks
 from specdec_jax.decoding import cascades
-from specdec_jax.decoding import ngram
+from specdec_jax.decoding import trees
+from specdec_jax.models import ngram
 from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import fit
@@ -46,6 +47,9 @@ def load_models(config: ExperimentConfig, mesh=None,
   draft = chain[-1]
   for model, entry in zip(chain[-2::-1], config.cascade[::-1]):
     draft = cascades.cascade(model, draft, gamma=int(entry[1]))
+  shape = config.tree_shape()
+  if shape is not None:
+    draft = trees.tree(draft, shape)
   return target, draft
 
 

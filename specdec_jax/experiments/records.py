@@ -9,7 +9,8 @@ the dataclasses' fields, with `speculative` keyed by gamma as a string:
    "speculative": {"7": {"tokens", "time_s", "text", "target_calls",
                          "draft_calls", "accepted_histogram", "alpha",
                          "alpha_sum", "alpha_count", "proposal_histogram",
-                         "level_calls", "level_alpha"}}}
+                         "level_calls", "level_alpha",
+                         "rank_histogram" (token trees)}}}
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class DecodeRecord:
       tokens (all at gamma without an adaptive stop rule).
     level_calls, level_alpha: per level of a cascade (the draft first),
       calls and acceptance rate.
+    rank_histogram: [depth][k + 1] with a token tree: at each depth walked,
+      the walks that accepted the child of each rank (k: none).
   """
 
   tokens: list[int]
@@ -55,6 +58,7 @@ class DecodeRecord:
   proposal_histogram: list[int] | None = None
   level_calls: list[int] | None = None
   level_alpha: list[float] | None = None
+  rank_histogram: list[list[int]] | None = None
 
   @classmethod
   def of(cls, result, seconds: float, vocab) -> "DecodeRecord":
@@ -73,6 +77,8 @@ class DecodeRecord:
           proposal_histogram=np.asarray(st.proposal_histogram[0]).tolist(),
           level_calls=np.asarray(st.level_calls[0]).tolist(),
           level_alpha=np.asarray(st.level_alpha[0]).tolist())
+    if st.rank_histogram is not None:
+      out["rank_histogram"] = np.asarray(st.rank_histogram[0]).tolist()
     return cls(**out)
 
   def to_json(self) -> dict[str, Any]:

@@ -84,6 +84,10 @@ def _row(config, records: Sequence[ExampleRecord], gamma: int, costs: dict,
       "identical": all(s.tokens == r.baseline.tokens
                        for s, r in zip(spec, records)),
   }
+  row["verified"] = gamma + 1
+  shape = config.tree_shape() if hasattr(config, "tree_shape") else None
+  if shape is not None:
+    row.update(_tree_columns(shape, spec, c, costs.get("verify_cost", 1.0)))
   if config.temperature != 0:
     row["identical"] = None  # sampled outputs are not expected to match
   if metric_fn is not None:
@@ -97,6 +101,40 @@ def _row(config, records: Sequence[ExampleRecord], gamma: int, costs: dict,
                quality_speculative=spec_q[key], quality_all_baseline=base_q,
                quality_all_speculative=spec_q)
   return row
+
+
+def _tree_columns(shape, spec, c: float, verify_cost: float) -> dict:
+  """A token-tree row's own columns (beyond the paper: `decoding/trees.py`).
+
+  The chain's predictions (Theorem 3.8 from alpha) do not apply to a tree;
+  its expected tokens per call come from the measured acceptance of each
+  child rank at each depth (`theory.tree_expected_tokens`), and its
+  predicted speedups price an iteration at depth x c (one draft call per
+  level; a level of w nodes is one call of w tokens, counted as one step)
+  plus one target call on every node (`verify_cost` at nodes + 1 tokens,
+  or 1 in `predicted_speedup`). The chain's at-lengths predictions are
+  left blank.
+  """
+  histogram = np.sum([s.rank_histogram for s in spec], axis=0)
+  children = [int(shape.num_children[level].max())
+              for level in shape.levels[:-1]]
+  uniform = shape.describe() == "x".join(map(str, children))
+  rates = theory.rank_acceptance(histogram, children if uniform else None)
+  expected = theory.tree_expected_tokens(shape.parents, rates)
+  draft_cost = shape.depth * c
+  return {
+      "tree": shape.describe(), "verified": shape.verified,
+      "tree_parents": list(shape.parents),
+      "rank_histogram": histogram.tolist(),
+      "rank_acceptance": [[None if np.isnan(a) else float(a) for a in row]
+                          for row in rates],
+      "expected_tokens_per_call": expected,
+      "predicted_speedup": expected / (draft_cost + 1.0),
+      "predicted_with_verify_cost": expected / (draft_cost + verify_cost),
+      "predicted_at_lengths": None,
+      "predicted_at_lengths_with_verify_cost": None,
+      "predicted_with_prefill": None,
+  }
 
 
 def _with_prefill(alpha, gamma, c, lengths, costs) -> float | None:

@@ -1,1 +1,1 @@
-"""Flax models that satisfy the decoder's protocol: T5 (v1.0, v1.1) and a GPT-like decoder, and the registry of sizes."""
+"""Models that satisfy the decoder's protocol: Flax T5 (v1.0, v1.1) and a GPT-like decoder, the registry of sizes, and the n-gram drafters."""

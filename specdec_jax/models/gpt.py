@@ -135,7 +135,8 @@ class DecoderLayer(nn.Module):
                                activations=cfg.mlp_activations, **common)
 
   def __call__(self, x, positions, bias, cache):
-    """x [B, T, D], positions [B, T], bias [B, N, T, S], cache or None."""
+    """x [B, T, D], positions [B, T] (the cache slots written), bias
+    [B, N, T, S], cache or None."""
     h = self.pre_self_attention_layer_norm(x)
     k, v = self.self_attention.project_kv(h)
     if cache is not None:
@@ -169,7 +170,8 @@ class Decoder(nn.Module):
           cfg.vocab_size, kernel_axes=("embed", "vocab"), dtype="float32",
           param_dtype=cfg.param_dtype)
 
-  def __call__(self, tokens, positions, cache, return_logits=True):
+  def __call__(self, tokens, positions, cache, return_logits=True,
+               tree=None):
     """Runs the decoder on T tokens per row.
 
     Args:
@@ -178,23 +180,22 @@ class Decoder(nn.Module):
       cache: per layer KVCache of S slots, or None for a plain causal
         pass over the T tokens.
       return_logits: False skips the output layer (prefill needs none).
+      tree: None, or a `protocol.TreeMask`: the T tokens are tree nodes
+        written at its slots, seeing what it says.
 
     Returns:
       (float32 logits [B, T, V] or None, the updated caches or None).
     """
     cfg = self.config
-    if cache is None:
-      key_pos = positions
-      caches = (None,) * len(self.layers)
-    else:
-      key_pos = jnp.arange(cache[0].length)[None, :]
-      caches = cache
-    bias = (self.relpos_bias(positions, key_pos)
-            + layers.causal_bias(positions, key_pos))
+    key_pos, mask = layers.attention_bias(
+        positions, None if cache is None else cache[0].length, tree)
+    caches = (None,) * len(self.layers) if cache is None else cache
+    bias = self.relpos_bias(positions, key_pos) + mask
+    slots = positions if tree is None else tree.slots
     y = self.token_embedder(tokens)
     new_cache = []
     for layer, layer_cache in zip(self.layers, caches):
-      y, layer_cache = layer(y, positions, bias, layer_cache)
+      y, layer_cache = layer(y, slots, bias, layer_cache)
       new_cache.append(layer_cache)
     new_cache = None if cache is None else tuple(new_cache)
     if not return_logits:
@@ -215,8 +216,8 @@ class GPTTransformer(nn.Module):
   def setup(self):
     self.decoder = Decoder(self.config)
 
-  def decode(self, tokens, positions, cache, return_logits=True):
-    return self.decoder(tokens, positions, cache, return_logits)
+  def decode(self, tokens, positions, cache, return_logits=True, tree=None):
+    return self.decoder(tokens, positions, cache, return_logits, tree)
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """Uncached causal pass: int [B, T] -> float32 logits [B, T, V]."""
@@ -288,9 +289,18 @@ class GPTDef(base.FlaxModelDef):
                    start_pos=start_pos.astype(jnp.int32))
 
   def extend(self, params: Any, cache: GPTCache, tokens: jax.Array,
-             positions: jax.Array) -> tuple[jax.Array, GPTCache]:
+             positions: jax.Array,
+             tree: Any = None) -> tuple[jax.Array, GPTCache]:
     """Feeds tokens [B, K] at positions [B, K]; see `ModelDef.extend`."""
-    logits, kv = self._apply(params, tokens, positions, cache.layers,
-                             method=GPTTransformer.decode)
+    logits, kv = self._apply(params, tokens, positions, cache.layers, True,
+                             tree, method=GPTTransformer.decode)
     cache = GPTCache(layers=kv)
     return logits, base.constrain_cache(cache, cache_logical_axes(cache))
+
+  def copy_slots(self, cache: GPTCache, src: jax.Array,
+                 dst: jax.Array) -> GPTCache:
+    """The entries of slots `src` [B, D] copied to `dst` [B, D] (see
+    `protocol`: a token tree's accepted path)."""
+    cache = GPTCache(layers=tuple(kv.copy_slots(src, dst)
+                                  for kv in cache.layers))
+    return base.constrain_cache(cache, cache_logical_axes(cache))

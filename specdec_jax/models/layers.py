@@ -290,6 +290,23 @@ def causal_bias(query_pos: jax.Array, key_pos: jax.Array) -> jax.Array:
   return mask_to_bias(key_pos[:, None, None, :] <= query_pos[:, None, :, None])
 
 
+def attention_bias(query_pos: jax.Array, cache_length: int | None,
+                   tree: Any = None) -> tuple[jax.Array, jax.Array]:
+  """(key positions [B or 1, S], mask bias [B, 1, T, S]) of a decoder pass.
+
+  Without a cache (`cache_length` None) the keys are the T queries
+  themselves; with one, slot j holds position j and the causal rule hides
+  stale slots (`causal_bias`); with a token tree (`protocol.TreeMask`) the
+  tree's own key positions and visibility replace both.
+  """
+  if tree is not None:
+    key_pos, visible = tree.expand(cache_length)
+    return key_pos, mask_to_bias(visible[:, None])
+  key_pos = (query_pos if cache_length is None
+             else jnp.arange(cache_length)[None, :])
+  return key_pos, causal_bias(query_pos, key_pos)
+
+
 def padding_bias(key_valid: jax.Array) -> jax.Array:
   """bool [B, S] (True = real key) -> float32 [B, 1, 1, S] additive bias."""
   return mask_to_bias(key_valid[:, None, None, :])
@@ -371,6 +388,17 @@ class KVCache:
         value.astype(self.value.dtype), mode="drop")
     return KVCache(constrain(new_key, *KEY_CACHE_AXES),
                    constrain(new_value, *VALUE_CACHE_AXES))
+
+
+  def copy_slots(self, src: jax.Array, dst: jax.Array) -> "KVCache":
+    """Copies the keys/values of slots `src` [B, D] to slots `dst` [B, D]
+    (each row its own; read before anything is written, so the two may
+    overlap; destinations past the end are dropped). Moves the accepted
+    path of a token tree into the slots of its positions."""
+    rows = jnp.arange(src.shape[0])[:, None]
+    key = self.key[rows, :, :, src]      # [B, D, N, H]
+    value = self.value[rows, :, src, :]  # [B, D, N, H]
+    return self.write(key, value, dst)
 
 
 class MultiHeadAttention(nn.Module):

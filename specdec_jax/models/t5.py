@@ -222,7 +222,8 @@ class DecoderLayer(nn.Module):
 
     Args:
       x: [B, T, D].
-      positions: int [B, T], decoder positions of the T tokens.
+      positions: int [B, T], the cache slots of the T tokens (their
+        decoder positions, except for the nodes of a token tree).
       self_bias: float32 [B, N, T, S] (S = T when uncached).
       cross: KVCache of the encoder output (L positions).
       cross_bias: float32 [B, 1, 1, L].
@@ -264,7 +265,8 @@ class Decoder(nn.Module):
   def cross_kv(self, encoded: jax.Array) -> tuple[layers.KVCache, ...]:
     return tuple(layer.cross_kv(encoded) for layer in self.layers)
 
-  def __call__(self, tokens, positions, cross, encoder_mask, cache):
+  def __call__(self, tokens, positions, cross, encoder_mask, cache,
+               tree=None):
     """Runs the decoder on T tokens per row.
 
     Args:
@@ -275,25 +277,25 @@ class Decoder(nn.Module):
       cache: per layer, KVCache of S slots; None for a plain causal pass
         over the T tokens (teacher forcing), whose keys are then the tokens
         themselves at `positions`.
+      tree: None, or a `protocol.TreeMask`: the T tokens are tree nodes
+        written at its slots, seeing what it says.
 
     Returns:
       (float32 logits [B, T, V], the updated caches or None).
     """
     cfg = self.config
-    if cache is None:
-      key_pos = positions
+    uncached = cache is None
+    key_pos, mask = layers.attention_bias(
+        positions, None if uncached else cache[0].length, tree)
+    if uncached:
       cache = (None,) * len(self.layers)
-      uncached = True
-    else:
-      key_pos = jnp.arange(cache[0].length)[None, :]
-      uncached = False
-    self_bias = (self.relpos_bias(positions, key_pos)
-                 + layers.causal_bias(positions, key_pos))
+    self_bias = self.relpos_bias(positions, key_pos) + mask
     cross_bias = layers.padding_bias(encoder_mask)
+    slots = positions if tree is None else tree.slots
     y = self.embedder(tokens)
     new_cache = []
     for layer, layer_cross, layer_cache in zip(self.layers, cross, cache):
-      y, layer_cache = layer(y, positions, self_bias, layer_cross, cross_bias,
+      y, layer_cache = layer(y, slots, self_bias, layer_cross, cross_bias,
                              layer_cache)
       new_cache.append(layer_cache)
     y = self.decoder_norm(y).astype(jnp.float32)
@@ -323,8 +325,8 @@ class T5Transformer(nn.Module):
   def cross_kv(self, encoded):
     return self.decoder.cross_kv(encoded)
 
-  def decode(self, tokens, positions, cross, encoder_mask, cache):
-    return self.decoder(tokens, positions, cross, encoder_mask, cache)
+  def decode(self, tokens, positions, cross, encoder_mask, cache, tree=None):
+    return self.decoder(tokens, positions, cross, encoder_mask, cache, tree)
 
   def __call__(self, input_ids: jax.Array,
                decoder_input_ids: jax.Array) -> jax.Array:
@@ -400,10 +402,19 @@ class T5Def(base.FlaxModelDef):
     return Prefill(cache=cache, start_token=zeros, start_pos=zeros)
 
   def extend(self, params: Any, cache: T5Cache, tokens: jax.Array,
-             positions: jax.Array) -> tuple[jax.Array, T5Cache]:
+             positions: jax.Array,
+             tree: Any = None) -> tuple[jax.Array, T5Cache]:
     """Feeds tokens [B, K] at positions [B, K]; see `ModelDef.extend`."""
     logits, self_cache = self._apply(
         params, tokens, positions, cache.cross_attention, cache.encoder_mask,
-        cache.self_attention, method=T5Transformer.decode)
+        cache.self_attention, tree, method=T5Transformer.decode)
     cache = cache.replace(self_attention=self_cache)
     return logits, base.constrain_cache(cache, cache_logical_axes(cache))
+
+  def copy_slots(self, cache: T5Cache, src: jax.Array,
+                 dst: jax.Array) -> T5Cache:
+    """The decoder self-attention entries of slots `src` [B, D] copied to
+    `dst` [B, D] (see `protocol`: a token tree's accepted path)."""
+    cache = cache.replace(self_attention=tuple(
+        kv.copy_slots(src, dst) for kv in cache.self_attention))
+    return base.constrain_cache(cache, cache_logical_axes(cache))

@@ -61,6 +61,7 @@ from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.data import text
 from specdec_jax.data import readers
+from specdec_jax.decoding import trees
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import report
@@ -72,7 +73,8 @@ DEMO_DATA = text.DEMO_DATA
 # Target parameters / draft parameters of the shipped models.
 DRAFT_SIZE_RATIOS = {"draft_large": 13, "draft_base": 42, "draft_small": 134}
 SENTENCES, PARAGRAPHS = "ende_sentences", "ende_paragraphs"
-TABLE_COLUMNS = ("task", "draft", "temperature", "gamma", "alpha", "c",
+TABLE_COLUMNS = ("task", "draft", "tree", "temperature", "gamma",
+                 "verified", "alpha", "c",
                  "speedup", "predicted_speedup", "predicted_with_verify_cost",
                  "predicted_at_lengths", "predicted_at_lengths_with_verify_cost",
                  "predicted_with_prefill",
@@ -142,6 +144,12 @@ class DemoConfig:
   # as in ExperimentConfig.cascade, gammas as in `drafts`; e.g.
   # (('demo:draft_base', (('demo:draft_small', 3),), 7),).
   cascades: Sequence[tuple[str, Sequence[tuple[str, int]], Any]] = ()
+  # Extra sentence rows with token trees (beyond the paper, sd.tree):
+  # (draft, shape), the shape a branching per depth, e.g. (2, 2, 1, 1), or
+  # {'parents': (...)} (a TreeShape's parents, breadth first). Each comes
+  # with a chain row of the same draft that verifies as many tokens per
+  # call (gamma = the tree's nodes), both at every temperature.
+  trees: Sequence[tuple[str, Any]] = ()
   # XLA options of every decoding loop and cost timing (None: XLA's
   # defaults), e.g. {'xla_cpu_experimental_ynn_fusion_type': ''}
   # (`api.CPU_EIGEN_MATMULS`) where Eigen verifies faster than YNNPACK;
@@ -179,8 +187,8 @@ def _vocab_path(config: DemoConfig) -> str:
 
 
 def _row_config(config: DemoConfig, task: str, draft: str, gamma,
-                temperature: float, name: str,
-                cascade=()) -> experiment.ExperimentConfig:
+                temperature: float, name: str, cascade=(),
+                tree=None) -> experiment.ExperimentConfig:
   long = task == PARAGRAPHS
   traced = (name != "gamma_sweep"
             and (config.trace_drafts is None or draft in config.trace_drafts)
@@ -190,6 +198,9 @@ def _row_config(config: DemoConfig, task: str, draft: str, gamma,
   return experiment.ExperimentConfig(
       draft_stop=config.draft_stop,
       cascade=tuple((str(s), int(g)) for s, g, *_ in cascade),
+      tree=None if tree is None or isinstance(tree, Mapping) else tuple(tree),
+      tree_parents=(tuple(tree["parents"]) if isinstance(tree, Mapping)
+                    else None),
       task="wmt14_ende_local", split="test", target=config.target,
       draft=draft, temperature=temperature, gamma=gamma,
       max_decode_len=(config.paragraph_max_decode_len if long
@@ -225,6 +236,23 @@ def _rows(config: DemoConfig) -> list[tuple[str, str, Any]]:
       name = f"{short.replace('<-', '_from_')}_t{int(temperature)}"
       rows.append((SENTENCES, name, _row_config(
           config, SENTENCES, draft, gamma, temperature, name, chain)))
+  for draft, tree in config.trees:  # sentence rows
+    shape = (trees.TreeShape(tuple(tree["parents"]))
+             if isinstance(tree, Mapping) else
+             trees.TreeShape.from_branching(tuple(tree)))
+    label = shape.describe()
+    if " " in label:
+      label = f"{shape.num_nodes}n{shape.depth}d"
+    for temperature in config.temperatures:
+      t = int(temperature)
+      short = draft.split(":")[-1]
+      rows.append((SENTENCES, f"{short}_tree{label}_t{t}", _row_config(
+          config, SENTENCES, draft, shape.depth, temperature,
+          f"{short}_tree{label}_t{t}", tree=tree)))
+      rows.append((SENTENCES, f"{short}_chain{shape.num_nodes}_t{t}",
+                   _row_config(config, SENTENCES, draft, shape.num_nodes,
+                               temperature,
+                               f"{short}_chain{shape.num_nodes}_t{t}")))
   if config.sweep_draft:
     rows.append((SENTENCES, "gamma_sweep", _row_config(
         config, SENTENCES, config.sweep_draft, tuple(config.sweep_gammas),

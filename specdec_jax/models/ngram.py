@@ -38,6 +38,10 @@ class NgramDef:
   order: int = 2
   decoder_only: bool = False
 
+  # Its drafts ignore the input row, so rows need not end in EOS for it
+  # (`checks.check_inputs`).
+  reads_inputs = False
+
   @property
   def family(self) -> str:
     return (protocol.DECODER_ONLY if self.decoder_only
@@ -63,14 +67,18 @@ class NgramDef:
                    start_token=jnp.full((batch,), DECODER_START_ID, jnp.int32),
                    start_pos=jnp.zeros((batch,), jnp.int32))
 
-  def extend(self, params, cache, tokens, positions):
-    del positions
+  def extend(self, params, cache, tokens, positions, tree=None):
+    del positions, tree  # the logits depend on the token alone
     logp = params["log_probs"]
     if self.order == 1:
       logits = jnp.broadcast_to(logp, tokens.shape + logp.shape[-1:])
     else:
       logits = logp[tokens]
     return logits.astype(jnp.float32), cache
+
+  def copy_slots(self, cache, src, dst):
+    del src, dst  # nothing is cached
+    return cache
 
 
 def fit_ngram(sequences: Iterable[Sequence[int]], vocab_size: int, *,

@@ -1,0 +1,298 @@
+"""Token trees: several draft candidates per position, verified in one call.
+
+`tree(draft, shape)` builds a draft (a `Model` whose definition is a
+`TreeDef`) that proposes a static tree of tokens instead of one chain: the
+draft model expands the tree level by level, each node's children sampled
+WITHOUT replacement from the draft's q at that node (or its top-k when
+greedy); the target scores every node in one call, each node attending to
+the committed tokens and its own ancestors at the position of its depth
+(`protocol.TreeMask`); `verify.verify_tree` walks the tree from the root
+with recursive rejection sampling over each node's children, which keeps
+the target's distribution exactly; then both models' caches keep the
+accepted path only (`copy_slots` moves it into the slots of its
+positions; the engine's rollback is then the chain's).
+
+Shapes. A `TreeShape` lists each node's parent, breadth first. A shape by
+branching per depth, (3, 2, 1, 1), gives every node of depth d the same
+number of children; `TreeShape.best(profile, size)` builds the
+Sequoia-style shape of `size` nodes with the largest expected accepted
+length under a measured profile of acceptance per child rank
+(`theory.tree_expected_tokens`).
+
+Slots. Node i of the tree (0 the root, the pending token at relative index
+n) is written at relative index n + i and sits at position n + depth(i);
+the engine's buffers get `num_nodes - depth` extra positions for it.
+
+Dimension letters: B batch, M tree nodes (root excluded), D depth, k most
+children of a node, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import sampling
+from specdec_jax import theory
+from specdec_jax.decoding import composite
+from specdec_jax.decoding.cursor import ModelCursor
+from specdec_jax.decoding.cursor import Stream
+from specdec_jax.decoding.cursor import new_cursor
+from specdec_jax.decoding.cursor import refeed_indices
+from specdec_jax.decoding.drafters import level_stats
+from specdec_jax.decoding.protocol import Model
+from specdec_jax.decoding.protocol import TreeMask
+
+# What verifies a node's children (`verify.verify_tree`): "exact" is
+# recursive rejection sampling; "skip_sibling_residual" tests every child
+# against the target's p itself, never against the residual left by a
+# rejected sibling: deliberately wrong, for the negative controls.
+VERIFIERS = ("exact", "skip_sibling_residual")
+
+
+# The static shape of a tree (its combinatorics live beside its expected
+# tokens per call, in `theory`).
+TreeShape = theory.TreeShape
+
+
+def as_shape(shape: Any) -> TreeShape:
+  """A TreeShape from itself or from a branching per depth."""
+  if isinstance(shape, TreeShape):
+    return shape
+  if isinstance(shape, (tuple, list)):
+    return TreeShape.from_branching(shape)
+  raise TypeError(f"a tree shape is a TreeShape or a branching per depth "
+                  f"such as (3, 2, 1, 1), got {shape!r}.")
+
+
+def tree_mask(shape: TreeShape, root: jax.Array,
+              nodes: np.ndarray) -> TreeMask:
+  """The `TreeMask` of feeding `nodes` (static indices) of `shape` whose
+  root is at cache slot `root` [B]."""
+  nodes = np.asarray(nodes, np.int32)
+  return TreeMask(root=root.astype(jnp.int32),
+                  slots=root[:, None].astype(jnp.int32) + nodes[None, :],
+                  sees=jnp.asarray(shape.ancestors[nodes]),
+                  depth=jnp.asarray(shape.depths))
+
+
+def feed(cursor: ModelCursor, model: Any, params: Any, tokens: jax.Array,
+         n: jax.Array, shape: TreeShape, nodes: np.ndarray):
+  """Feeds the tree nodes `nodes` (static) with `tokens` [B, K] to a model
+  whose tree root is the row's relative index n [B]; (logits [B, K, V],
+  the cursor)."""
+  root = cursor.start_pos + n
+  positions = root[:, None] + shape.depths[np.asarray(nodes)][None, :]
+  logits, cache = model.extend(params, cursor.cache, tokens, positions,
+                               tree_mask(shape, root, nodes))
+  return cursor.checked(logits, cache)
+
+
+def keep_path(cursor: ModelCursor, model: Any, n: jax.Array,
+              path: jax.Array) -> ModelCursor:
+  """The cursor with the path's nodes `path` [B, D] (node indices of a tree
+  rooted at relative index n [B]) moved to relative indices n + 1 .. n + D,
+  the slots of their positions."""
+  depth = path.shape[1]
+  root = cursor.start_pos + n
+  src = root[:, None] + path
+  dst = root[:, None] + 1 + jnp.arange(depth)[None, :]
+  return cursor.replace(cache=model.copy_slots(cursor.cache, src, dst))
+
+
+@flax.struct.dataclass
+class TreeProposal:
+  """A tree of draft tokens for one iteration.
+
+  Attributes:
+    tokens: int32 [B, M + 1], node i's token (entry 0, the root, is the
+      pending token's place and holds 0).
+    valid: bool [B, M + 1], whether node i holds a sample (a node whose
+      parent's q had fewer tokens than children, after top-k/top-p, holds
+      none: it is never accepted).
+    probs: float32 [B, I, V], the q each internal node's children were
+      sampled from (nodes 0..I-1, those above the last level), None when
+      greedy.
+  """
+
+  tokens: jax.Array
+  valid: jax.Array
+  probs: Any
+
+
+def _without_replacement(key: jax.Array, q: jax.Array, count: int):
+  """`count` tokens [..., count] drawn from q [..., V] one after another,
+  each from q with the earlier ones removed (renormalised), and whether
+  each existed (False once q's support is used up)."""
+  keys = jax.random.split(key, count)
+  tokens, valid = [], []
+  for j in range(count):
+    mass = jnp.sum(q, axis=-1)
+    u = jax.random.uniform(keys[j], q.shape[:-1] + (1,), jnp.float32)
+    x = sampling.inverse_cdf(q, u)
+    tokens.append(x)
+    valid.append(mass > 0)
+    q = jnp.where(jax.nn.one_hot(x, q.shape[-1], dtype=jnp.bool_), 0.0, q)
+  return jnp.stack(tokens, -1), jnp.stack(valid, -1)
+
+
+class TreeDrafter:
+  """One draft model expanding a `TreeShape` level by level."""
+
+  depth = 1
+
+  def __init__(self, definition: "TreeDef", sampler: sampling.SamplingConfig,
+               refeed: int, fast_greedy: bool):
+    self.definition = definition.draft
+    self.shape = definition.tree_shape
+    self.verifier = definition.verifier
+    self.sampler = sampler
+    self.refeed = refeed
+    self.fast_greedy = fast_greedy
+    self.extra_width = self.shape.num_nodes - self.shape.depth
+
+  def init(self, params, input_ids, num_positions, check_finite=True):
+    return new_cursor(self.definition, params["draft"], input_ids,
+                      num_positions, check_finite)
+
+  def nonfinite(self, cursor: ModelCursor):
+    return cursor.nonfinite
+
+  def _children(self, logits, key, count):
+    """Children tokens [B, K, count], valid [B, K, count] and q [B, K, V]
+    (None when greedy) of nodes with logits [B, K, V]."""
+    if self.fast_greedy:
+      _, top = jax.lax.top_k(logits, count)
+      return top.astype(jnp.int32), jnp.ones(top.shape, jnp.bool_), None
+    q = self.sampler.probs(logits)
+    tokens, valid = _without_replacement(key, q, count)
+    return tokens, valid, q
+
+  def propose(self, params, cursor: ModelCursor, stream: Stream, keys):
+    """The tree for every row: (TreeProposal, the cursor, level stats).
+
+    keys: [B, D] PRNG keys, one per level expanded.
+    """
+    shape, d = self.shape, self.definition
+    params = params["draft"]
+    n = stream.length
+    batch = n.shape[0]
+    logits, cursor = cursor.extend(d, params, stream,
+                                   refeed_indices(n, self.refeed))
+    level_logits = logits[:, -1:]                               # the root
+    tokens = jnp.zeros((batch, shape.verified), jnp.int32)
+    valid = jnp.ones((batch, shape.verified), jnp.bool_)
+    probs = []
+    calls = jnp.ones((batch,), jnp.int32)
+    for depth in range(shape.depth):
+      level = shape.levels[depth]
+      count = int(shape.num_children[level].max())
+      key = jax.vmap(lambda k, depth=depth: jax.random.fold_in(k, depth))(
+          keys[:, depth])
+      if self.fast_greedy:
+        kids, kid_valid, q = self._children(level_logits, None, count)
+      else:
+        kids, kid_valid, q = jax.vmap(self._children, in_axes=(0, 0, None))(
+            level_logits, key, count)
+      if q is not None:
+        probs.append(q)
+      # Node v of the next level is child rank(v) of its parent.
+      below = shape.levels[depth + 1]
+      parent_at = np.searchsorted(level, np.asarray(shape.parents)[below - 1])
+      rank = shape.ranks[below]
+      tokens = tokens.at[:, below].set(kids[:, parent_at, rank])
+      valid = valid.at[:, below].set(kid_valid[:, parent_at, rank]
+                                     & valid[:, level[parent_at]])
+      if depth + 1 < shape.depth:
+        level_logits, cursor = feed(cursor, d, params, tokens[:, below], n,
+                                    shape, below)
+        calls = calls + 1
+    proposal = TreeProposal(
+        tokens=tokens, valid=valid,
+        probs=jnp.concatenate(probs, axis=1) if probs else None)
+    return proposal, cursor, level_stats(calls[:, None])
+
+  def keep(self, cursor: ModelCursor, n: jax.Array,
+           path: jax.Array) -> ModelCursor:
+    """After verification: the draft's cache keeps the accepted path (the
+    nodes of its last level were never fed; their slots get refed)."""
+    return keep_path(cursor, self.definition, n, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeDef(composite.CompositeDef):
+  """A draft model proposing a token tree; parameters {"draft": ...}.
+
+  Attributes:
+    draft: the draft model's definition (it must take `TreeMask` chunks and
+      have `copy_slots`).
+    tree_shape: the static `TreeShape`.
+    verifier: "exact" (default), or a deliberately wrong rule of
+      `VERIFIERS` for negative controls.
+  """
+
+  draft: Any
+  tree_shape: TreeShape
+  verifier: str = "exact"
+
+  top_key = "draft"
+  what = "a token tree"
+
+  def parts(self) -> tuple[tuple[str, Any], ...]:
+    return (("draft", self.draft),)
+
+  def combine_sizes(self, part_sizes):
+    """The draft feeds at most its widest level a call; the tree's nodes
+    take num_nodes - depth positions beyond a chain's."""
+    widest = max(len(level) for level in self.tree_shape.levels[1:-1]) if (
+        self.tree_shape.depth > 1) else 1
+    return ([(self.draft, max(2, widest))],
+            self.tree_shape.num_nodes - self.tree_shape.depth)
+
+  def make_drafter(self, gamma, sampler, refeed, draft_sample, fast_greedy):
+    del gamma, draft_sample  # the depth; trees take the exact sampler only
+    return TreeDrafter(self, sampler, refeed, fast_greedy)
+
+
+def tree(draft: Model, shape: Any, *, verifier: str = "exact") -> Model:
+  """A draft that proposes a token tree (see the module docstring).
+
+  Args:
+    draft: the draft model (T5, GPT-like or an n-gram drafter; not a
+      cascade).
+    shape: a `TreeShape`, or a branching per depth such as (3, 2, 1, 1).
+    verifier: "exact"; the others in `VERIFIERS` are wrong on purpose
+      (negative controls).
+
+  Returns:
+    A `Model` usable as the draft of `speculative_generate` and
+    `SpeculativeDecoder`, with gamma equal to the tree's depth.
+  """
+  if not isinstance(draft, Model):
+    raise TypeError(f"tree: draft must be a specdec_jax.Model, got "
+                    f"{type(draft).__name__}.")
+  if isinstance(draft.definition, composite.CompositeDef):
+    raise TypeError(f"tree: the draft must be a plain model, got "
+                    f"{draft.definition.what}; a tree of a cascade or a "
+                    f"horizontal drafter is not supported.")
+  if not hasattr(draft.definition, "copy_slots"):
+    raise TypeError(
+        f"tree: {type(draft.definition).__name__} cannot take token trees "
+        f"(it needs extend(..., tree=) and copy_slots, as T5, the GPT-like "
+        f"model and the n-gram drafters have).")
+  if verifier not in VERIFIERS:
+    raise ValueError(f"tree: verifier must be one of {VERIFIERS}, got "
+                     f"{verifier!r}.")
+  return Model(definition=TreeDef(draft.definition, as_shape(shape),
+                                  verifier),
+               params={"draft": draft.params}, vocab=draft.vocab)
+
+
+def shape_of(definition: Any) -> TreeShape | None:
+  """The tree shape of a draft definition (None: not a tree)."""
+  return definition.tree_shape if isinstance(definition, TreeDef) else None

@@ -1,0 +1,234 @@
+"""Token trees (`decoding/trees.py`): the models score a tree chunk as they
+score each of its paths, the tree loop keeps the target's distribution, and
+a wrong verifier is caught.
+
+Statistics (as tests/test_negative_controls.py): N_SEQ = 20,000 rows of one
+input tiled as a batch with per-row keys, 5-token sequences over the
+4-token vocabulary of the toy table models (`helpers.chi_square_family`),
+Pearson's chi-square against the exact distribution (cells expected fewer
+than 5 times pooled), significance SIGNIFICANCE = 1e-3 per test, fixed
+seeds. The exact verifier passes at (temperature 1, top-k 3) and at
+(temperature 0.7, top-p 0.9) for two shapes; the negative control (siblings
+tested against p instead of the residual their elder siblings left) must
+fail at p < 1e-3 with the same models, shape, seed and N, so the test has
+power against that bug. The shipped demo models' check is in
+tests/test_exact_demo.py (the "tree" drafter).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from specdec_jax import sampling
+from specdec_jax import theory
+from specdec_jax.decoding import engine
+from specdec_jax.decoding import trees
+from specdec_jax.decoding.cursor import ModelCursor
+from specdec_jax.models import registry
+from tests import helpers
+
+SIGNIFICANCE = 1e-3
+N_SEQ = 20_000
+SEQ_LEN = 5
+SETTINGS = {"t1_top_k3": dict(temperature=1.0, top_k=3),
+            "t0.7_top_p0.9": dict(temperature=0.7, top_p=0.9)}
+
+
+@pytest.fixture(scope="module")
+def toy():
+  return helpers.chi_square_family()
+
+
+def _sampled(target, draft, shape, verifier="exact", **setting):
+  """Tokens [N_SEQ, SEQ_LEN] of the tree loop from one tiled input."""
+  ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
+  tree = sd.tree(draft, shape, verifier=verifier)
+  fn = engine.build_speculative(
+      target.definition, tree.definition, tree.definition.tree_shape.depth,
+      SEQ_LEN, sampling.SamplingConfig(**setting))
+  tokens, stats = fn(target.params, tree.params, ids,
+                     np.full((N_SEQ,), 11, np.int32),
+                     np.arange(N_SEQ, dtype=np.int32))
+  return np.asarray(tokens), stats
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 1), (3, 1)])
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_tree_samples_the_targets_distribution(toy, setting, shape):
+  """Whole 5-token sequences of the tree loop pass the chi-square test
+  against the target's exact distribution (module docstring)."""
+  target, draft, _, _ = toy
+  exact = helpers.exact_distribution(
+      target, np.array([2, 3, 1]), SEQ_LEN, **SETTINGS[setting])
+  tokens, stats = _sampled(target, draft, shape, **SETTINGS[setting])
+  p_value = helpers.chisquare_vs_exact(tokens, exact)
+  assert p_value > SIGNIFICANCE, (setting, shape, p_value)
+  # The walk took siblings other than the first: the test covers them.
+  ranks = np.asarray(stats.rank_histogram).sum(axis=(0, 1))
+  assert ranks[1] > 0, ranks
+
+
+def test_skipping_the_sibling_residual_fails(toy):
+  """Negative control: each child tested against the target's p itself
+  instead of the residual its rejected elder siblings left over-accepts the
+  tokens the draft over-proposes; the same chi-square test must reject it
+  (p < SIGNIFICANCE) where the exact verifier passes (above, same shape,
+  models, seed and N)."""
+  target, draft, _, _ = toy
+  setting = SETTINGS["t1_top_k3"]
+  exact = helpers.exact_distribution(target, np.array([2, 3, 1]), SEQ_LEN,
+                                     **setting)
+  tokens, _ = _sampled(target, draft, (2, 2, 1),
+                       verifier="skip_sibling_residual", **setting)
+  p_value = helpers.chisquare_vs_exact(tokens, exact)
+  assert p_value < SIGNIFICANCE, p_value
+
+
+def test_greedy_tree_equals_target_greedy_on_toy_models(toy):
+  """Greedy decoding with a tree (children: the draft's top k) emits the
+  target's greedy tokens, for every row of a ragged batch (per-row paths,
+  rollbacks and cache moves), with more than one token per call."""
+  target, draft, _, _ = toy
+  ids = np.array([[2, 3, 1], [3, 1, 0], [1, 0, 0], [2, 2, 1]], np.int32)
+  base = sd.generate(target, ids, max_decode_len=12)
+  res = sd.speculative_generate(target, sd.tree(draft, (3, 2, 1)), ids,
+                                gamma=3, max_decode_len=12)
+  np.testing.assert_array_equal(res.tokens, base.tokens)
+  assert res.stats.length.sum() > res.stats.target_calls.sum()
+
+
+def _tree_vs_paths(definition, params, input_ids, prefix, shape, seed):
+  """(logits of every node of a tree chunk fed after `prefix`, logits of
+  each node when its root-to-node path is fed alone as a chain)."""
+  rng = np.random.default_rng(seed)
+  batch = input_ids.shape[0]
+  tokens = rng.integers(2, definition.vocab_size,
+                        (batch, shape.verified)).astype(np.int32)
+  n = len(prefix)
+  pre = definition.prefill(params, input_ids, n + shape.verified + 2)
+  start = np.asarray(pre.start_pos)
+  seq = jnp.asarray(np.tile(np.asarray(prefix, np.int32), (batch, 1)))
+  _, cache = definition.extend(params, pre.cache, seq,
+                               jnp.asarray(start[:, None] + np.arange(n)))
+  root = jnp.asarray(start + n)
+  tree_logits, _ = definition.extend(
+      params, cache, jnp.asarray(tokens),
+      root[:, None] + shape.depths[None, :],
+      trees.tree_mask(shape, root, np.arange(shape.verified)))
+  path_logits = np.zeros(tree_logits.shape, np.float32)
+  for node in range(shape.verified):
+    path = np.flatnonzero(shape.ancestors[node])      # root .. node
+    logits, _ = definition.extend(
+        params, cache, jnp.asarray(tokens[:, path]),
+        root[:, None] + np.arange(len(path))[None, :])
+    path_logits[:, node] = np.asarray(logits[:, -1])
+  return np.asarray(tree_logits), path_logits
+
+
+@pytest.mark.parametrize("name", ["t5_1_1_tiny", "gpt_tiny"])
+def test_models_score_a_tree_as_its_paths(name):
+  """Each node of a tree chunk (attention mask over the chunk's nodes,
+  positions by depth, slots past the root) gets the logits its
+  root-to-node path gets when fed alone as a chain, for T5's relative
+  position buckets and for the GPT-like model (float tolerance); rows of
+  different prompt lengths (GPT) put the root at different slots."""
+  cfg = registry.get_config(name)
+  definition = registry.make_def(cfg)
+  params = definition.init_params(jax.random.PRNGKey(0))
+  ids = np.array([[5, 7, 9, 1], [4, 1, 0, 0]], np.int32)
+  shape = trees.TreeShape.from_branching((3, 2, 1))
+  tree, paths = _tree_vs_paths(definition, params, ids, [0, 11, 12], shape,
+                               seed=1)
+  np.testing.assert_allclose(tree, paths, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["t5_1_1_tiny", "gpt_tiny"])
+def test_kept_path_continues_like_a_chain(name):
+  """After a tree chunk, `keep_path` moves one path's keys/values into the
+  slots of its positions: the next token's logits then equal those of a
+  cache that saw the path as a plain chain (the stale sibling slots are
+  invisible)."""
+  cfg = registry.get_config(name)
+  definition = registry.make_def(cfg)
+  params = definition.init_params(jax.random.PRNGKey(1))
+  ids = np.array([[5, 7, 9, 1], [4, 1, 0, 0]], np.int32)
+  shape = trees.TreeShape.from_branching((2, 2, 1))
+  tokens = np.random.default_rng(2).integers(
+      2, cfg.vocab_size, (2, shape.verified)).astype(np.int32)
+  pre = definition.prefill(params, ids, shape.verified + 4)
+  cursor = ModelCursor(pre.cache, pre.start_token,
+                                          pre.start_pos)
+  n = jnp.zeros((2,), jnp.int32)
+  _, tree_cursor = trees.feed(cursor, definition, params, jnp.asarray(tokens),
+                              n, shape, np.arange(shape.verified))
+  path = jnp.asarray([[2, 6, 10], [1, 3, 7]], jnp.int32)  # second, first
+  kept = trees.keep_path(tree_cursor, definition, n, path)
+  nxt = jnp.asarray([[3], [3]], jnp.int32)
+  at = pre.start_pos[:, None] + 4
+  after_tree, _ = definition.extend(params, kept.cache, nxt, at)
+  chain = np.concatenate([tokens[:, :1], np.take_along_axis(
+      tokens, np.asarray(path), 1)], axis=1)
+  _, chain_cache = definition.extend(
+      params, pre.cache, jnp.asarray(chain),
+      pre.start_pos[:, None] + np.arange(4)[None, :])
+  after_chain, _ = definition.extend(params, chain_cache, nxt, at)
+  np.testing.assert_allclose(np.asarray(after_tree), np.asarray(after_chain),
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_tree_shapes():
+  """Branching per depth numbers nodes breadth first; bad shapes name the
+  problem; the best tree under per-rank rates is a tree whose expected
+  tokens per call beat the chain of as many nodes; Theorem 3.8 is the
+  chain's case."""
+  shape = sd.TreeShape.from_branching((3, 2, 1))
+  assert shape.parents == (0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 5, 6, 7, 8, 9)
+  assert (shape.num_nodes, shape.depth, shape.max_children) == (15, 3, 3)
+  assert shape.describe() == "3x2x1"
+  with pytest.raises(ValueError, match="breadth first"):
+    sd.TreeShape((0, 1, 0))
+  with pytest.raises(ValueError, match="earlier node"):
+    sd.TreeShape((0, 2))
+  with pytest.raises(ValueError, match="integers >= 1"):
+    sd.TreeShape.from_branching((2, 0))
+  rates = np.array([[0.7, 0.4, 0.2]] * 5)
+  chain = sd.TreeShape.chain(5)
+  np.testing.assert_allclose(
+      theory.tree_expected_tokens(chain.parents, rates),
+      theory.expected_tokens(0.7, 5))
+  best = sd.TreeShape.best(rates, 8)
+  assert best.num_nodes == 8 and best.max_children > 1
+  assert (theory.tree_expected_tokens(best.parents, rates)
+          > theory.tree_expected_tokens(sd.TreeShape.chain(8).parents, rates))
+  # rank_acceptance inverts what a walk counts.
+  hist = np.array([[50, 30, 20], [10, 10, 80]])  # rank 0, rank 1, none
+  np.testing.assert_allclose(theory.rank_acceptance(hist),
+                             [[0.5, 0.6], [0.1, 10 / 90]])
+
+
+def test_bad_tree_settings_are_refused_before_compiling(toy):
+  """gamma other than the depth, a lossy lenience, a stop rule, a tree
+  deeper than max_decode_len or wider than the vocabulary: a ValueError
+  naming the tree and the fix, before anything is traced."""
+  target, draft, _, _ = toy
+  ids = np.array([[2, 3, 1]], np.int32)
+  tree = sd.tree(draft, (2, 1))
+  cases = [
+      (dict(gamma=3), "gamma=2"),
+      (dict(gamma=2, lenience=0.5), "lenience"),
+      (dict(gamma=2, draft_stop=sd.ConfidenceStop(0.5)), "draft_stop"),
+      (dict(gamma=2, max_decode_len=1), "deeper than max_decode_len"),
+  ]
+  with helpers.CompileCounter() as compiles:
+    for kwargs, message in cases:
+      kwargs.setdefault("max_decode_len", 8)
+      with pytest.raises(ValueError, match=message):
+        sd.speculative_generate(target, tree, ids, **kwargs)
+    with pytest.raises(ValueError, match="vocabulary has 4"):
+      sd.speculative_generate(target, sd.tree(draft, (5,)), ids, gamma=1,
+                              max_decode_len=8)
+    with pytest.raises(TypeError, match="plain model"):
+      sd.tree(sd.cascade(draft, draft, gamma=2), (2,))
+  assert compiles.count == 0
