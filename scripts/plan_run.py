@@ -63,6 +63,10 @@ _SETUPS = flags.DEFINE_string(
     "setups", None, "With --experiments: only the setups whose run config "
     "contains one of these comma-separated strings (default all of "
     "plan_table.SETUPS).")
+_VERIFY_WIDTHS = flags.DEFINE_list(
+    "verify_widths", None, "Also compile the target's call on each of these "
+    "numbers of tokens (a chain's gamma + 1, a token tree's nodes + 1) and "
+    "report its memory and roofline time (`verification_widths`).")
 _INPUT_LEN = flags.DEFINE_integer(
     "input_len", None, "Input length to plan for (default: the model's "
     "max_input_len, the longest row a run can meet).")
@@ -108,6 +112,9 @@ def main(argv):
       result = plan.plan(config, chip, _INPUT_LEN.value)
     except experiment.ConfigError as e:
       raise SystemExit(f"plan_run: {e}") from None
+    if _VERIFY_WIDTHS.value:
+      result["verification_widths"] = plan.verification_costs(
+          config, chip, _VERIFY_WIDTHS.value, _INPUT_LEN.value)
   text = json.dumps(result, indent=2, sort_keys=True)
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w") as f:
@@ -138,6 +145,15 @@ def summary(result: dict, output: str | None = None) -> str:
         f"{result['gamma']} (paper {x(result['paper_speedup'])}; c "
         f"{result['c']:.4f}, verification {result['verify_cost']:.2f} target "
         f"steps)")
+  if result.get("tree"):
+    lines.append(f"token tree {result['tree']} ({result['verified']} tokens "
+                 f"verified a call): {result['expected_tokens_per_call']:.2f}"
+                 f" expected tokens per call ({result['tree_rates_source']})")
+  for row in result.get("verification_widths", ()):
+    lines.append(f"  target call on {row['tokens']:>3} tokens: "
+                 f"{row['roofline_seconds'] * 1e3:.2f} ms roofline "
+                 f"({row['relative_to_one_token']:.2f} x one token), peak "
+                 f"{row['peak_bytes'] / gb:.1f} GB")
   lines.append(f"full plan: {output}" if output else "full plan: above (JSON)")
   return "\n".join(lines)
 

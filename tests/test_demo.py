@@ -19,6 +19,7 @@ import specdec_jax as sd
 from specdec_jax import checkpoints
 from specdec_jax.data import text
 from specdec_jax.experiments import costs
+from specdec_jax.experiments import experiment_config
 from specdec_jax.tables import demo
 from specdec_jax.tables import variants
 from specdec_jax import generate
@@ -234,15 +235,34 @@ def test_traces_only_for_the_listed_drafts_and_never_the_sweep():
 
 
 @pytest.mark.parametrize("gin_file", ["demo_adaptive.gin",
-                                      "demo_cascade.gin"])
+                                      "demo_cascade.gin", "demo_trees.gin"])
 def test_demo_gin_options_parse(gin_file):
-  """The demo's adaptive-length and cascade options bind a rule or cascade
-  rows on top of configs/demo.gin."""
+  """The demo's adaptive-length, cascade and token-tree options bind a rule,
+  cascade rows or tree rows on top of configs/demo.gin."""
   gin.clear_config()
   gin_flags.parse([gin_file], [])
   config = gin.get_configurable(demo.DemoConfig)()
   gin.clear_config()
-  assert config.draft_stop is not None or config.cascades
+  assert config.draft_stop is not None or config.cascades or config.trees
+  for _, name, row in demo._rows(config):
+    assert not experiment_config.config_problems(row), name
+
+
+def test_tree_rows_come_with_the_chain_verifying_as_many():
+  """Each DemoConfig.trees entry gives, at every temperature, a tree row
+  (gamma its depth) and a chain row of the same draft verifying as many
+  tokens per call (gamma = the tree's nodes), sentences only."""
+  config = demo.DemoConfig(
+      drafts=(("demo:draft_small", 3),), paragraphs=None, sweep_draft=None,
+      trees=(("demo:draft_base", (2, 1)),
+             ("demo:draft_base", {"parents": (0, 0, 0, 1, 2)})))
+  rows = {name: row for _, name, row in demo._rows(config)}
+  assert rows["draft_base_tree2x1_t0"].tree == (2, 1)
+  assert rows["draft_base_tree2x1_t0"].gamma == 2
+  assert rows["draft_base_chain4_t1"].gamma == 4
+  assert rows["draft_base_chain4_t1"].tree is None
+  assert rows["draft_base_tree5n2d_t0"].tree_parents == (0, 0, 0, 1, 2)
+  assert rows["draft_base_chain5_t0"].gamma == 5
 
 
 def test_fastest_variant_is_the_one_theorem_3_8_predicts_faster(monkeypatch):

@@ -4,10 +4,10 @@ Invariants: sampled outputs of `speculative_generate` with the shipped demo
 models (target `demo:target`, draft `demo:draft_base`, and `demo:draft_small`
 as the inner model of a cascade and the late part of a horizontal drafter)
 follow the target's own distribution of the first two output tokens, for a
-fixed gamma, `ConfidenceStop`, `ExpectedGainStop`, `cascade` and
-`horizontal`, at (temperature 0.7, top-p 0.9) and at (temperature 1,
+fixed gamma, `ConfidenceStop`, `ExpectedGainStop`, `cascade`,
+`horizontal` and a token tree (`sd.tree`, two candidates a position), at (temperature 0.7, top-p 0.9) and at (temperature 1,
 top-k 5); greedy outputs equal the target's greedy outputs on held-out
-sentences.
+sentences (a greedy tree on all 40 of them).
 
 Statistics: the exact probability of each first-two-token pair,
 p(x1) * p(x2 | x1), comes from running the target directly (one prefill,
@@ -30,8 +30,8 @@ proposes its argmax while reporting its softmax q (p-value < 1e-3; it
 gives 5e-69 at N = 250, 8e-136 at 500: half the rows leave a margin of 65
 orders of magnitude, so N was halved from 500 to save the suite's time).
 
-Cost: 15 compiled loops (5 drafters x 2 static samplers, 4 greedy, 1
-control; about 17 s each) plus N rows per sampled test (about 0.03 s
+Cost: 18 compiled loops (6 drafters x 2 static samplers, 4 greedy, a
+greedy tree, 1 control; about 17 s each) plus N rows per sampled test (about 0.03 s
 each), one of the suite's longest modules (temperature and
 top-p are traced, but top-k and whether top-p is on are shapes of the
 compiled loop, so the two settings cannot share one).
@@ -61,7 +61,9 @@ SETTINGS = {
     "t0.7_top_p0.9": {"temperature": 0.7, "top_p": 0.9},
     "t1_top_k5": {"temperature": 1.0, "top_k": 5},
 }
-DRAFTERS = ("fixed", "confidence", "expected_gain", "cascade", "horizontal")
+DRAFTERS = ("fixed", "confidence", "expected_gain", "cascade", "horizontal",
+            "tree")
+TREE = (2, 2)  # depth GAMMA: two candidates at each of the two positions
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,7 @@ def _drafter(models, name):
       "expected_gain": (base, sd.ExpectedGainStop(cost=0.3)),
       "cascade": (sd.cascade(base, small, gamma=2), None),
       "horizontal": (sd.horizontal(base, small, split=1), None),
+      "tree": (sd.tree(base, TREE), None),
   }[name]
 
 
@@ -166,7 +169,23 @@ def test_argmax_drafter_fails(models, exact):
   assert p_value < SIGNIFICANCE, p_value
 
 
-@pytest.mark.parametrize("name", DRAFTERS[1:])
+def test_greedy_tree_equals_target_greedy_on_40_validation_sentences(
+    models):
+  """A greedy token tree (children: draft_base's top 2, then its argmax
+  chain: (2, 2, 1, 1)) emits the target's greedy output token for token
+  on all 40 shipped Multi30k validation sentences, decoded as one batch
+  (each row its own path through the tree), and gains tokens per call over
+  the chain of the same depth run alongside."""
+  ids = _ids(models, range(40))
+  base = sd.generate(models["target"], ids, max_decode_len=32)
+  tree = sd.tree(models["draft_base"], (2, 2, 1, 1))
+  res = sd.speculative_generate(models["target"], tree, ids, gamma=4,
+                                max_decode_len=32)
+  np.testing.assert_array_equal(res.tokens, base.tokens)
+  assert res.stats.length.sum() > 2 * res.stats.target_calls.sum()
+
+
+@pytest.mark.parametrize("name", DRAFTERS[1:-1])
 def test_demo_greedy_equals_target_greedy(models, name):
   """Greedy speculative output equals the target's greedy output, token for
   token, on held-out validation sentences (not SENTENCE). The fixed-gamma

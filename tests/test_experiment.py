@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
@@ -239,6 +240,10 @@ def test_bad_configs_fail_before_any_model_loads(setup, tmp_path,
       (dict(draft="t5x:gs://YOUR_BUCKET/x"), "placeholder"),
       (dict(task="no_such_task"), "Unknown task"),
       (dict(max_decode_len=0), "max_decode_len"),
+      (dict(tree=(2, 1), gamma=3), r"set gamma = 2"),
+      (dict(tree=(2, 1), tree_parents=(0, 0), gamma=2), "both set"),
+      (dict(tree_parents=(0, 1, 0), gamma=2), "breadth first"),
+      (dict(tree=(2, 2, 2, 2), gamma=4, max_decode_len=3), "deeper"),
   ]
   for overrides, message in bad:
     with pytest.raises(experiment.ConfigError, match=message):
@@ -321,6 +326,33 @@ def test_adaptive_draft_length_and_cascade_rows(setup, tmp_path):
     assert spec["level_calls"][0] == spec["target_calls"]
     assert len(spec["level_alpha"]) == 2
   assert row["c"] > 0
+
+
+def test_token_tree_rows(setup, tmp_path):
+  """ExperimentConfig.tree reaches the decoder: greedy outputs stay
+  identical, each record carries its walks' rank histogram (one walk per
+  target call at depth 0), and the row reports the tree, its verified
+  tokens, the measured per-rank acceptance and the expected tokens per
+  call they give (`theory.tree_expected_tokens`), with the verification
+  cost timed at the tree's nodes + 1 tokens."""
+  from specdec_jax import theory  # pylint: disable=g-import-not-at-top
+  _, models, task_config = setup
+  workdir = str(tmp_path / "run")
+  config = _config(models, gamma=2, tree=(2, 1), trace_examples=0)
+  with tasks.override_config(**task_config):
+    summary = experiment.run(config, workdir)
+  row = summary["rows"][0]
+  assert row["identical"] is True
+  assert (row["tree"], row["verified"]) == ("2x1", 5)
+  for record in _lines(workdir):
+    spec = record["speculative"]["2"]
+    assert sum(spec["rank_histogram"][0]) == spec["target_calls"]
+  rates = np.array(row["rank_acceptance"], dtype=float)
+  np.testing.assert_allclose(
+      row["expected_tokens_per_call"],
+      theory.tree_expected_tokens((0, 0, 1, 2), np.nan_to_num(rates)))
+  costs = json.load(open(os.path.join(workdir, "costs.json")))
+  assert costs["2"]["verify_step_s"] > 0
 
 
 def test_run_experiment_script_with_gin(setup, tmp_path):

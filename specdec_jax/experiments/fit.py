@@ -73,6 +73,18 @@ class RunShape:
   replicate_draft: bool
   # The TPU slice to compile for (`chips.TOPOLOGIES`), None: not a TPU.
   topology: str | None = None
+  # The draft's token tree (`theory.TreeShape`), None: a chain of gamma.
+  tree: Any = None
+
+  @property
+  def verified(self) -> int:
+    """Tokens one target call scores: gamma + 1, or a tree's nodes + 1."""
+    return self.gamma + 1 if self.tree is None else self.tree.verified
+
+  @property
+  def positions(self) -> int:
+    """Decoder positions of the caches: max_decode_len + verified."""
+    return self.max_decode_len + self.verified
 
 
 def run_shape(config: ExperimentConfig, input_len: int | None = None
@@ -99,7 +111,7 @@ def run_shape(config: ExperimentConfig, input_len: int | None = None
       mesh_shape=mesh_shape, temperature=config.temperature,
       top_k=config.top_k, top_p=config.top_p,
       replicate_draft=replicate_draft(config, draft, mesh_shape),
-      topology=config.topology)
+      topology=config.topology, tree=config.tree_shape())
 
 
 def _parts(logical_spec, mesh_shape) -> list[int]:
@@ -153,7 +165,7 @@ def decoder_weights(params) -> Any:
 def estimate(shape: RunShape) -> dict[str, Any]:
   """Bytes per device from shapes alone: parameters, caches, activations."""
   mesh = shape.mesh_shape
-  positions = shape.max_decode_len + shape.gamma + 1
+  positions = shape.positions
   out = {}
   for role, definition in (("target", shape.target), ("draft", shape.draft)):
     params = definition.param_shapes()
@@ -174,7 +186,7 @@ def estimate(shape: RunShape) -> dict[str, Any]:
   scores = shape.batch * cfg.num_heads * shape.input_len**2 * 4 / model
   hidden = (shape.batch * shape.input_len * cfg.mlp_dim *
             len(cfg.mlp_activations) * 4 / model)
-  logits = shape.batch * (shape.gamma + 1) * cfg.vocab_size * 4
+  logits = shape.batch * shape.verified * cfg.vocab_size * 4
   out["activation_bytes"] = int(3 * max(scores, hidden) + 2 * logits)
   out["total_bytes"] = (out["target_param_bytes"] + out["draft_param_bytes"]
                         + out["target_cache_bytes"] + out["draft_cache_bytes"]

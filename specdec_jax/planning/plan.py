@@ -44,6 +44,7 @@ from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax import theory
 from specdec_jax.decoding import engine
+from specdec_jax.decoding import trees
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import fit
 from specdec_jax.experiments.experiment_config import ExperimentConfig
@@ -90,7 +91,7 @@ def abstract_params(definition, mesh, replicate: bool = False) -> Any:
 
 
 def _abstract_cache(definition, params, shape: RunShape, mesh) -> Any:
-  positions = shape.max_decode_len + shape.gamma + 1
+  positions = shape.positions
   cache = cache_shapes(definition, params, shape.batch, shape.input_len,
                        positions)
   specs = definition.cache_logical_axes(cache)
@@ -181,6 +182,7 @@ def step_cost(definition, params, cache, num_tokens: int) -> dict[str, Any]:
   extra = 2 * out["cpu_convert_bytes"]
   out["bytes_accessed"] = max(out["bytes_accessed_cpu"] - extra, 0.0)
   out["collectives"] = hlo.program_collectives(text)
+  out["memory"] = memory_summary(compiled, _on_cpu(params), text)
   return out
 
 
@@ -204,7 +206,7 @@ def step_bytes_from_shapes(definition, shape: RunShape,
   spec = None if replicated else fit.decoder_weights(
       definition.param_logical_axes())
   cache = cache_shapes(definition, None, shape.batch, shape.input_len,
-                       shape.max_decode_len + shape.gamma + 1)
+                       shape.positions)
   return (fit.shard_bytes(weights, spec, mesh_shape) +
           fit.shard_bytes(cache, definition.cache_logical_axes(cache),
                           mesh_shape))
@@ -243,6 +245,30 @@ def paper_row(config: ExperimentConfig):
   return None
 
 
+# What no published table gives for T5: how often a token tree's second,
+# third, fourth child is accepted once its elder siblings were rejected.
+# Measured with the shipped demo models (draft_base drafting for the demo
+# target) on Multi30k train sentences by `benchmarks/trees.py` (its
+# profile, ranks 1-3 pooled over depths; docs/benchmarks.md), by
+# temperature; a projected tree row takes rank 0 from the paper's alpha.
+TREE_SIBLING_PROFILE = {0: (0.25, 0.14, 0.10), 1: (0.25, 0.14, 0.10)}
+
+
+def tree_rank_rates(alpha: float | None, temperature: float,
+                    depth: int) -> tuple[np.ndarray, str]:
+  """Per-rank acceptance [depth, 4] for projecting a tree row, and where
+  its numbers come from (`theory.tree_node_probabilities`)."""
+  siblings = TREE_SIBLING_PROFILE[0 if temperature == 0 else 1]
+  first = alpha if alpha is not None else None
+  if first is None:
+    raise ValueError("a projected tree row needs the paper's alpha for its "
+                     "draft (Table 2)")
+  rates = np.tile([first, *siblings], (depth, 1))
+  return rates, (
+      f"rank 0 at every depth: the paper's alpha ({first}); ranks 1-3: the "
+      f"demo models' profile {list(siblings)} (benchmarks/trees.py)")
+
+
 _COMPILED: dict = {}
 
 
@@ -250,7 +276,7 @@ def smallest_cache_leaf_bytes(shape: RunShape) -> int:
   """Bytes per device of the smallest key or value cache of either model: a
   copy this large inside a loop is a cache not updated in place."""
   out = []
-  positions = shape.max_decode_len + shape.gamma + 1
+  positions = shape.positions
   for definition, replicated in ((shape.target, False),
                                  (shape.draft, shape.replicate_draft)):
     mesh_shape = (1, 1) if replicated else shape.mesh_shape
@@ -340,16 +366,20 @@ def compile_programs(shape: RunShape) -> dict[str, Any]:
                              shape.target, shape.max_decode_len, sampler),
                                                         tparams, *inputs),
                                                on_cpu, cache_bytes))
+  draft, loop_dparams = shape.draft, dparams
+  if shape.tree is not None:
+    draft = trees.TreeDef(shape.draft, shape.tree)
+    loop_dparams = {"draft": dparams}
   out["speculative"] = _loop_summary(_compile(engine.build_speculative(
-      shape.target, shape.draft, shape.gamma, shape.max_decode_len, sampler,
-      draft_replicated=shape.replicate_draft), tparams, dparams, *inputs),
-                                    on_cpu, cache_bytes)
+      shape.target, draft, shape.gamma, shape.max_decode_len, sampler,
+      draft_replicated=shape.replicate_draft), tparams, loop_dparams,
+                                              *inputs), on_cpu, cache_bytes)
   out["target_step"] = memo(
-      ("step", shape.target, False, 1, shape.gamma, common),
+      ("step", shape.target, False, 1, shape.positions, common),
       lambda: _step(shape.target, tparams, shape, mesh, 1))
   out["verify_step"] = memo(
-      ("step", shape.target, False, shape.gamma + 1, shape.gamma, common),
-      lambda: _step(shape.target, tparams, shape, mesh, shape.gamma + 1))
+      ("step", shape.target, False, shape.verified, shape.positions, common),
+      lambda: _step(shape.target, tparams, shape, mesh, shape.verified))
   # A replicated draft's step is compiled on one device: passing its cache
   # replicated on the mesh would add all-gathers the loop does not have (the
   # loop keeps the cache as the model's constraints lay it out); its
@@ -363,7 +393,7 @@ def compile_programs(shape: RunShape) -> dict[str, Any]:
   else:
     draft_step = lambda: _step(shape.draft, dparams, shape, mesh, 1)  # noqa: E731
   out["draft_step"] = memo(
-      ("step", shape.draft, shape.replicate_draft, 1, shape.gamma, common),
+      ("step", shape.draft, shape.replicate_draft, 1, shape.positions, common),
       draft_step)
   out["compile_seconds"] = time.perf_counter() - started
   out["compiler"] = topology.compiler_name(devices)
@@ -481,7 +511,19 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
           theory.walltime_improvement(alpha, shape.gamma, c)),
       "paper_speedup": row[2] if row else None,
       "compile_seconds": programs["compile_seconds"],
+      "verified": shape.verified,
   }
+  if shape.tree is not None and alpha is not None:
+    rates, source = tree_rank_rates(alpha, shape.temperature,
+                                    shape.tree.depth)
+    expected = theory.tree_expected_tokens(shape.tree.parents, rates)
+    out.update(
+        tree=shape.tree.describe(), tree_parents=list(shape.tree.parents),
+        tree_rates_source=source, expected_tokens_per_call=expected,
+        # One draft call per level (a level of w nodes priced as one step:
+        # memory-bound), one target call on every node.
+        predicted_speedup=expected / (shape.gamma * c + verify_cost),
+        predicted_speedup_v1=expected / (shape.gamma * c + 1.0))
   return out
 
 
@@ -502,6 +544,36 @@ def plan(config: ExperimentConfig, chip: chips.Chip,
   fit.check_fits(config, chip)
   shape = fit.run_shape(config, input_len)
   return project(config, shape, compile_programs(shape), chip)
+
+
+def verification_costs(config: ExperimentConfig, chip: chips.Chip,
+                       widths, input_len: int | None = None) -> list[dict]:
+  """The target's call on each of `widths` tokens (a chain's gamma + 1, a
+  tree's nodes + 1), each compiled on its own for the run's devices (the
+  TPU compiler where the run names a topology and libtpu is installed):
+  peak memory per device and the roofline time, also relative to one
+  token's step. A tree's call differs from a chain's of as many tokens
+  only by its attention mask (the same matmuls)."""
+  shape = fit.run_shape(config, input_len)
+  devices, _ = target_devices(shape)
+  mesh = sharding.make_mesh(*shape.mesh_shape, devices=devices)
+  tparams = abstract_params(shape.target, mesh)
+  parts = shape.mesh_shape[1]
+  out, one = [], None
+  for width in sorted({1, *map(int, widths)}):
+    wide = dataclasses.replace(shape, tree=None,
+                               gamma=max(shape.gamma, width - 1))
+    step = _step(shape.target, tparams, wide, mesh, width)
+    seconds = roofline_seconds(step, chip, parts, step["bytes_from_shapes"])
+    one = seconds if width == 1 else one
+    out.append({"tokens": width, "roofline_seconds": seconds,
+                "relative_to_one_token": seconds / one,
+                "flops": step["flops"],
+                "bytes_from_shapes": step["bytes_from_shapes"],
+                "peak_bytes": step["memory"]["peak_bytes"],
+                "collectives": sum(c["count"] for c in step["collectives"]),
+                "compiler": topology.compiler_name(devices)})
+  return out
 
 
 def decoder_step_bytes(shape: RunShape) -> dict[str, int]:
