@@ -41,6 +41,8 @@ from specdec_jax import sharding
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding.cascades import CascadeDef
+from specdec_jax.decoding.trees import TreeDef
+from specdec_jax.decoding.trees import TreeShape
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import fit
@@ -76,6 +78,7 @@ def _tiny(**overrides):
 TARGET = _tiny(num_heads=16)
 DRAFT = _tiny(num_decoder_layers=1, num_encoder_layers=1)
 DRAFT_OF_DRAFT = _tiny(num_decoder_layers=1, num_encoder_layers=1, mlp_dim=32)
+TREE = TreeDef(DRAFT, TreeShape.from_branching((2, 2, 1)))  # depth GAMMA
 
 
 def _shape(mesh_shape=(1, 4), name="v4:2x2x1", target=TARGET):
@@ -118,6 +121,9 @@ def loops(v4):
                               draft_stop=stopping.ConfidenceStop()),
       "cascade": spec(CascadeDef(draft=DRAFT, drafter=DRAFT_OF_DRAFT,
                                  gamma=2), cascade_params, GREEDY),
+      # Token trees: the tree mask, the walk and the path's cache moves.
+      "tree": spec(TREE, {"draft": v4["draft"]}, GREEDY),
+      "tree_top_p": spec(TREE, {"draft": v4["draft"]}, TOP_P),
   }
   return {k: c.as_text() for k, c in compiled.items()}
 
@@ -148,7 +154,7 @@ def test_every_decoding_loop_compiles_for_tpu_v4(v4, loops):
   assert v4["mesh"].devices.flat[0].device_kind == "TPU v4"
   assert v4["mesh"].devices.shape == (1, 4)
   assert set(loops) == {"generate", "greedy", "top_p", "confidence_stop",
-                        "cascade"}
+                        "cascade", "tree", "tree_top_p"}
   for name, text in loops.items():
     assert "while" in text, name
     # Compiled for the TPU: its layouts carry TPU tiles.

@@ -326,7 +326,7 @@ def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
         logits, tree_prop, tree, step_keys[:, gamma], sampler, fast=fast,
         verifier=drafter.verifier)
     target_cursor = trees.keep_path(target_cursor, target, n, path)
-    draft_state = drafter.keep(draft_state, n, path)
+    draft_state = _in(draft_rules(), drafter.keep, draft_state, n, path)
     batch = n.shape[0]
     prop = drafters.Proposal(
         tokens=verdict.tokens[:, :gamma], probs=None,

@@ -396,8 +396,13 @@ class KVCache:
     overlap; destinations past the end are dropped). Moves the accepted
     path of a token tree into the slots of its positions."""
     rows = jnp.arange(src.shape[0])[:, None]
-    key = self.key[rows, :, :, src]      # [B, D, N, H]
-    value = self.value[rows, :, src, :]  # [B, D, N, H]
+    # Laid out like freshly projected keys (heads where the cache has
+    # them): left free, the partitioner gathered a model-parallel cache's
+    # heads onto every device to pick the columns, and copied it.
+    key = constrain(self.key[rows, :, :, src],        # [B, D, N, H]
+                    "batch", "length", "heads", "kv")
+    value = constrain(self.value[rows, :, src, :],
+                      "batch", "length", "heads", "kv")
     return self.write(key, value, dst)
 
 
