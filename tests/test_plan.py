@@ -143,6 +143,25 @@ def test_t5_xxl_fit_on_one_v4_from_shapes_alone():
     fit.check_fits(_config((1, 1), **dict(xxl, dtype="float32")), V4)
 
 
+def test_a_tree_row_plans_its_nodes():
+  """A tree row's shapes hold its nodes: the target scores nodes + 1 tokens
+  a call and the caches get those positions (the fit check counts them);
+  its projection prices rank 0 at the paper's alpha and says where the
+  sibling rates come from."""
+  parents = (0, 0, 0, 1, 1, 2, 4)
+  config = _config((1, 1), target_config="t5_1_1_xxl",
+                   draft_config="t5_1_1_small", max_decode_len=512,
+                   gamma=3, tree_parents=parents, temperature=0.0)
+  shape = fit.run_shape(config)
+  assert (shape.verified, shape.positions) == (8, 520)
+  chain = fit.run_shape(dataclasses.replace(config, tree_parents=None))
+  assert fit.estimate(shape)["total_bytes"] > fit.estimate(chain)[
+      "total_bytes"]
+  rates, source = plan.tree_rank_rates(0.75, 0.0, shape.tree.depth)
+  assert rates.shape == (3, 4) and (rates[:, 0] == 0.75).all()
+  assert "paper's alpha" in source and "benchmarks/trees.py" in source
+
+
 def test_draft_replicated_only_where_it_cannot_be_split():
   small = registry.make_def(registry.get_config("t5_1_1_small"))
   config = _config(None)

@@ -246,27 +246,25 @@ def paper_row(config: ExperimentConfig):
 
 
 # What no published table gives for T5: how often a token tree's second,
-# third, fourth child is accepted once its elder siblings were rejected.
+# third and fourth child is accepted once its elder siblings were rejected.
 # Measured with the shipped demo models (draft_base drafting for the demo
-# target) on Multi30k train sentences by `benchmarks/trees.py` (its
-# profile, ranks 1-3 pooled over depths; docs/benchmarks.md), by
-# temperature; a projected tree row takes rank 0 from the paper's alpha.
-TREE_SIBLING_PROFILE = {0: (0.25, 0.14, 0.10), 1: (0.25, 0.14, 0.10)}
+# target, a (4, 4, 1, ...) tree on 64 Multi30k train sentences, ranks 1-3
+# pooled over depths 1-2) by `benchmarks/trees.py` on 2026-12-04
+# (docs/benchmarks.md, "Token trees"), by temperature (0, and 1 for any
+# sampled row). A projected tree row takes rank 0 from the paper's alpha.
+TREE_SIBLING_PROFILE = {0: (0.238, 0.140, 0.102), 1: (0.251, 0.165, 0.121)}
 
 
-def tree_rank_rates(alpha: float | None, temperature: float,
+def tree_rank_rates(alpha: float, temperature: float,
                     depth: int) -> tuple[np.ndarray, str]:
-  """Per-rank acceptance [depth, 4] for projecting a tree row, and where
-  its numbers come from (`theory.tree_node_probabilities`)."""
+  """Per-rank acceptance [depth, 4] of a projected tree row (rank 0: the
+  paper's `alpha` at every depth; ranks 1-3: `TREE_SIBLING_PROFILE`) and
+  a line saying so (`theory.tree_node_probabilities`)."""
   siblings = TREE_SIBLING_PROFILE[0 if temperature == 0 else 1]
-  first = alpha if alpha is not None else None
-  if first is None:
-    raise ValueError("a projected tree row needs the paper's alpha for its "
-                     "draft (Table 2)")
-  rates = np.tile([first, *siblings], (depth, 1))
+  rates = np.tile([alpha, *siblings], (depth, 1))
   return rates, (
-      f"rank 0 at every depth: the paper's alpha ({first}); ranks 1-3: the "
-      f"demo models' profile {list(siblings)} (benchmarks/trees.py)")
+      f"rank 0 at every depth: the paper's alpha ({alpha}); ranks 1-3: the "
+      f"demo models' sibling profile {list(siblings)} (benchmarks/trees.py)")
 
 
 _COMPILED: dict = {}

@@ -350,14 +350,21 @@ def summary(rows: Sequence[Mapping[str, Any]],
   identical), then the best greedy speedup of each task and, if given,
   the variant that ran. Every column is in table.md and table.csv.
   """
-  header = ("task", "draft", "T", "γ", "α", "speedup", "predicted", "ratio",
-            "BLEU target / spec", "identical")
+  header = ("task", "draft", "T", "γ", "verified", "tok/call", "α",
+            "speedup", "predicted", "ratio", "BLEU target / spec",
+            "identical")
   lines = [header]
   for r in rows:
     predicted = r.get("predicted_at_lengths_with_verify_cost")
+    if r.get("tree"):  # a tree's own prediction (report._tree_columns)
+      predicted = r.get("predicted_with_verify_cost")
+    draft = str(r["draft"]) + (f" tree {r['tree']}" if r.get("tree") else "")
     lines.append((
-        str(r.get("task", SENTENCES)).replace("ende_", ""), str(r["draft"]),
-        f"{r['temperature']:g}", str(r["gamma"]), f"{r['alpha']:.2f}",
+        str(r.get("task", SENTENCES)).replace("ende_", ""), draft,
+        f"{r['temperature']:g}", str(r["gamma"]),
+        str(r.get("verified", r["gamma"] + 1)),
+        "—" if r.get("tokens_per_call") is None
+        else f"{r['tokens_per_call']:.2f}", f"{r['alpha']:.2f}",
         f"{r['speedup']:.2f}x",
         "—" if predicted is None else f"{predicted:.2f}x",
         "—" if not predicted else f"{r['speedup'] / predicted:.2f}",
@@ -368,7 +375,8 @@ def summary(rows: Sequence[Mapping[str, Any]],
   out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
          for line in lines]
   out.append("predicted: Theorem 3.8 at the measured alpha, c, output "
-             "lengths and verification cost.")
+             "lengths and verification cost (a tree: its expected tokens "
+             "per call from the measured acceptance of each child rank).")
   best = {}
   for r in rows:
     if r["temperature"] == 0 and r["speedup"] > best.get(
@@ -400,7 +408,8 @@ def plot_rows(path: str, rows: list[dict]) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   labels = [f"{r.get('task', SENTENCES).replace('ende_', '')}\n"
-            f"{r['draft']}\nT={r['temperature']:g}, γ={r['gamma']}"
+            f"{r['draft']}" + (f" tree {r['tree']}" if r.get("tree") else "")
+            + f"\nT={r['temperature']:g}, γ={r['gamma']}"
             for r in rows]
   x = np.arange(len(rows))
   bars = [("speedup", "measured"),
