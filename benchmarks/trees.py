@@ -198,6 +198,7 @@ def main(argv):
               f"{m['predicted_accepted_plus_one']:>9.3f} "
               f"{m['speedup']:>7.2f}x  {depth}")
         results.append(dict(m, task=task, temperature=temperature, row=name))
+      _write(results)
       chains = {n: m for n, m in measured.items() if m["tree"] is None}
       trees_ = {n: m for n, m in measured.items() if m["tree"] is not None}
       for name, m in trees_.items():
@@ -220,6 +221,10 @@ def main(argv):
               f"({within[best_tree]['tokens_per_call']:.3f}, "
               f"{within[best_tree]['verified']} verified): {ratio:.2f}x "
               f"tokens per call")
+
+
+def _write(results):
+  """The rows so far to --out (after every task: a long run keeps them)."""
   if FLAGS.out:
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
     with open(FLAGS.out, "w") as f:
