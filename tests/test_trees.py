@@ -86,17 +86,55 @@ def test_skipping_the_sibling_residual_fails(toy):
   assert p_value < SIGNIFICANCE, p_value
 
 
-def test_greedy_tree_equals_target_greedy_on_toy_models(toy):
+@pytest.mark.parametrize("shape", [(3, 2, 1), sd.TreeShape((0, 0, 1))])
+def test_greedy_tree_equals_target_greedy_on_toy_models(toy, shape):
   """Greedy decoding with a tree (children: the draft's top k) emits the
   target's greedy tokens, for every row of a ragged batch (per-row paths,
-  rollbacks and cache moves), with more than one token per call."""
+  rollbacks and cache moves), with more than one token per call; in a
+  shape whose second child has no children of its own, a walk that ends
+  there is not counted as a rejection at depth 2 (its rank histogram
+  holds one walk per target call at depth 1 and fewer at depth 2)."""
   target, draft, _, _ = toy
   ids = np.array([[2, 3, 1], [3, 1, 0], [1, 0, 0], [2, 2, 1]], np.int32)
   base = sd.generate(target, ids, max_decode_len=12)
-  res = sd.speculative_generate(target, sd.tree(draft, (3, 2, 1)), ids,
-                                gamma=3, max_decode_len=12)
+  tree = sd.tree(draft, shape)
+  depth = tree.definition.tree_shape.depth
+  res = sd.speculative_generate(target, tree, ids, gamma=depth,
+                                max_decode_len=12)
   np.testing.assert_array_equal(res.tokens, base.tokens)
   assert res.stats.length.sum() > res.stats.target_calls.sum()
+  hist = np.asarray(res.stats.rank_histogram).sum(axis=0)
+  assert hist[0].sum() <= res.stats.target_calls.sum()
+  if isinstance(shape, sd.TreeShape):
+    # Depth 2 is tested only below the first child (the second has none).
+    assert hist[1].sum() <= hist[0][0]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_walk_ending_at_a_childless_node_tests_nothing_there(fast):
+  """Shape (0, 0, 1): the root's second child has no children. A walk that
+  accepts it emits the target's token after it (greedy: its argmax) and
+  reports depth 2 as untested (rank k + 1, `tested` False), so the
+  counters do not take it for a rejection."""
+  from specdec_jax.decoding import verify  # pylint: disable=g-import-not-at-top
+  shape = sd.TreeShape((0, 0, 1))
+  vocab = 5
+  tokens = jnp.asarray([[0, 2, 3, 4]], jnp.int32)   # nodes 1, 2, 3
+  logits = np.full((1, 4, vocab), -5.0, np.float32)
+  logits[0, 0, 3] = 5.0   # at the root the target wants node 2's token
+  logits[0, 2, 1] = 5.0   # after node 2: EOS... any token; here 1
+  q = np.full((1, 2, vocab), 1e-3, np.float32)   # internal nodes 0, 1
+  q[0, 0, [2, 3]] = 0.5 - 1e-3
+  q[0, 1, 4] = 1.0 - 4e-3
+  prop = trees.TreeProposal(tokens=tokens,
+                            valid=jnp.ones((1, 4), jnp.bool_),
+                            probs=None if fast else jnp.asarray(q))
+  verdict, path, rank, tested = verify.verify_tree(
+      jnp.asarray(logits), prop, shape, jax.random.key(0)[None],
+      sampling.SamplingConfig(0.0 if fast else 0.05), fast=fast)
+  assert int(verdict.accepted[0]) == 1 and int(path[0, 0]) == 2
+  assert int(verdict.tokens[0, 1]) == 1
+  assert rank[0].tolist() == [1, 3] and tested[0].tolist() == [True, False]
 
 
 def _tree_vs_paths(definition, params, input_ids, prefix, shape, seed):
@@ -231,4 +269,8 @@ def test_bad_tree_settings_are_refused_before_compiling(toy):
                               max_decode_len=8)
     with pytest.raises(TypeError, match="plain model"):
       sd.tree(sd.cascade(draft, draft, gamma=2), (2,))
+    with pytest.raises(TypeError, match="token tree"):
+      sd.cascade(draft, sd.tree(draft, (2,)), gamma=2)
+    with pytest.raises(TypeError, match="token tree"):
+      sd.horizontal(sd.tree(draft, (2,)), draft, split=1)
   assert compiles.count == 0

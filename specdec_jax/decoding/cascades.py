@@ -105,6 +105,8 @@ def cascade(draft: Model, draft_of_draft: Model, *, gamma: int) -> Model:
       raise TypeError(f"cascade: {name} must be a specdec_jax.Model (from "
                       f"sd.load_model, ngram.fit_ngram or sd.cascade), got "
                       f"{type(m).__name__}.")
+  composite.refuse_trees("cascade", ("draft", draft),
+                         ("draft_of_draft", draft_of_draft))
   if isinstance(draft.definition, CascadeDef):
     raise TypeError("cascade: the middle model must be a plain model (it "
                     "verifies its drafter); nest cascades through "

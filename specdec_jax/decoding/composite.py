@@ -81,6 +81,18 @@ def call_sizes(definition: Any) -> tuple[list[tuple[Any, int]], int]:
   return [(definition, 2)], 0
 
 
+def refuse_trees(what: str, *parts: tuple[str, Model]) -> None:
+  """A TypeError naming the part that is a token tree (`trees.TreeDef`,
+  which declares `tree_shape`): a tree drafts only for the target, its
+  walk and cache moves live in the engine's iteration."""
+  for name, m in parts:
+    if getattr(m.definition, "tree_shape", None) is not None:
+      raise TypeError(
+          f"{what}: {name} is a token tree (sd.tree), which can only be the "
+          f"draft of speculative_generate itself; pass its plain model here "
+          f"instead.")
+
+
 def shared_vocab(what: str, *parts: tuple[str, Model]) -> Any:
   """The vocabulary the named parts share (the first one carried; None if
   none carries one); a ValueError naming both parts when two carry

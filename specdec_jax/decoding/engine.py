@@ -322,17 +322,28 @@ def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
     logits, target_cursor = trees.feed(s.target, target, target_params,
                                        tokens, n, tree,
                                        np.arange(tree.verified))
-    verdict, path, rank = verify.verify_tree(
+    verdict, path, rank, tested = verify.verify_tree(
         logits, tree_prop, tree, step_keys[:, gamma], sampler, fast=fast,
         verifier=drafter.verifier)
     target_cursor = trees.keep_path(target_cursor, target, n, path)
     draft_state = _in(draft_rules(), drafter.keep, draft_state, n, path)
     batch = n.shape[0]
+    # The walked path as a chain proposal (for the counters and traces):
+    # its accepted tokens, then the first candidate the walk rejected.
+    depth = jnp.arange(gamma)[None, :]
+    stop = jnp.take_along_axis(
+        jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1),
+        verdict.accepted[:, None], axis=1)
+    first = jnp.take_along_axis(tree_prop.tokens, jnp.asarray(
+        tree.children[:, 0])[stop], axis=1)
+    tokens = jnp.where(depth < verdict.accepted[:, None],
+                       verdict.tokens[:, :gamma],
+                       jnp.where(depth == verdict.accepted[:, None], first, 0))
     prop = drafters.Proposal(
-        tokens=verdict.tokens[:, :gamma], probs=None,
+        tokens=tokens, probs=None,
         conf=jnp.zeros((batch, gamma), jnp.float32),
         length=jnp.full((batch,), gamma, jnp.int32))
-    return prop, target_cursor, draft_state, verdict, rank, level
+    return prop, target_cursor, draft_state, verdict, rank, tested, level
 
   def run(target_params, draft_params, input_ids, seeds, rows, values):
     sampler = static_sampler.traced(values)
@@ -381,15 +392,18 @@ def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
                                             n[:, None] + offsets, longest)
         verdict = verify.verify(logits, prop, step_keys[:, gamma], sampler,
                                 lenience=lenience, fast=fast)
-        rank = None
+        rank = tested = None
       else:
-        prop, target_cursor, draft_state, verdict, rank, level = _tree_step(
-            s, drafter, target_params, draft_params, step_keys, sampler)
+        (prop, target_cursor, draft_state, verdict, rank, tested,
+         level) = _tree_step(s, drafter, target_params, draft_params,
+                             step_keys, sampler)
       stream, emitted = _advance(s.stream, verdict.tokens, verdict.count,
                                  max_decode_len)
       active = ~s.stream.done
       # alpha and the counters: beta at every verified position emitted.
       counted = verify.counted_positions(emitted, prop.length, gamma)
+      if tested is not None:  # a tree's walk that ended above its depth
+        counted = counted & tested
       st = _count_iteration(s.stats, s.step, active, prop, verdict, emitted,
                             counted, level, rank)
       stop_state = s.stop_state

@@ -79,6 +79,7 @@ def horizontal(early: Model, late: Model, *, split: int) -> Model:
     if not isinstance(m, Model):
       raise TypeError(f"horizontal: {name} must be a specdec_jax.Model, got "
                       f"{type(m).__name__}.")
+  composite.refuse_trees("horizontal", ("early", early), ("late", late))
   split = composite.size_argument("horizontal: split", split)
   if early.vocab_size != late.vocab_size:
     raise ValueError(f"horizontal: vocabularies differ in size (early "

@@ -166,7 +166,9 @@ def verify_tree(logits: jax.Array, prop: Any, shape: Any, key: jax.Array,
     beta is sum_x min(p, q) at each node walked (the chain's alpha); the
     path int32 [B, D] of node indices (past the accepted ones: repeats of
     the last); rank int32 [B, D], the rank of the child accepted at each
-    depth walked, k where none was).
+    depth walked, k where none was, k + 1 where the walk ended at a node
+    without children; tested bool [B, D], the depths where the walk tested
+    children (the counters take only these)).
   """
   batch = logits.shape[0]
   depth, width = shape.depth, shape.max_children
@@ -183,7 +185,7 @@ def verify_tree(logits: jax.Array, prop: Any, shape: Any, key: jax.Array,
   searching = jnp.ones((batch,), jnp.bool_)
   accepted = jnp.zeros((batch,), jnp.int32)
   nxt = jnp.zeros((batch,), jnp.int32)
-  path, ranks, betas = [], [], []
+  path, ranks, betas, tested = [], [], [], []
   for d in range(depth):
     kids = children[node]                                        # [B, k]
     kid_tokens = jnp.take_along_axis(prop.tokens, kids, axis=1)
@@ -227,7 +229,12 @@ def verify_tree(logits: jax.Array, prop: Any, shape: Any, key: jax.Array,
     chosen = jnp.take_along_axis(kids, jnp.minimum(rank, width - 1)[:, None],
                                  axis=1)[:, 0]
     nxt = jnp.where(searching & ~hit, stop_token, nxt)
-    ranks.append(jnp.where(searching, rank, width))
+    # A walk that stopped at a node without children (a shape whose
+    # branches end above its depth) tested nothing there: rank width + 1,
+    # which the counters drop, as they drop its beta (`tested`).
+    tested.append(searching & (num_children[node] > 0))
+    ranks.append(jnp.where(tested[-1], rank,
+                           jnp.where(searching, width + 1, width)))
     step = searching & hit
     node = jnp.where(step, chosen, node)
     path.append(node)
@@ -246,7 +253,7 @@ def verify_tree(logits: jax.Array, prop: Any, shape: Any, key: jax.Array,
   beta = jnp.stack(betas, axis=1)
   verdict = _verdict(path_tokens, accepted, nxt, beta,
                      jnp.zeros_like(beta), p)
-  return verdict, path, jnp.stack(ranks, axis=1)
+  return verdict, path, jnp.stack(ranks, axis=1), jnp.stack(tested, axis=1)
 
 
 def counted_positions(emitted: jax.Array, length: jax.Array,
