@@ -151,7 +151,8 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
       work here too.
     input_ids: int [batch, length], 0-padded, each row ending in EOS (1).
     gamma: draft tokens per iteration (static; >= 1); with a `draft_stop`
-      rule, the most draft tokens per iteration.
+      rule, the most draft tokens per iteration; with a token tree, its
+      depth.
     max_decode_len: the most tokens generated per row.
     temperature, top_k, top_p: applied identically to target and draft.
     seed: int, or one int per row.
@@ -202,8 +203,10 @@ class SpeculativeDecoder:
 
   Attributes:
     target: the model whose output distribution is kept.
-    draft: the cheaper approximation; same vocabulary.
-    gamma: draft tokens per iteration (the most, with a `draft_stop`).
+    draft: the cheaper approximation; same vocabulary (a model, a cascade,
+      a horizontal drafter or a token tree, `sd.tree`).
+    gamma: draft tokens per iteration (the most, with a `draft_stop`; a
+      tree's depth).
     max_decode_len: the most tokens generated per row.
     sampling: temperature, top-k, top-p, applied to target and draft alike.
     lenience: 1 (default) is exact; below 1 the paper's lossy variant.
