@@ -36,7 +36,7 @@ demo: $(STAMP)
 # suite: 15.6 min on 2 cores, 29 min of CPU; docs/reliability.md says what
 # it checks). TEST_FLAGS="-n 0" runs in one; pytest lists the 25
 # slowest tests.
-TEST_FLAGS ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=25
+TEST_FLAGS ?= -n 2 --dist loadfile --durations=25
 
 test: $(STAMP) $(TPU_STAMP)
 	$(PY) -m pytest -q $(TEST_FLAGS) tests

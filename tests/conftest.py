@@ -24,26 +24,6 @@ if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 
 
-# The modules that take longest (docs/log/suite_timing.md), longest first.
-# `make test` hands whole modules to its two workers in collection order
-# (`--dist loadfile --no-loadscope-reorder`); left to xdist, modules go by
-# their number of tests, and a long module of few tests (the multi-host
-# runs) started last, leaving one worker idle while the other finished it.
-_LONGEST_FIRST = ("test_exact_demo", "test_demo", "test_multihost",
-                  "test_adaptive", "test_experiment", "test_train",
-                  "test_decoding", "test_tpu_compile", "test_trees",
-                  "test_reproduce", "test_buckets", "test_plan",
-                  "test_sharding", "test_negative_controls")
-
-
-def pytest_collection_modifyitems(config, items):
-  del config
-  rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
-  items.sort(key=lambda item: rank.get(
-      item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py"),
-      len(rank)))
-
-
 def pytest_configure(config):
   config.addinivalue_line(
       "markers", "quick: a fast test module, in `make test-quick`'s subset "
