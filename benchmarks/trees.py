@@ -53,9 +53,9 @@ flags.DEFINE_list("temperatures", ["0", "1"], "Sampling temperatures.")
 flags.DEFINE_list("gammas", ["3", "4", "5", "7"], "Chain gammas.")
 flags.DEFINE_list("sizes", ["7", "15", "19", "31"],
                   "Node counts of the profile's best trees.")
-flags.DEFINE_list("branchings", ["2,2,1,1,1,1", "3,2,1,1,1,1,1"],
-                  "Uniform tree shapes, branching per depth joined by ','; "
-                  "shapes separated by ';' in one entry are also accepted.")
+flags.DEFINE_string("branchings", "2,2,1,1,1,1;3,2,1,1,1,1,1",
+                    "Uniform tree shapes: each a branching per depth joined "
+                    "by ',', shapes separated by ';'.")
 flags.DEFINE_string("profile_text", os.path.join(
     os.path.dirname(__file__), os.pardir, os.pardir, "shared", "data",
     "multi30k.train.en"), "English sentences the profile decodes (Multi30k "
@@ -72,7 +72,7 @@ MAX_DECODE_LEN = {"sentences": 64, "paragraphs": 128}
 
 
 def _branching(entry: str) -> tuple[int, ...]:
-  return tuple(int(b) for b in entry.replace(";", ",").split(",") if b)
+  return tuple(int(b) for b in entry.split(",") if b)
 
 
 def profile(target, draft, temperature: float, depth_cap: int):
@@ -162,7 +162,7 @@ def main(argv):
   target = sd.load_model(FLAGS.target)
   draft = sd.load_model(FLAGS.draft)
   sizes = [int(s) for s in FLAGS.sizes]
-  branchings = [_branching(b) for b in FLAGS.branchings]
+  branchings = [_branching(b) for b in FLAGS.branchings.split(";") if b]
   results = []
   for temperature in map(float, FLAGS.temperatures):
     started = time.perf_counter()

@@ -319,7 +319,15 @@ def _accept_row(key, tokens, q, p, lenience, num_proposed=None):
   # comes from p itself.
   q_next = jnp.where(num_accepted < proposed,
                      q[jnp.minimum(num_accepted, gamma - 1)], 0.0)
-  residual = jnp.maximum(p_next - lenience * q_next, 0.0)
-  mass = jnp.sum(residual)
-  residual = jnp.where(mass > RESIDUAL_EPS, residual / mass, p_next)
-  return num_accepted.astype(jnp.int32), sample(sample_key, residual)
+  return num_accepted.astype(jnp.int32), sample(
+      sample_key, residual(p_next, lenience * q_next))
+
+
+def residual(p: jax.Array, q: jax.Array) -> jax.Array:
+  """norm(max(0, p - q)) over the last axis, or p itself where that mass
+  is rounding noise (below RESIDUAL_EPS: p == q, so no rejection can have
+  led here). The distribution after a rejected draft token (a chain's, or
+  a tree's sibling: `verify.verify_tree`)."""
+  rest = jnp.maximum(p - q, 0.0)
+  mass = jnp.sum(rest, axis=-1, keepdims=True)
+  return jnp.where(mass > RESIDUAL_EPS, rest / jnp.maximum(mass, 1e-30), p)

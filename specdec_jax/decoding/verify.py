@@ -125,15 +125,6 @@ def _verdict(tokens, accepted, nxt, beta, accept_prob, p) -> Verdict:
                  accept_prob=accept_prob, probs=p)
 
 
-def _residual(p: jax.Array, q: jax.Array) -> jax.Array:
-  """norm(max(0, p - q)) over the last axis, or p where that is
-  numerically zero (p == q: a rejection cannot have happened)."""
-  residual = jnp.maximum(p - q, 0.0)
-  mass = jnp.sum(residual, axis=-1, keepdims=True)
-  return jnp.where(mass > sampling.RESIDUAL_EPS,
-                   residual / jnp.maximum(mass, 1e-30), p)
-
-
 def verify_tree(logits: jax.Array, prop: Any, shape: Any, key: jax.Array,
                 sampler: sampling.SamplingConfig, *, fast: bool = False,
                 verifier: str = "exact") -> tuple[Verdict, jax.Array,
@@ -218,13 +209,14 @@ def verify_tree(logits: jax.Array, prop: Any, shape: Any, key: jax.Array,
         hit = hit | ok
         rejected = (kid_valid[:, j] & ~hit)[:, None]
         if verifier == "exact":
-          p_cur = jnp.where(rejected, _residual(p_cur, q_norm), p_cur)
+          p_cur = jnp.where(rejected, sampling.residual(p_cur, q_norm),
+                            p_cur)
         removed = jax.nn.one_hot(x, q_cur.shape[-1], dtype=jnp.bool_)
         q_cur = jnp.where(rejected & removed, 0.0, q_cur)
       if verifier != "exact":
         # The deliberately wrong rule: siblings were tested against p
         # itself; the correction takes the first child's residual only.
-        p_cur = _residual(p[rows, node], prop.probs[rows, node])
+        p_cur = sampling.residual(p[rows, node], prop.probs[rows, node])
       stop_token = sampling.inverse_cdf(p_cur, u[:, width:])
     chosen = jnp.take_along_axis(kids, jnp.minimum(rank, width - 1)[:, None],
                                  axis=1)[:, 0]
