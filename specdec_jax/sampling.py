@@ -143,7 +143,11 @@ class SamplingConfig:
     logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / jnp.asarray(
         temperature, jnp.float32)
     if 0 < self.top_k < vocab:
-      kth = jax.lax.top_k(logits, self.top_k)[0][..., -1:]
+      # The k-th largest value as the min of the k largest, not their last:
+      # XLA:CPU turns a top-k whose last value alone is read back into a
+      # full sort of the vocabulary (about 40x slower at k = 5, V = 4,224).
+      kth = jnp.min(jax.lax.top_k(logits, self.top_k)[0], axis=-1,
+                    keepdims=True)
       logits = jnp.where(logits >= kth, logits, -jnp.inf)
     probs = jax.nn.softmax(logits, axis=-1)
     if self.top_p < 1.0:
