@@ -6,6 +6,7 @@ import glob
 import os
 import re
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,6 +99,23 @@ def test_definition_is_a_hashable_model_def():
   assert isinstance(definition, ModelDef)
   assert hash(definition) == hash(t5.T5Def(registry.get_config("t5_tiny")))
   assert definition.vocab_size == 128 and definition.max_input_len == 64
+
+
+def test_a_parameter_of_another_shape_is_refused_when_applied():
+  """Parameters are read without tracing their initializers
+  (`layers._param`), but a parameter whose shape is not the architecture's
+  still fails, naming it and both shapes; the unchanged tree runs."""
+  definition = t5.T5Def(registry.get_config("t5_tiny"))
+  params = definition.init_params(jax.random.PRNGKey(0))
+  input_ids, decoder_ids = _inputs()
+  jax.eval_shape(definition.forward, params, input_ids, decoder_ids)
+  # A scale of shape (1,) would broadcast silently: only the check sees it.
+  bad = jax.tree.map(lambda x: x, params)
+  bad["decoder"]["decoder_norm"]["scale"] = jnp.ones((1,), jnp.float32)
+  with pytest.raises(flax.errors.ScopeParamShapeError,
+                     match=r'"scale" in "/decoder/decoder_norm".*shape '
+                     r"\(32,\).*shape \(1,\)"):
+    jax.eval_shape(definition.forward, bad, input_ids, decoder_ids)
 
 
 def test_prefill_allocates_cache_and_starts_at_zero(model):
