@@ -255,6 +255,91 @@ class CompileCounter:
 
 
 # ----------------------------------------------------------------------------
+# Scripts run in this process.
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptResult:
+  """What `python scripts/NAME.py ARGS` would leave: its exit status, its
+  stdout, and its stderr (absl's log lines included)."""
+  returncode: int
+  stdout: str
+  stderr: str
+
+
+def run_script(name: str, *args: str) -> ScriptResult:
+  """Runs scripts/`name`.py in this process, as `python scripts/NAME.py
+  ARGS` runs it (its `__main__` block, absl flags parsed from `args`).
+
+  Saves the interpreter start and the imports (8-10 s a launch) and reuses
+  the programs this process has compiled; each script keeps one real
+  launch in the suite (run_experiment, reproduce_tables, convert_checkpoint,
+  teacher_outputs, plan_run), which checks what only a process shows.
+  A `SystemExit` with a message ends it as Python would (the message on
+  stderr, status 1), an exception as a traceback and status 1. The
+  script's flags are removed and absl's flags, gin's config and JAX's
+  compilation cache restored afterwards, so runs do not see each other.
+  """
+  # pylint: disable=g-import-not-at-top
+  import contextlib
+  import io
+  import logging
+  import os
+  import runpy
+  import sys
+  import traceback
+  from absl import flags
+  from absl import logging as absl_logging
+  import gin
+  from jax.experimental.compilation_cache import compilation_cache
+  # pylint: enable=g-import-not-at-top
+  path = os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), "scripts", f"{name}.py")
+  out, err = io.StringIO(), io.StringIO()
+  # app.run puts absl's handler on the root logger: its lines go to `err`.
+  handler = absl_logging.get_absl_handler().python_handler
+  stream, level = handler.stream, logging.getLogger().level
+  cache = {key: getattr(jax.config, key) for key in (
+      "jax_compilation_cache_dir",
+      "jax_persistent_cache_min_compile_time_secs")}
+  argv, code = sys.argv, 0
+  sys.argv = [path, *args]
+  handler.stream = err
+  # Verbosity INFO, as in a fresh process (app.run raises absl's default -1
+  # to 0 in its first run only).
+  verbosity = flags.FLAGS["verbosity"].default
+  flags.FLAGS.set_default("verbosity", 0)
+  try:
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+      try:
+        runpy.run_path(path, run_name="__main__")
+      except SystemExit as e:
+        code = e.code
+      except Exception:  # pylint: disable=broad-except
+        traceback.print_exc()
+        code = 1
+  finally:
+    handler.stream = stream
+    flags.FLAGS.set_default("verbosity", verbosity)
+    logging.getLogger().setLevel(level)
+    # absl names the module defining a __main__ flag by sys.argv[0].
+    defined = flags.FLAGS.flags_by_module_dict().pop(path, ())
+    for flag_name in {flag.name for flag in defined}:
+      if flag_name in flags.FLAGS:
+        delattr(flags.FLAGS, flag_name)
+    sys.argv = argv
+    flags.FLAGS.unparse_flags()
+    gin.clear_config()
+    for key, value in cache.items():
+      jax.config.update(key, value)
+    compilation_cache.reset_cache()
+  if isinstance(code, str):
+    err.write(code + "\n")
+    code = 1
+  return ScriptResult(int(code or 0), out.getvalue(), err.getvalue())
+
+
+# ----------------------------------------------------------------------------
 # TensorBoard events, as TensorBoard would read them.
 
 

@@ -386,8 +386,9 @@ def test_convert_script_writes_into_a_bucket(gcs_emulator, t5_tiny,  # noqa: F81
   source = checkpoints.save(t5_tiny, str(tmp_path / "source"))
   for fmt, spec in (("specdec", "gs://models/converted"),
                     ("hf", "gs://models/converted_hf")):
-    result = _convert("--input=" + source, "--output=" + spec,
-                      "--format=" + fmt)
+    # In this process (test_checkpoints.py launches the script).
+    result = helpers.run_script("convert_checkpoint", "--input=" + source,
+                                "--output=" + spec, "--format=" + fmt)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == spec
     # The upload is logged (file by file, or as each file starts).

@@ -22,6 +22,7 @@ from specdec_jax.checkpoints import t5x
 from specdec_jax import sharding
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.models import registry
+from tests import helpers
 
 GIN_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "configs",
                        "models")
@@ -357,15 +358,12 @@ def test_convert_script(tiny, t5x_dir, tmp_path):
 def test_convert_script_to_hugging_face_format(tiny, t5x_dir, tmp_path):
   """--format=hf writes a Hugging Face T5 directory (config.json +
   model.safetensors, no pickle) that loads back as the same model."""
-  root = os.path.join(os.path.dirname(__file__), os.pardir)
   output = str(tmp_path / "hf")
-  subprocess.run(
-      [sys.executable, os.path.join(root, "scripts", "convert_checkpoint.py"),
-       "--input=t5x:" + t5x_dir, "--config=t5_tiny", "--format=hf",
-       "--output=" + output],
-      check=True, cwd=root, capture_output=True,
-      env=dict(os.environ, JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.path.abspath(root)))
+  # In this process (test_convert_script launches the script).
+  result = helpers.run_script("convert_checkpoint", "--input=t5x:" + t5x_dir,
+                              "--config=t5_tiny", "--format=hf",
+                              "--output=" + output)
+  assert result.returncode == 0, result.stderr[-3000:]
   assert sorted(os.listdir(output)) == ["config.json", "model.safetensors"]
   model = checkpoints.load_model("hf:" + output)
   assert model.config.num_decoder_layers == tiny.config.num_decoder_layers

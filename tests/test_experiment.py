@@ -389,8 +389,9 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
   assert "| wmt14_ende_local |" in (workdir / "table.md").read_text()
   cached = os.listdir(tmp_path / "xla")
   assert any(name.startswith("jit_run") for name in cached), cached
-  other = subprocess.run(cmd + ["--gin.experiment.ExperimentConfig.gamma=3"],
-                         capture_output=True, text=True, env=env, timeout=300)
+  # The script's one real launch is above; these two run in this process.
+  other = helpers.run_script("run_experiment", *cmd[2:],
+                             "--gin.experiment.ExperimentConfig.gamma=3")
   # A usage error ends with its message and status 1, not a traceback.
   assert other.returncode == 1
   assert "Traceback" not in other.stderr, other.stderr[-3000:]
@@ -400,9 +401,9 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
   # Issue 38, finding 3: the refused rerun rewrote config.gin to gamma 3.
   assert "gamma = 2" in (workdir / "config.gin").read_text()
   assert "gamma = 3" not in (workdir / "config.gin").read_text()
-  bad = subprocess.run(cmd[:3] + [f"--workdir={tmp_path / 'bad'}",
-                                  "--gin.experiment.ExperimentConfig.gamma=0"],
-                       capture_output=True, text=True, env=env, timeout=300)
+  bad = helpers.run_script("run_experiment", cmd[2],
+                           f"--workdir={tmp_path / 'bad'}",
+                           "--gin.experiment.ExperimentConfig.gamma=0")
   assert bad.returncode != 0 and "every gamma must be >= 1" in bad.stderr
 
 

@@ -16,6 +16,7 @@ from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
 from specdec_jax.planning import table_cost
 from specdec_jax.tables import reproduce
+from tests import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIGS = os.path.join(REPO, "configs")
@@ -98,12 +99,11 @@ def test_a_binding_that_matches_nothing_is_refused_in_one_line(tmp_path):
   """Issue 47: a `--gin.X=` binding gin cannot apply ends the script with
   status 1 and one line naming it, before any row runs (no workdir)."""
   workdir = tmp_path / "wd"
-  cmd = [sys.executable, os.path.join(REPO, "scripts", "reproduce_tables.py"),
-         f"--experiments={_DEMO_ROWS}", "--gin.ExperimentConfig.max_exampels=2",
-         f"--workdir={workdir}", "--compilation_cache_dir="]
-  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="")
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                        timeout=300)
+  # In this process (the script's real launch is the test above).
+  proc = helpers.run_script(
+      "reproduce_tables", f"--experiments={_DEMO_ROWS}",
+      "--gin.ExperimentConfig.max_exampels=2", f"--workdir={workdir}",
+      "--compilation_cache_dir=")
   assert proc.returncode == 1, proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
   last = proc.stderr.strip().splitlines()[-1]

@@ -29,6 +29,7 @@ from specdec_jax.training import mirror
 from specdec_jax.data import vocabularies
 from specdec_jax.data import readers
 from specdec_jax.models import registry
+from tests import helpers
 from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
 _LEXICON = {
@@ -418,7 +419,12 @@ def test_teacher_outputs_script_translates_and_refuses_other_settings(
     expected = (vocabularies.detokenize(teacher.vocab, tokens)
                 if (tokens == 1).any() else german[i])
     assert line.rstrip("\n") == " ".join(expected.split()), i
-  other = run("--max_decode_len=9")
+  # The refused rerun in this process (the script's real launch is above).
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("SPECDEC_SHARED_DATA", str(data))
+    other = helpers.run_script(
+        "teacher_outputs", f"--model={model}", f"--output={output}",
+        "--max_examples=6", "--batch_size=4", "--max_decode_len=9")
   assert other.returncode != 0 and "'max_decode_len': 8" in other.stderr
 
 
