@@ -14,10 +14,21 @@ of the JAX code.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import itertools
+import logging
+import os
+import runpy
+import sys
+import traceback
 
+from absl import flags
+from absl import logging as absl_logging
+import gin
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 import jax.numpy as jnp
 import numpy as np
 from scipy import stats
@@ -261,7 +272,7 @@ class CompileCounter:
 @dataclasses.dataclass(frozen=True)
 class ScriptResult:
   """What `python scripts/NAME.py ARGS` would leave: its exit status, its
-  stdout, and its stderr (absl's log lines included)."""
+  stdout, and its stderr (its log lines included)."""
   returncode: int
   stdout: str
   stderr: str
@@ -280,19 +291,6 @@ def run_script(name: str, *args: str) -> ScriptResult:
   script's flags are removed and absl's flags, gin's config and JAX's
   compilation cache restored afterwards, so runs do not see each other.
   """
-  # pylint: disable=g-import-not-at-top
-  import contextlib
-  import io
-  import logging
-  import os
-  import runpy
-  import sys
-  import traceback
-  from absl import flags
-  from absl import logging as absl_logging
-  import gin
-  from jax.experimental.compilation_cache import compilation_cache
-  # pylint: enable=g-import-not-at-top
   path = os.path.join(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__))), "scripts", f"{name}.py")
   out, err = io.StringIO(), io.StringIO()
