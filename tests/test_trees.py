@@ -199,7 +199,7 @@ def test_kept_path_continues_like_a_chain(name):
   shape = trees.TreeShape.from_branching((2, 2, 1))
   tokens = np.random.default_rng(2).integers(
       2, cfg.vocab_size, (2, shape.verified)).astype(np.int32)
-  extend = definition.extend
+  extend = jax.jit(definition.extend)
   pre = definition.prefill(params, ids, shape.verified + 4)
   cursor = ModelCursor(pre.cache, pre.start_token,
                                           pre.start_pos)
