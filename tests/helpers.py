@@ -247,15 +247,18 @@ def chisquare_vs_exact(tokens, exact, min_expected=5.0):
 
 
 class CompileCounter:
-  """Counts XLA backend compiles while active (a `with` block)."""
+  """Counts XLA backend compiles while active (a `with` block); `names`
+  lists the compiled functions' names (a jitted `step` as "jit(step)")."""
 
   def __init__(self):
     self.count = 0
+    self.names = []
 
   def _listener(self, event, duration, **kwargs):
-    del duration, kwargs
+    del duration
     if event == "/jax/core/compile/backend_compile_duration":
       self.count += 1
+      self.names.append(kwargs.get("fun_name"))
 
   def __enter__(self):
     jax.monitoring.register_event_duration_secs_listener(self._listener)

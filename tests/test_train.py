@@ -77,12 +77,14 @@ def _config(workdir, vocab, **overrides):
 
 @pytest.fixture(scope="module")
 def trained(corpus, tmp_path_factory):
-  """(workdir, result) of one run with evaluation and two checkpoints."""
+  """(workdir, result, names of the programs it compiled) of one run with
+  evaluation and two checkpoints."""
   workdir = tmp_path_factory.mktemp("trained")
-  result = train.train(_config(workdir, corpus, eval_examples=None,
-                               bleu_examples=4, max_decode_len=8,
-                               checkpoint_every=5))
-  return workdir, result
+  with helpers.CompileCounter() as compiles:
+    result = train.train(_config(workdir, corpus, eval_examples=None,
+                                 bleu_examples=4, max_decode_len=8,
+                                 checkpoint_every=5))
+  return workdir, result, compiles.names
 
 
 def _rows(workdir, kind="train"):
@@ -152,8 +154,10 @@ def test_training_lowers_loss_and_exports_a_model_that_decodes(corpus,
                                                                trained):
   """A short run lowers the training loss, evaluates (loss, BLEU), and
   writes orbax checkpoints and a `model/` export holding the same trained
-  parameters, which `load_model` restores and `generate` decodes."""
-  workdir, result = trained
+  parameters, which `load_model` restores and `generate` decodes. Its ten
+  steps ran one compiled train step."""
+  workdir, result, compiled = trained
+  assert compiled.count("jit(step)") == 1, compiled
   rows = _rows(workdir)
   assert [r["step"] for r in rows] == list(range(1, 11))
   assert rows[-1]["loss"] < rows[0]["loss"] - 1.0
@@ -181,9 +185,14 @@ def test_resume_after_kill_matches_an_uninterrupted_run(corpus, trained,
                                                         tmp_path):
   """Stopping after 4 steps and restarting to 10 (across an epoch boundary,
   with dropout on) continues from the saved step and data position and ends
-  with exactly the parameters of the run straight to 10."""
-  train.train(_config(tmp_path, corpus, num_steps=4))
-  train.train(_config(tmp_path, corpus))
+  with exactly the parameters of the run straight to 10. Neither run
+  compiles the train step: the `trained` run of the same settings in this
+  process did, once (a resumed run's restored, committed state once made
+  two more programs than a fresh run's, and each run compiled its own)."""
+  with helpers.CompileCounter() as compiles:
+    train.train(_config(tmp_path, corpus, num_steps=4))
+    train.train(_config(tmp_path, corpus))
+  assert "jit(step)" not in compiles.names, compiles.names
   assert [r["step"] for r in _rows(tmp_path)] == list(range(1, 11))
   jax.tree.map(np.testing.assert_array_equal, _params(trained[0]),
                _params(tmp_path))

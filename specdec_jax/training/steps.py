@@ -17,6 +17,7 @@ Dimension letters: B batch rows, T target width, V vocabulary.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 from typing import Any, Mapping
 
@@ -200,6 +201,47 @@ def make_train_step(definition, tx, config: TrainConfig, teacher_def=None):
     return state, sums, bad
 
   return jax.jit(step, donate_argnums=0)
+
+
+# TrainConfig fields a train step does not read: data, evaluation, files
+# and the model's own settings (its definition carries those). Runs whose
+# other fields are equal share one compiled step (`step_for`); a field
+# added later is part of the key unless named here.
+_NOT_STEP_FIELDS = frozenset({
+    "task", "model", "model_overrides", "vocab_path", "train_split",
+    "eval_split", "max_train_examples", "max_input_len", "max_target_len",
+    "length_buckets", "batch_tokens", "batch_size", "num_steps", "num_epochs",
+    "log_every", "eval_every", "eval_examples", "bleu_examples",
+    "eval_batch_size", "max_decode_len", "checkpoint_every",
+    "keep_checkpoints", "workdir", "init_from", "teacher_config", "teacher",
+    "train_translations", "onpolicy"})
+_STEPS: dict[Any, Any] = {}
+_STEPS_KEPT = 8
+
+
+def step_for(config: TrainConfig, definition, total_steps: int,
+             teacher_def=None):
+  """(schedule, optimizer, jitted step) of a run of `config`.
+
+  Built once per process for equal settings, model and length: a second
+  run in the same process (resuming after an error in a notebook, a sweep
+  over data or workdirs) reuses the compiled step instead of compiling it
+  again.
+  """
+  # Only the cosine schedule depends on the run's length.
+  length = total_steps if config.schedule == "cosine" else None
+  key = (tuple((f.name, getattr(config, f.name))
+               for f in dataclasses.fields(config)
+               if f.name not in _NOT_STEP_FIELDS),
+         definition, length, teacher_def)
+  if key not in _STEPS:
+    schedule = make_schedule(config, total_steps)
+    tx = make_optimizer(config, schedule)
+    _STEPS[key] = (schedule, tx,
+                   make_train_step(definition, tx, config, teacher_def))
+    while len(_STEPS) > _STEPS_KEPT:
+      del _STEPS[next(iter(_STEPS))]
+  return _STEPS[key]
 
 
 @jax.jit(static_argnums=0)

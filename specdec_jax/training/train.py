@@ -245,8 +245,8 @@ def _train(config: TrainConfig,
   logging.info("%d examples, %d batches an epoch, %d steps; batch shapes "
                "(rows, widths): %s", len(train_data.inputs), per_epoch, total,
                train_data.shapes())
-  schedule = steps.make_schedule(config, total)
-  tx = steps.make_optimizer(config, schedule)
+  schedule, tx, train_step = steps.step_for(
+      config, definition, total, teacher.definition if teacher else None)
 
   def init(params=None):
     if params is None:
@@ -274,8 +274,6 @@ def _train(config: TrainConfig,
     logging.info("resumed from step %d", int(state.step))
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("%s: %.3fM parameters", model_config, num_params / 1e6)
-  train_step = steps.make_train_step(definition, tx, config,
-                                     teacher.definition if teacher else None)
   if config.onpolicy is not None:
     config.onpolicy.check()
     train_step = distill.OnPolicyStep(definition, teacher.definition, tx,
@@ -300,7 +298,12 @@ def _train(config: TrainConfig,
   step = int(state.step)
   start_time = window_start = time.time()
   window, last, order = collections.Counter(), {}, (-1, None)
-  bad = jnp.int32(0)  # the first non-finite step, on device (steps.py)
+  # `bad`: the first non-finite step, on device (steps.py). The state and
+  # `bad` are committed to the device whether the state is fresh or was
+  # restored (orbax's arrays are committed): committed and uncommitted
+  # inputs make different programs, and a resumed run compiled its step
+  # twice (restored state, then `bad` from the step) besides a fresh one's.
+  state, bad = jax.device_put((state, jnp.int32(0)), jax.devices()[0])
 
   def check_finite():  # before anything is logged or saved
     if int(bad):
