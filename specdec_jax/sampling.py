@@ -151,16 +151,47 @@ class SamplingConfig:
       logits = jnp.where(logits >= kth, logits, -jnp.inf)
     probs = jax.nn.softmax(logits, axis=-1)
     if self.top_p < 1.0:
-      sorted_probs = jnp.sort(probs, axis=-1)[..., ::-1]
-      mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-      # The smallest probability still inside the nucleus: every token at
-      # least this likely is kept (the most likely one always is).
-      kept = mass_before < jnp.asarray(top_p, jnp.float32)
-      threshold = jnp.min(jnp.where(kept, sorted_probs, jnp.inf), axis=-1,
-                          keepdims=True)
+      threshold = nucleus_threshold(probs, jnp.asarray(top_p, jnp.float32))
       probs = jnp.where(probs >= threshold, probs, 0.0)
       probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
     return probs
+
+
+# float32 1.0 as an int32: the bit patterns of the floats in [0, 1] are the
+# integers in [0, _ONE_BITS], in the same order.
+_ONE_BITS = 0x3F800000
+
+
+@jax.jit
+def nucleus_threshold(probs: jax.Array, top_p: jax.Array) -> jax.Array:
+  """The top-p nucleus of probabilities [..., V] as a threshold [..., 1].
+
+  The nucleus is the smallest set of most likely tokens whose mass reaches
+  top_p, with every token as likely as its least likely member (ties are
+  kept together): the tokens of probability p with mass(> p) < top_p,
+  where mass(> v) sums the probabilities above v. mass(> v) only falls as
+  v grows, so the returned threshold, the least float32 v with
+  mass(> v) < top_p, keeps exactly those tokens (`probs >= threshold`; the
+  most likely token always). It is found by bisecting the bit patterns of
+  the floats in [0, 1] (31 halvings), each a masked sum over the
+  vocabulary: no sort, which XLA:CPU runs about 20x slower (7 ms against
+  148 ms for 250 rows of 4,224 ids). It matches a sort-and-cumsum nucleus
+  except where mass(> p) is within float32 rounding of top_p (the two sum
+  in different orders).
+  """
+  def halve(_, bounds):
+    lo, hi = bounds  # mass(> lo) >= top_p (lo = -1: none), mass(> hi) < top_p
+    mid = jnp.where(hi - lo > 1, lo + (hi - lo) // 2, hi)
+    value = jax.lax.bitcast_convert_type(mid, jnp.float32)
+    inside = jnp.sum(jnp.where(probs > value, probs, 0.0), axis=-1,
+                     keepdims=True) < top_p
+    return jnp.where(inside, lo, mid), jnp.where(inside, mid, hi)
+
+  shape = probs.shape[:-1] + (1,)
+  _, hi = jax.lax.fori_loop(0, 31, halve, (jnp.full(shape, -1, jnp.int32),
+                                           jnp.full(shape, _ONE_BITS,
+                                                    jnp.int32)))
+  return jax.lax.bitcast_convert_type(hi, jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -215,6 +215,53 @@ def test_temperature_top_k_top_p_hand_computed():
   np.testing.assert_array_equal(tie, [0, 1, 0])
 
 
+def _sorted_nucleus(probs, top_p):
+  """Reference nucleus by sorting (float64 sums): bool [..., V] kept, and
+  whether a row's boundary is within float32 rounding of top_p."""
+  order = np.argsort(-probs, axis=-1, kind="stable")
+  sorted_probs = np.take_along_axis(probs, order, -1).astype(np.float64)
+  # Ties kept together: a token's mass before is that of the strictly more
+  # likely tokens.
+  before = np.cumsum(sorted_probs, -1) - sorted_probs
+  for i in range(1, sorted_probs.shape[-1]):
+    tie = sorted_probs[..., i] == sorted_probs[..., i - 1]
+    before[..., i] = np.where(tie, before[..., i - 1], before[..., i])
+  kept_sorted = before < top_p
+  threshold = np.min(np.where(kept_sorted, sorted_probs, np.inf), -1,
+                     keepdims=True)
+  # The boundary: the last kept token's mass before and the next one's.
+  last = np.max(np.where(kept_sorted, before, -np.inf), -1)
+  following = np.min(np.where(kept_sorted, np.inf, before), -1)
+  close = (top_p - last < 1e-6) | (following - top_p < 1e-6)
+  return probs >= threshold, close
+
+
+def test_nucleus_threshold_keeps_what_sorting_keeps():
+  """`nucleus_threshold` (a bisection, no sort) keeps exactly the tokens a
+  sort-and-cumsum nucleus keeps, ties together, for rows of [4, 50, V]
+  (smooth, peaked and tied rows; many top_p values), except rows whose
+  boundary mass is within 1e-6 of top_p, where the float32 sums may round
+  either way (those are counted: a few percent at most)."""
+  rng = np.random.default_rng(0)
+  vocab = 300
+  logits = np.concatenate([
+      rng.normal(size=(4, 20, vocab)) * 2,
+      rng.normal(size=(4, 20, vocab)) * 8,  # peaked
+      rng.integers(0, 4, size=(4, 10, vocab)) * 1.0,  # many ties
+  ], axis=1).astype(np.float32)
+  probs = np.asarray(jax.nn.softmax(jnp.asarray(logits), -1))
+  threshold = jax.jit(sampling.nucleus_threshold)
+  skipped = 0
+  for top_p in (0.05, 0.3, 0.5, 0.9, 0.99):
+    kept = np.asarray(probs >= threshold(probs, jnp.float32(top_p)))
+    expected, close = _sorted_nucleus(probs, top_p)
+    np.testing.assert_array_equal(kept[~close], expected[~close],
+                                  err_msg=str(top_p))
+    assert kept.any(-1).all()  # never empty
+    skipped += int(close.sum())
+  assert skipped <= 0.05 * 5 * probs[..., 0].size, skipped
+
+
 def test_invalid_settings_raise():
   """Bad lenience / temperature / top-k / top-p name the valid range."""
   p, q = _dists("random")

@@ -212,6 +212,12 @@ def test_a_replicated_draft_steps_without_collectives(v4, loops):
     assert found["per_inner_step"] == [], (name, found["per_inner_step"])
     # The target's verification reduces over its split heads.
     assert any(c["kind"] == "all-reduce" for c in found["per_iteration"])
+  # Top-p's nucleus of the target's split p: 31 bisection steps (a rolled
+  # loop of the sampler, counted per trip in the iteration), each summing
+  # the GAMMA + 1 rows over the split vocabulary.
+  sums = [c["count"] for c in hlo.loop_collectives(loops["top_p"])[
+      "per_iteration"] if c["shape"] == f"f32[{GAMMA + 1}]"]
+  assert sums and sums[0] >= 31, sums
   # Negative control: the draft traced as if split over `model`.
   fn = engine.build_speculative(TARGET, DRAFT, GAMMA, DECODE, GREEDY,
                                 draft_replicated=False)

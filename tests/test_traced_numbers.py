@@ -220,10 +220,11 @@ def test_every_level_of_a_cascade_is_checked_against_the_target():
   checks.check_compatible(with_vocab(target, b"b"), casc)
 
 
-def _sorts(target, draft, top_p):
-  """Sort operations the speculative loop runs (top-p sorts each probs),
-  counted in its jaxpr, nested jaxprs included (each call site of a
-  shared helper once; the lowered text shares them)."""
+def _nuclei(target, draft, top_p):
+  """Top-p nuclei the speculative loop computes (one per probs computed):
+  calls of the jitted `sampling.nucleus_threshold` in its jaxpr, nested
+  jaxprs included (each call site of a shared helper once; the lowered
+  text shares them)."""
   ids = helpers.example_inputs()
   loop = engine.build_speculative(
       target.definition, draft.definition, 3, 6,
@@ -235,7 +236,7 @@ def _sorts(target, draft, top_p):
   def count(jaxpr):
     n = 0
     for eqn in jaxpr.eqns:
-      n += eqn.primitive.name == "sort"
+      n += eqn.params.get("name") == "nucleus_threshold"
       for sub in jax.extend.core.jaxprs_in_params(eqn.params):
         n += count(getattr(sub, "jaxpr", sub))
     return n
@@ -247,14 +248,14 @@ def test_a_cascade_computes_each_probability_once():
   """Issue 36 point 6 (fixed with the shared verification step): a
   cascade's middle model turns its logits into probabilities once per
   inner iteration (the verification's p is reused as the q it proposes,
-  with its confidences), so with top-p a cascade's loop has exactly one
-  sort more than the same loop with its inner drafter as the draft (the
-  middle model's verification); computing q_M again added a second one.
-  Without top-p there is no sort at all (the count's control)."""
+  with its confidences), so with top-p a cascade's loop computes exactly
+  one nucleus more than the same loop with its inner drafter as the draft
+  (the middle model's verification); computing q_M again added a second
+  one. Without top-p there is no nucleus at all (the count's control)."""
   target, draft = _models()
   small = helpers.table_model(VOCAB, seed=33, base=draft, noise=1.0)
   casc = sd.cascade(draft, small, gamma=2)
-  assert _sorts(target, small, 1.0) == _sorts(target, casc, 1.0) == 0
-  plain = _sorts(target, small, 0.9)
+  assert _nuclei(target, small, 1.0) == _nuclei(target, casc, 1.0) == 0
+  plain = _nuclei(target, small, 0.9)
   assert plain >= 2  # The target's verification and the draft's sampling.
-  assert _sorts(target, casc, 0.9) == plain + 1
+  assert _nuclei(target, casc, 0.9) == plain + 1

@@ -63,7 +63,9 @@ def _reachable(comps, start: str, stop: set[str] = frozenset()) -> set[str]:
   return seen
 
 
-def _collectives(comps, names) -> list[dict]:
+def _collectives(comps, names, times=None) -> list[dict]:
+  """The collectives in computations `names`, by kind and shape, each
+  counted once per run of its computation (`times`: runs, default 1)."""
   found: dict[tuple, dict] = {}
   for name in sorted(names):
     for instr in comps[name]:
@@ -74,37 +76,92 @@ def _collectives(comps, names) -> list[dict]:
       entry = found.setdefault(key, {"kind": op, "shape": key[1],
                                      "bytes": _type_bytes(instr["type"]),
                                      "count": 0})
-      entry["count"] += 1
+      entry["count"] += (times or {}).get(name, 1)
   return sorted(found.values(), key=lambda e: (e["kind"], -e["bytes"]))
+
+
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 
 
 def _whiles(comps, names) -> list[tuple[str, str]]:
   """(computation, body) of every while instruction in `names`."""
+  return [(name, body) for name, body, _, _ in
+          _whiles_with_trips(comps, names)]
+
+
+def _whiles_with_trips(comps, names) -> list[tuple[str, str, int | None,
+                                                  str]]:
+  """(computation, body, known trip count or None, op_name) of every while
+  instruction in `names`."""
   out = []
   for name in names:
     for instr in comps[name]:
       if instr["op"] == "while":
         body = re.search(r"body=%?([\w.\-]+)", instr["rest"])
-        out.append((name, body.group(1)))
+        op_name = re.search(r'op_name="([^"]*)"', instr["rest"])
+        out.append((name, body.group(1), _trips(comps, instr),
+                    op_name.group(1) if op_name else ""))
   return out
 
 
+def _trips(comps, instr) -> int | None:
+  """A while's trip count: as the compiler states it (XLA:CPU), else that
+  of a loop counting from 0 while below one s32 constant (a `fori_loop`
+  as the TPU compiler leaves it); None when neither says."""
+  stated = _TRIPS.search(instr["rest"])
+  if stated:
+    return int(stated.group(1))
+  cond = re.search(r"condition=%?([\w.\-]+)", instr["rest"])
+  ops = comps.get(cond.group(1), []) if cond else []
+  limits = [i["rest"].split(")")[0] for i in ops
+            if i["op"] == "constant" and i["type"].startswith("s32[]")]
+  below = [i for i in ops if i["op"] == "compare" and "direction=LT" in
+           i["rest"]]
+  if len(limits) == 1 and len(below) == 1 and limits[0].isdigit():
+    return int(limits[0])
+  return None
+
+
+# Loops of the sampler that run inside one model step (jitted functions of
+# `sampling`, named in the op_name of their while instructions).
+_SAMPLER_LOOPS = ("jit(nucleus_threshold)/",)
+
+
 def loop_collectives(text: str) -> dict[str, list[dict]]:
-  """Collectives of the decoding loop: per iteration (outside nested loops:
-  one target call plus the draft's first call) and per inner-loop step (the
-  draft's scan), from the optimized HLO of a jitted loop."""
+  """Collectives of the decoding loop: per iteration (outside nested model
+  loops: one target call plus the draft's first call) and per inner-loop
+  step (the draft's scan), from the optimized HLO of a jitted loop.
+
+  A loop of the sampler (top-p's bisection of the nucleus,
+  `sampling.nucleus_threshold`, when the compiler keeps it rolled) belongs
+  to the step it is in: its collectives count with that step's, once per
+  trip (once when the trip count cannot be read)."""
   entry, comps = parse_hlo(text)
   outer = _whiles(comps, [entry])
   if not outer:
     return {"per_iteration": [], "per_inner_step": []}
   body = max((b for _, b in outer), key=lambda b: len(_reachable(comps, b)))
-  inner = [b for _, b in _whiles(comps, _reachable(comps, body)) if b != body]
+  nested = [(b, trips, any(m in op_name for m in _SAMPLER_LOOPS))
+            for _, b, trips, op_name in _whiles_with_trips(
+                comps, _reachable(comps, body)) if b != body]
+  inner = {b for b, _, sampler in nested if not sampler}
+  small = [(b, trips or 1) for b, trips, sampler in nested if sampler]
+
+  def collectives(names):
+    """Those of the computations `names`, run once, or once per trip of
+    each small loop around them."""
+    times = {}
+    for b, trips in small:
+      if b in names:
+        for name in _reachable(comps, b) & names:
+          times[name] = times.get(name, 1) * trips
+    return _collectives(comps, names, times)
+
   inner_names = set().union(*[_reachable(comps, b) for b in inner]) if inner \
       else set()
   return {
-      "per_iteration": _collectives(
-          comps, _reachable(comps, body, stop=set(inner))),
-      "per_inner_step": _collectives(comps, inner_names)}
+      "per_iteration": collectives(_reachable(comps, body, stop=inner)),
+      "per_inner_step": collectives(inner_names)}
 
 
 def loop_copies(text: str, min_bytes: int, dtype: str | None = None
