@@ -15,13 +15,18 @@ $(STAMP): setup.py
 # libtpu (about 700 MB) for the TPU compile checks of `make test`
 # (tests/test_tpu_compile.py, scripts/plan_run.py): the real TPU compiler,
 # compiling for TPU slices that are not there. Where pip has no libtpu
-# (another platform) those tests skip and say why.
+# (another platform) those tests skip and say why. It also installs
+# everything $(STAMP) does, so `make demo` after `make test` installs nothing.
 TPU_STAMP := $(VENV)/.libtpu-$(shell cat setup.py | sha1sum | cut -c1-12)
 
-$(TPU_STAMP): $(STAMP)
+# One pip run for both on a fresh machine (a second would resolve again).
+$(TPU_STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,tpu]' --config-settings editable_mode=compat \
-	  || echo "libtpu is not installable here: the TPU compile tests will skip"
-	rm -f $(VENV)/.libtpu-* && touch $@
+	  || { echo "libtpu is not installable here: the TPU compile tests will skip"; \
+	       $(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat; }
+	rm -f $(VENV)/.installed-* $(VENV)/.libtpu-* && touch $(STAMP) $@
 
 venv: $(STAMP)
 
@@ -38,7 +43,7 @@ demo: $(STAMP)
 # slowest tests.
 TEST_FLAGS ?= -n 2 --dist loadfile --durations=25
 
-test: $(STAMP) $(TPU_STAMP)
+test: $(TPU_STAMP)
 	$(PY) -m pytest -q $(TEST_FLAGS) tests
 
 # The tests marked `quick` (pytest -m quick): a few minutes, for iteration.

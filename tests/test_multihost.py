@@ -80,7 +80,7 @@ def _launch(cwd, cache, name, extra=()):
          "--gin.ExperimentConfig.target='gs://models/target'",
          "--gin.ExperimentConfig.draft='gs://models/draft_base'",
          f"--gin.ExperimentConfig.max_examples={EXAMPLES}",
-         "--gin.ExperimentConfig.cost_repeats=2",
+         "--gin.ExperimentConfig.cost_repeats=1",
          "--gin.ExperimentConfig.repeats=1",
          f"--workdir={WORKDIR}", f"--compilation_cache_dir={cache}",
          f"--coordinator_address=localhost:{port}", "--process_count=2",
