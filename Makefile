@@ -38,7 +38,7 @@ demo: $(STAMP)
 
 # Two worker processes (pytest-xdist), each test module in one of them: XLA
 # compiles on one core at a time, so two processes keep both busy (the
-# suite: 15-16 min on 2 cores, 29 min of CPU; docs/reliability.md says what
+# suite: 12-16 min on 2 cores, 23-30 min of CPU; docs/reliability.md says what
 # it checks). TEST_FLAGS="-n 0" runs in one; pytest lists the 25
 # slowest tests.
 TEST_FLAGS ?= -n 2 --dist loadfile --durations=25

@@ -174,10 +174,10 @@ def nucleus_threshold(probs: jax.Array, top_p: jax.Array) -> jax.Array:
   mass(> v) < top_p, keeps exactly those tokens (`probs >= threshold`; the
   most likely token always). It is found by bisecting the bit patterns of
   the floats in [0, 1] (31 halvings), each a masked sum over the
-  vocabulary: no sort, which XLA:CPU runs about 20x slower (7 ms against
-  148 ms for 250 rows of 4,224 ids). It matches a sort-and-cumsum nucleus
-  except where mass(> p) is within float32 rounding of top_p (the two sum
-  in different orders).
+  vocabulary: no sort, which XLA:CPU runs about 20x slower (8 ms against
+  165 ms for 250 rows of 4,224 ids, docs/benchmarks.md). It matches a
+  sort-and-cumsum nucleus except where mass(> p) is within float32
+  rounding of top_p (the two sum in different orders).
   """
   def halve(_, bounds):
     lo, hi = bounds  # mass(> lo) >= top_p (lo = -1: none), mass(> hi) < top_p
