@@ -145,13 +145,14 @@ def loop_collectives(text: str) -> dict[str, list[dict]]:
             for _, b, trips, op_name in _whiles_with_trips(
                 comps, _reachable(comps, body)) if b != body]
   inner = {b for b, _, sampler in nested if not sampler}
-  small = [(b, trips or 1) for b, trips, sampler in nested if sampler]
+  # By body: two whiles sharing one body must not multiply it twice.
+  small = {b: trips or 1 for b, trips, sampler in nested if sampler}
 
   def collectives(names):
     """Those of the computations `names`, run once, or once per trip of
     each small loop around them."""
     times = {}
-    for b, trips in small:
+    for b, trips in small.items():
       if b in names:
         for name in _reachable(comps, b) & names:
           times[name] = times.get(name, 1) * trips
