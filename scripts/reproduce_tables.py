@@ -12,6 +12,15 @@ resumes where it stopped; --assemble_only rebuilds the tables from finished
 workdirs, e.g. after running rows on separate chips (docs/tpu.md).
 """
 
+# pylint: disable=g-import-not-at-top,wrong-import-position
+if __name__ == "__main__":
+  # A multi-host launch (--coordinator_address) reruns this command in a
+  # supervised child first thing, before the imports below (TensorFlow,
+  # seqio): this process then only relays the child's output and reports a
+  # lost peer host (specdec_jax/launch/supervise.py).
+  import sys
+  from specdec_jax.launch import supervise
+  supervise.supervise_flagged_launch(sys.argv)
 
 from absl import flags
 import gin

@@ -12,6 +12,16 @@ the workdir; see specdec_jax/experiments/experiment.py. On a multi-host job
 and process 0 writes.
 """
 
+# pylint: disable=g-import-not-at-top,wrong-import-position
+if __name__ == "__main__":
+  # A multi-host launch (--coordinator_address) reruns this command in a
+  # supervised child first thing, before the imports below (TensorFlow,
+  # seqio): this process then only relays the child's output and reports a
+  # lost peer host (specdec_jax/launch/supervise.py).
+  import sys
+  from specdec_jax.launch import supervise
+  supervise.supervise_flagged_launch(sys.argv)
+
 import dataclasses
 
 from absl import flags

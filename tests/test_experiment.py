@@ -380,7 +380,7 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
          f"--gin.TaskConfig.local_data_dir='{task_config['local_data_dir']}'",
          "--gin.TaskConfig.wmt_ende_files={'test': 'mini'}",
          f"--compilation_cache_dir={tmp_path / 'xla'}"]
-  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="")
+  env = helpers.script_env()
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                         timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]

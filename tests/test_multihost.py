@@ -63,13 +63,10 @@ def _launch(cwd, cache, name, extra=()):
   `<name><index>.txt`), the bucket's workdir and models in their flags;
   their Popen objects."""
   port = _free_port()
-  env = dict(os.environ, PYTHONPATH=ROOT)
+  # One CPU device per process, not the 8 simulated ones of conftest.py;
+  # a short lease: a restart takes over a killed run's lock within seconds.
+  env = helpers.script_env(**{locks.LEASE_ENV: str(LEASE_S)})
   assert all(env.get(var) for var in GCS_ENV), "the emulator's environment"
-  # A short lease: a restart takes over a killed run's lock within seconds.
-  env[locks.LEASE_ENV] = str(LEASE_S)
-  # One CPU device per process, not the 8 simulated ones of conftest.py.
-  env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
-      "--xla_force_host_platform_device_count=8", "")
   procs = []
   for index in range(2):
     log = open(os.path.join(cwd, f"{name}{index}.txt"), "a")

@@ -49,7 +49,7 @@ def test_rows_differing_in_draft_share_each_baseline_decode(tmp_path):
          f"--gin_search_paths={extra}", f"--tfds_data_dir={tmp_path / 'tfds'}",
          "--max_examples=2", f"--workdir={workdir}",
          "--compilation_cache_dir="]
-  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="")
+  env = helpers.script_env()
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                         timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]

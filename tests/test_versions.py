@@ -13,9 +13,11 @@ from specdec_jax import versions
 
 import pytest
 
+from tests import helpers
+
 pytestmark = pytest.mark.quick  # `make test-quick`
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = helpers.REPO
 
 
 def test_setup_pins_what_versions_checks():
@@ -48,7 +50,7 @@ def test_plan_run_uses_the_host_cpu_whatever_the_environment_says(tmp_path):
   environment would name its chips), it still plans on 16 simulated CPU
   devices; the negative control, the same environment for a plain JAX
   program, fails to start a backend."""
-  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="tpu", XLA_FLAGS="")
+  env = helpers.script_env(JAX_PLATFORMS="tpu")
   control = subprocess.run(
       [sys.executable, "-c", "import jax; jax.devices()"],
       capture_output=True, text=True, env=env, timeout=120)

@@ -188,11 +188,14 @@ def initialize_distributed(distributed: bool = False) -> bool:
   """Joins the multi-host job the flags (or `distributed`) describe, before
   anything touches a device; returns whether this is one.
 
-  A multi-host process runs under `supervise`: if JAX's distributed service
-  ends it (a lost peer host), it exits with status 1 and one line saying
-  what was lost, what the workdir keeps and the command that resumes."""
+  A multi-host process runs under `supervise` (started here unless the
+  script's first lines did, `supervise.supervise_flagged_launch`): if JAX's
+  distributed service ends it (a lost peer host), it exits with status 1
+  and one line saying what was lost, what the workdir keeps and the command
+  that resumes."""
   if distributed or flags.FLAGS.coordinator_address is not None:
-    supervise.supervise(_lost_peer_message)
+    supervise.supervise(_lost_peer_message)  # returns in the child only
+    supervise.leave_note(_lost_peer_message)
   joined = multihost.initialize(distributed, flags.FLAGS.coordinator_address,
                                 flags.FLAGS.process_count,
                                 flags.FLAGS.process_index)

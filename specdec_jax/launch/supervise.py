@@ -14,6 +14,15 @@ Otherwise it exits with the child's status. The child dies with its parent
 (Linux `PR_SET_PDEATHSIG`), so killing the process a user started still
 ends the job's process; SIGTERM is passed on (SIGINT from a terminal
 reaches both already).
+
+The line is the child's: once its flags are parsed it hands the parent its
+`describe()` text through a file named in $SPECDEC_SUPERVISOR_NOTE
+(`leave_note`), so the parent needs none of the script's modules. A script
+launched with `--coordinator_address` starts its supervisor first thing
+(`supervise_flagged_launch`), before importing TensorFlow and the rest:
+the parent then costs an interpreter and this module, not a second
+start-up of the whole program. A job that joins from gin alone
+(`distributed = True` on a TPU slice) starts it once the config is parsed.
 """
 
 from __future__ import annotations
@@ -24,8 +33,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 # What JAX's distributed runtime prints when it ends a process over a
 # failed peer or coordinator (jaxlib's "Terminating process because the JAX
@@ -34,6 +44,10 @@ from typing import Callable
 FATAL_MARKERS = (b"JAX distributed service detected fatal errors",)
 # Set to 1 to run without the supervising parent (the child has it set).
 DISABLE_ENV = "SPECDEC_NO_SUPERVISOR"
+# The file a supervised child writes its lost-peer line to (`leave_note`).
+NOTE_ENV = "SPECDEC_SUPERVISOR_NOTE"
+# The flag that makes a script launch a multi-host process.
+LAUNCH_FLAG = "--coordinator_address"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -82,19 +96,51 @@ def lost_peer(seen_marker: bool, returncode: int) -> bool:
   return seen_marker and returncode != 0
 
 
-def supervise(describe: Callable[[], str]) -> None:
+def leave_note(describe: Callable[[], str]) -> None:
+  """In a supervised child: hands the parent the line `describe()` gives
+  (what was lost, what the workdir keeps, the command that resumes), for
+  it to print should JAX's service end this process. Nothing elsewhere."""
+  path = os.environ.get(NOTE_ENV)
+  if path:
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(describe())
+
+
+def _fallback_line() -> str:
+  """The lost-peer line of a child that died before leaving its note."""
+  return ("PeerHostLost: this process was ended by JAX's distributed "
+          "service: a peer host of this multi-host job was lost (killed or "
+          "preempted) or stopped answering. To resume, run the same command "
+          "on every host: " + " ".join(sys.argv))
+
+
+def supervise_flagged_launch(argv: Sequence[str]) -> None:
+  """`supervise()` when `argv` launches a multi-host process through flags
+  (`--coordinator_address`); returns at once otherwise. For a script's
+  first lines, before its heavy imports."""
+  if any(arg == LAUNCH_FLAG or arg.startswith(LAUNCH_FLAG + "=")
+         for arg in argv[1:]):
+    supervise()
+
+
+def supervise(describe: Callable[[], str] | None = None) -> None:
   """Runs this command again in a child and never returns: exits with the
-  child's status, or with 1 after `describe()`'s line when JAX's
-  distributed service ended the child. Returns at once in the child (and
-  whenever $SPECDEC_NO_SUPERVISOR is 1)."""
+  child's status, or with 1 after the child's note (`leave_note`; else
+  `describe()`'s line, else a generic one) when JAX's distributed service
+  ended the child. Returns at once in the child (and whenever
+  $SPECDEC_NO_SUPERVISOR is 1)."""
   if os.environ.get(DISABLE_ENV) == "1":
     return
   code = 1
   try:
     sys.stdout.flush()
     sys.stderr.flush()
+    note = tempfile.NamedTemporaryFile(prefix="specdec_supervisor_",
+                                       suffix=".txt", delete=False)
+    note.close()
     child = subprocess.Popen(  # pylint: disable=subprocess-popen-preexec-fn
-        [sys.executable, *sys.argv], env=dict(os.environ, **{DISABLE_ENV: "1"}),
+        [sys.executable, *sys.argv],
+        env=dict(os.environ, **{DISABLE_ENV: "1", NOTE_ENV: note.name}),
         stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
     relay = _Relay(child.stderr)
     signal.signal(signal.SIGTERM, lambda s, _: child.send_signal(s))
@@ -107,8 +153,15 @@ def supervise(describe: Callable[[], str]) -> None:
     relay.join(timeout=10)
     code = 128 - returncode if returncode < 0 else returncode
     if lost_peer(relay.seen, returncode):
-      os.write(sys.stderr.fileno(), (describe() + "\n").encode())
+      with open(note.name, encoding="utf-8") as f:
+        line = f.read().strip()
+      line = line or (describe() if describe else _fallback_line())
+      os.write(sys.stderr.fileno(), (line + "\n").encode())
       code = 1
   finally:
+    try:
+      os.unlink(note.name)
+    except (NameError, OSError):
+      pass
     # Nothing else of this process runs: the child did the work.
     os._exit(code)  # pylint: disable=protected-access
