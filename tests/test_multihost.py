@@ -11,7 +11,9 @@ TensorBoard events, even when one process is killed in the middle and both
 are restarted; nothing lands in a local `gs:` folder; the greedy outputs
 are the target's own, and tokens and acceptance counts equal a one-process
 local decode of the same examples. Only process 0 writes. Also: bad
-multi-host flags fail with the fix, before any device is touched.
+multi-host flags fail with the fix, before any device is touched, and the
+supervisor a multi-host launch starts in its first lines reports a lost
+peer with the line its child left, or a generic one.
 
 The Cloud Storage emulator is tests/gcs_emulator.py's; the run test skips,
 saying so, only when it cannot start.
@@ -274,3 +276,40 @@ def test_one_process_broadcasts_its_own_values():
 
 def _raise_lock_error():
   raise ValueError("lock held")
+
+
+_SUPERVISED = """
+import sys
+from specdec_jax.launch import supervise
+supervise.supervise_flagged_launch(sys.argv)
+# The child from here on (the parent never returns from the line above).
+if sys.argv[1] == "note":
+  supervise.leave_note(lambda: "PeerHostLost: the child's own line")
+sys.stderr.write("Terminating process because the JAX distributed "
+                 "service detected fatal errors.\\n")
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("kind", ["note", "no_note"])
+def test_the_supervisor_prints_the_childs_line_or_a_fallback(tmp_path, kind):
+  """A launch with --coordinator_address runs under the supervisor from the
+  script's first lines: when JAX's service ends the child (its marker and
+  a failing status), the parent's last line is the note the child left
+  (`leave_note`), or a generic line with the command when the child died
+  before leaving one. (The runs above check that a child's own status
+  passes through.)"""
+  script = tmp_path / "job.py"
+  script.write_text(_SUPERVISED)
+  proc = subprocess.run(
+      [sys.executable, str(script), kind, "--coordinator_address=x:1"],
+      capture_output=True, text=True, timeout=120,
+      env=helpers.script_env(TMPDIR=str(tmp_path)))  # where the note goes
+  assert not list(tmp_path.glob("specdec_supervisor_*"))  # removed
+  last = proc.stderr.strip().splitlines()[-1]
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  if kind == "note":
+    assert last == "PeerHostLost: the child's own line", last
+  else:
+    assert last.startswith("PeerHostLost: this process was ended"), last
+    assert last.endswith(f"{script} no_note --coordinator_address=x:1"), last

@@ -394,11 +394,19 @@ def load_model(spec: str, *, config: Any = None,
   return model
 
 
+@jax.jit
+def _all_finite(leaves: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """Whether each tensor is free of NaN and inf: one program for a whole
+  model (per-tensor calls would compile one per distinct shape)."""
+  return {name: jax.numpy.isfinite(leaf).all() for name, leaf in leaves.items()}
+
+
 def check_finite_params(model: Model, where: str) -> None:
   """Raises NonFiniteParameterError naming the tensors holding NaN or inf."""
-  bad = [name for name, leaf in flatten_tree(model.params).items()
-         if jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact)
-         and not bool(jax.numpy.isfinite(leaf).all())]
+  inexact = {name: leaf for name, leaf in flatten_tree(model.params).items()
+             if jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact)}
+  finite = jax.device_get(_all_finite(inexact))
+  bad = [name for name in inexact if not finite[name]]
   if bad:
     raise NonFiniteParameterError(
         f"{where}: parameters hold NaN or inf in {len(bad)} tensor(s): "
