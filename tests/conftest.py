@@ -41,7 +41,7 @@ def pytest_configure(config):
 
 # Each module's summed test time in seconds (`--durations=0` of a
 # clean-clone `make test` on 2 cores, 2026-12-05), for the order below; a
-# module not listed counts as quick. Rough numbers do: only the order
+# module not listed counts as 0 s. Rough numbers do: only the order
 # matters.
 MODULE_SECONDS = {
     "test_exact_demo.py": 177, "test_multihost.py": 115,

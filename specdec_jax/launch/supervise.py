@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def _fallback_line() -> str:
   return ("PeerHostLost: this process was ended by JAX's distributed "
           "service: a peer host of this multi-host job was lost (killed or "
           "preempted) or stopped answering. To resume, run the same command "
-          "on every host: " + " ".join(sys.argv))
+          "on every host: " + " ".join(shlex.quote(a) for a in sys.argv))
 
 
 def supervise_flagged_launch(argv: Sequence[str]) -> None:
