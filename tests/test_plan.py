@@ -172,6 +172,34 @@ def test_draft_replicated_only_where_it_cannot_be_split():
   assert fit.replicate_draft(forced, small, (1, 2))
 
 
+def test_collectives_in_any_branch_of_a_loops_conditional_are_found():
+  """A collective that only the second branch of a conditional in the loop
+  runs is counted with the loop's iteration (a `lax.cond`'s true branch is
+  the conditional's branch 1: the reader used to follow branch 0 only, so
+  the verification widths of a stop rule, each a branch, went unread).
+  Negative control: the same loop whose branches are both local has none."""
+  if len(jax.devices()) < 8:
+    pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+  mesh = jax.make_mesh((8,), ("x",))
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+  x = jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=rows)
+
+  def program(axis):
+    def loop(x, flag):
+      body = lambda _, x: jax.lax.cond(
+          flag, lambda x: x - jnp.sum(x, axis=axis, keepdims=True),
+          lambda x: x * 2.0, x)
+      return jax.lax.fori_loop(0, 3, body, x)
+    return jax.jit(loop, out_shardings=rows).lower(
+        x, jax.ShapeDtypeStruct((), jnp.bool_)).compile().as_text()
+
+  across = program(axis=0)  # sums over the split rows: an all-reduce
+  assert "conditional" in across
+  assert any(c["kind"] == "all-reduce" for c in
+             hlo.loop_collectives(across)["per_iteration"])
+  assert hlo.loop_collectives(program(axis=1))["per_iteration"] == []
+
+
 def test_cpu_converts_found_in_bf16_programs_only():
   """Negative control: the same matmul in float32 has no copies to find."""
   def program(dtype):

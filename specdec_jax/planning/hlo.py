@@ -17,11 +17,19 @@ import numpy as np
 _COMP = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _INSTR = re.compile(r"^\s*(ROOT )?%?([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
 _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16)\[([\d,]*)\]")
-_CALLS = re.compile(r"\b(?:body|condition|calls|to_apply|"
-                    r"branch_computations|called_computations)=\{?%?([^,}\s]+)")
+_CALLS = re.compile(r"\b(?:body|condition|calls|to_apply|true_computation|"
+                    r"false_computation|branch_computations|"
+                    r"called_computations)=(\{[^}]*\}|%?[\w.\-]+)")
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter",
                 "collective-permute", "all-to-all")
 _BYTES = {"pred": 1, "bf16": 2}
+
+
+def _called(rest: str) -> list[str]:
+  """The computations an instruction calls, in order: every branch of a
+  conditional (`branch_computations={%a, %b}`), not only its first."""
+  return [name for group in _CALLS.findall(rest)
+          for name in re.findall(r"%?([\w.\-]+)", group)]
 
 
 def _type_bytes(type_str: str) -> int:
@@ -59,7 +67,7 @@ def _reachable(comps, start: str, stop: set[str] = frozenset()) -> set[str]:
       continue
     seen.add(name)
     for instr in comps[name]:
-      todo.extend(_CALLS.findall(instr["rest"]))
+      todo.extend(_called(instr["rest"]))
   return seen
 
 
@@ -175,7 +183,7 @@ def loop_copies(text: str, min_bytes: int, dtype: str | None = None
   `dtype` (e.g. "bf16"): only copies of that element type."""
   _, comps = parse_hlo(text)
   fused = {c for instrs in comps.values() for i in instrs
-           if i["op"] == "fusion" for c in _CALLS.findall(i["rest"])}
+           if i["op"] == "fusion" for c in _called(i["rest"])}
   names = set()
   for _, body in _whiles(comps, list(comps)):
     names |= _reachable(comps, body, stop=fused)
@@ -231,7 +239,7 @@ def cpu_convert_bytes(text: str, min_elements: int = 1 << 16) -> int:
   roots = {name: next((i["op"] for i in instrs if i["root"]), None)
            for name, instrs in comps.items()}
   fused = {c for instrs in comps.values() for i in instrs
-           if i["op"] == "fusion" for c in _CALLS.findall(i["rest"])[:1]}
+           if i["op"] == "fusion" for c in _called(i["rest"])[:1]}
   total = 0
   for name, instrs in comps.items():
     if name in fused:
@@ -241,7 +249,7 @@ def cpu_convert_bytes(text: str, min_elements: int = 1 << 16) -> int:
       if not instr["type"].startswith("f32["):
         continue
       if instr["op"] == "fusion":
-        called = _CALLS.findall(instr["rest"])
+        called = _called(instr["rest"])
         if not called or roots.get(called[0]) != "convert":
           continue
       elif instr["op"] != "convert":
