@@ -44,7 +44,7 @@ demo: $(STAMP)
 
 # Two worker processes (pytest-xdist), each test module in one of them: XLA
 # compiles on one core at a time, so two processes keep both busy (the
-# suite: 11-13 min on 2 cores, 21-23 min of CPU; docs/reliability.md says what
+# suite: 10-11 min on 2 cores, 18-20 min of CPU; docs/reliability.md says what
 # it checks). Modules go out slowest first (tests/conftest.py), in that
 # order. TEST_FLAGS="-n 0" runs in one; pytest lists the 25 slowest tests.
 TEST_FLAGS ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=25
