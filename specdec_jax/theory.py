@@ -489,8 +489,10 @@ class TreeShape:
     """The shape of `size` nodes with the largest expected accepted length
     when a child of rank j at depth d is accepted with probability
     rank_accept[d, j] given that its elder siblings were rejected (a
-    Sequoia-style shape; see `tree_node_probabilities`): the `size` most
-    probable nodes, which always form a tree."""
+    Sequoia-style shape; see `tree_node_probabilities`): the most probable
+    nodes, taken one at a time where they keep a tree (`best_tree_parents`
+    says when that is the optimum: always for the profiles measured
+    here)."""
     return cls(best_tree_parents(np.asarray(rank_accept), size))
 
 
