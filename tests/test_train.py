@@ -5,10 +5,13 @@ Everything runs on a generated toy corpus (a word-for-word English->German
 so nothing here needs /work/shared or the network.
 """
 
+import dataclasses
 import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -198,6 +201,35 @@ def test_resume_after_kill_matches_an_uninterrupted_run(corpus, trained,
                _params(tmp_path))
 
 
+
+def test_a_run_saved_on_one_topology_resumes_on_another(corpus, trained,
+                                                       tmp_path, caplog):
+  """Training (here distillation from a saved teacher) runs on JAX's
+  default device, the teacher beside the student, and a resumed run
+  restores its state onto the device it runs on now (the state's shapes
+  placed there), not onto the devices its checkpoint recorded: orbax
+  refuses those in a process of another topology ("Topology mismatch"), so
+  every checkpoint was skipped as unrestorable and the run could not
+  resume. 2 steps on device 3 of this process's 8 (before, the student
+  went to device 0 and the teacher's params too), then resumed to 3 in a
+  new process with one device (helpers.script_env drops the simulated
+  8)."""
+  settings = dict(teacher=str(trained[0] / "model"), distill_alpha=0.5)
+  with jax.default_device(jax.devices()[3]), caplog.at_level("INFO"):
+    train.train(_config(tmp_path, corpus, num_steps=2, **settings))
+  assert f"training on {jax.devices()[3]}" in caplog.text
+  config = json.dumps(dataclasses.asdict(_config(tmp_path, corpus,
+                                                 num_steps=3, **settings)))
+  resumed = subprocess.run(
+      [sys.executable, "-c",
+       "import json, sys\n"
+       "from specdec_jax.training import train\n"
+       "train.train(train.TrainConfig(**json.loads(sys.argv[1])))", config],
+      env=helpers.script_env(), capture_output=True, text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3]
+
+
 def test_distillation_kl_is_zero_when_student_is_teacher(corpus, tmp_path):
   """KL(teacher || student) vanishes when both are the same model (and not
   otherwise), so the distilled objective is then (1 - alpha) * CE."""
@@ -364,7 +396,6 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(
   lines of orbax errors and the intact previous one went unused. Now the
   run warns naming the skipped step, moves it aside, resumes from step 5
   and ends with exactly the parameters of the uninterrupted run."""
-  import shutil  # pylint: disable=g-import-not-at-top
   shutil.copytree(trained[0] / "checkpoints", tmp_path / "checkpoints")
   state = tmp_path / "checkpoints" / "10" / "state"
   data = max((p for p in state.rglob("*") if p.is_file()),
@@ -390,9 +421,6 @@ def test_teacher_outputs_script_translates_and_refuses_other_settings(
   within max_decode_len); a rerun with other settings is refused, naming
   them. Shards and resuming are tested in-process (tests/test_teacher.py);
   this checks the script's flags reach them."""
-  import shutil  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
   data = tmp_path / "data"
   data.mkdir()
   files = tasks.current_config().multi30k_files

@@ -28,7 +28,8 @@ class _QuietOrbaxErrors(py_logging.Filter):
 
 
 def restore_latest_intact(make_manager: Callable[[], Any],
-                          init: Callable[[], steps.TrainState], workdir: str):
+                          init: Callable[[], steps.TrainState], workdir: str,
+                          sharding: jax.sharding.Sharding):
   """The newest checkpoint that restores, skipping (and moving aside) any
   newer damaged one.
 
@@ -44,6 +45,9 @@ def restore_latest_intact(make_manager: Callable[[], Any],
     make_manager: returns the run's orbax CheckpointManager.
     init: returns a fresh steps.TrainState (its shapes are the restore target).
     workdir: the training workdir.
+    sharding: where the restored arrays go (the devices training runs on
+      now, not the ones the checkpoint recorded: a run resumes on another
+      machine or topology).
 
   Returns:
     (restored Composite or None when no checkpoint exists, the manager to
@@ -54,6 +58,9 @@ def restore_latest_intact(make_manager: Callable[[], Any],
   """
   manager = make_manager()
   directory = str(manager.directory)
+  target = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+      jax.eval_shape(init))
   saved = sorted(manager.all_steps(), reverse=True)
   skipped = []
   absl_logger, quiet = logging.get_absl_logger(), _QuietOrbaxErrors()
@@ -61,7 +68,7 @@ def restore_latest_intact(make_manager: Callable[[], Any],
     absl_logger.addFilter(quiet)
     try:
       restored = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(jax.eval_shape(init)),
+          state=ocp.args.StandardRestore(target),
           meta=ocp.args.JsonRestore()))
     except Exception as e:  # pylint: disable=broad-except  (orbax, tensorstore)
       first = (str(e).strip().splitlines() or [""])[0][:200]

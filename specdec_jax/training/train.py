@@ -201,6 +201,18 @@ def _log_window(last: dict[str, float], total: int) -> None:
       last["step_s"] * (total - last["step"]))
 
 
+def _device() -> jax.Device:
+  """The one device training runs on: JAX's default device when one is set
+  (`jax.default_device(...)` or `--jax_default_device`: a device, or a
+  platform whose first local device is taken), else this process's first."""
+  chosen = jax.config.jax_default_device
+  if chosen is None:
+    return jax.local_devices()[0]
+  if isinstance(chosen, str):
+    return jax.local_devices(backend=chosen)[0]
+  return chosen
+
+
 def train(config: TrainConfig) -> dict[str, Any]:
   """Trains, resuming from the workdir's latest checkpoint if there is one.
 
@@ -260,8 +272,14 @@ def _train(config: TrainConfig,
             max_to_keep=config.keep_checkpoints, create=True),
         item_names=("state", "meta"))
 
-  restored, manager = resume.restore_latest_intact(make_manager, init,
-                                            config.workdir)
+  device = _device()
+  logging.info("training on %s", device)
+  if teacher is not None:  # loaded onto the process's first device
+    teacher = dataclasses.replace(
+        teacher, params=jax.device_put(teacher.params, device))
+  restored, manager = resume.restore_latest_intact(
+      make_manager, init, config.workdir,
+      jax.sharding.SingleDeviceSharding(device))
   if restored is None:
     state = init(_initial_params(config, definition) if config.init_from
                  else None)
@@ -303,7 +321,7 @@ def _train(config: TrainConfig,
   # restored (orbax's arrays are committed): committed and uncommitted
   # inputs make different programs, and a resumed run compiled its step
   # twice (restored state, then `bad` from the step) besides a fresh one's.
-  state, bad = jax.device_put((state, jnp.int32(0)), jax.devices()[0])
+  state, bad = jax.device_put((state, jnp.int32(0)), device)
 
   def check_finite():  # before anything is logged or saved
     if int(bad):
