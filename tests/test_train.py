@@ -220,13 +220,18 @@ def test_a_run_saved_on_one_topology_resumes_on_another(corpus, trained,
   assert f"training on {jax.devices()[3]}" in caplog.text
   config = json.dumps(dataclasses.asdict(_config(tmp_path, corpus,
                                                  num_steps=3, **settings)))
+  files = json.dumps(tasks.current_config().multi30k_files)  # the toy data
   resumed = subprocess.run(
       [sys.executable, "-c",
        "import json, sys\n"
+       "from specdec_jax.data import tasks\n"
        "from specdec_jax.training import train\n"
-       "train.train(train.TrainConfig(**json.loads(sys.argv[1])))", config],
+       "with tasks.override_config(multi30k_files=json.loads(sys.argv[2])):\n"
+       "  train.train(train.TrainConfig(**json.loads(sys.argv[1])))",
+       config, files],
       env=helpers.script_env(), capture_output=True, text=True, timeout=600)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "the data changed" not in resumed.stderr, resumed.stderr[-3000:]
   assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3]
 
 
