@@ -540,7 +540,6 @@ def test_resume_skips_a_checkpoint_with_nonfinite_parameters(
   """Issue 38, finding 1: a checkpoint with NaN weights (as runs saved
   before training checked every step) was resumed from. Now it is set aside
   like a damaged one and the run resumes from the last finite one."""
-  import shutil  # pylint: disable=g-import-not-at-top
   shutil.copytree(trained[0] / "checkpoints", tmp_path / "checkpoints")
   manager = ocp.CheckpointManager(str(tmp_path / "checkpoints"),
                                   item_names=("state", "meta"))
@@ -567,7 +566,6 @@ def test_metrics_do_not_repeat_steps_after_a_kill(corpus, trained, tmp_path):
   the steps between the last checkpoint and the kill. Here a kill after
   step 8 (checkpoint at 5, rows 6-8 logged, a torn row after) is resumed:
   every step has one row."""
-  import shutil  # pylint: disable=g-import-not-at-top
   shutil.copytree(trained[0] / "checkpoints", tmp_path / "checkpoints")
   shutil.rmtree(tmp_path / "checkpoints" / "10")
   rows = [json.dumps(r) for r in _rows(trained[0]) if r["step"] <= 8]
