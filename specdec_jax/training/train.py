@@ -203,8 +203,9 @@ def _log_window(last: dict[str, float], total: int) -> None:
 
 def _device() -> jax.Device:
   """The one device training runs on: JAX's default device when one is set
-  (`jax.default_device(...)` or `--jax_default_device`: a device, or a
-  platform whose first local device is taken), else this process's first."""
+  (`jax.default_device(...)` or `jax.config.update("jax_default_device",
+  ...)`: a device, or a platform whose first local device is taken), else
+  this process's first."""
   chosen = jax.config.jax_default_device
   if chosen is None:
     return jax.local_devices()[0]
