@@ -33,12 +33,12 @@ def _close_abandoned_reads() -> None:
   """A failed restore leaves orbax's other reading coroutines unfinished;
   collected later, each reports "Exception ignored in ..." with a
   traceback on stderr (tens a checkpoint), besides the one line the failure
-  gets. They are closed here, their errors dropped: suspended coroutines of
-  orbax that read (nothing else of orbax runs while training starts)."""
+  gets. They are closed here, their errors dropped: every suspended
+  coroutine of orbax (reads and the deserializations awaiting them; nothing
+  else of orbax runs while training starts)."""
   gc.collect()
   for obj in gc.get_objects():
     if (inspect.iscoroutine(obj) and obj.cr_frame is not None
-        and "read" in obj.cr_code.co_name
         and f"{os.sep}orbax{os.sep}" in obj.cr_code.co_filename):
       try:
         obj.close()
