@@ -9,6 +9,7 @@ import json
 import os
 import random
 
+import jax
 import pytest
 
 from specdec_jax import checkpoints
@@ -65,6 +66,9 @@ def trained(corpus, tmp_path_factory):
   """(workdir, result, names of the programs it compiled) of one run with
   evaluation and two checkpoints."""
   workdir = tmp_path_factory.mktemp("trained")
+  # Its compiles are counted (tests/test_train.py): none from another module
+  # of this worker that trained the same programs first.
+  jax.clear_caches()
   with helpers.CompileCounter() as compiles:
     result = train.train(config(workdir, corpus, eval_examples=None,
                                 bleu_examples=4, max_decode_len=8,
