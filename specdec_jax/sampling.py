@@ -7,7 +7,8 @@ Two rules keep speculative decoding exact, and this module is where both live:
    both.
 2. The draft samples from exactly the q that enters the ratio p/q: the engine
    samples draft tokens from `SamplingConfig.probs(draft_logits)` and hands
-   those same probabilities to `speculative_accept`.
+   those same probabilities to the verification (`decoding/verify.py`,
+   with the acceptance rule of `decoding/acceptance.py`).
 
 Everything here is float32 and vectorised over the batch (no Python loops).
 
@@ -267,13 +268,6 @@ def inverse_cdf(probs: jax.Array, u: jax.Array) -> jax.Array:
   return jnp.where(token < vocab, token, last).astype(jnp.int32)
 
 
-def _row_keys(rng: jax.Array, batch: int) -> jax.Array:
-  """One key per row: `rng` is one key (split) or already a key per row."""
-  if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
-    return rng if rng.ndim == 1 else jax.random.split(rng, batch)
-  return rng if rng.ndim == 2 else jax.random.split(rng, batch)
-
-
 def validate_lenience(lenience: float) -> float:
   lenience = _real("lenience", lenience, "a number in (0, 1]")
   if not 0.0 < lenience <= 1.0:  # False for NaN too
@@ -283,86 +277,11 @@ def validate_lenience(lenience: float) -> float:
   return float(lenience)
 
 
-def speculative_accept(
-    rng: jax.Array,
-    draft_tokens: jax.Array,
-    draft_probs: jax.Array,
-    target_probs: jax.Array,
-    lenience: float = 1.0,
-    num_proposed: jax.Array | None = None,
-) -> tuple[jax.Array, jax.Array]:
-  """Algorithm 1's accept/reject step, vectorised over batch and gamma.
-
-  Draft token x_i is accepted while r_i * l * q_i(x_i) <= p_i(x_i) with
-  r_i ~ U(0, 1]; at the first rejection (position n+1) the next token is drawn
-  from norm(max(0, p_{n+1} - l * q_{n+1})), or from p_{n+1} if that residual is
-  numerically zero; if all gamma are accepted it is the bonus token, drawn from
-  p_{gamma+1}. With l = 1 the output is distributed exactly as the target's.
-
-  Args:
-    rng: one PRNG key, or one key per row ([B] typed keys or [B, 2] raw).
-    draft_tokens: int32 [B, G], sampled from `draft_probs`.
-    draft_probs: float [B, G, V], the q each draft token was sampled from.
-    target_probs: float [B, G+1, V], p at each of the G+1 verified positions.
-    lenience: l in (0, 1]; 1 is exact, smaller accepts more (lossy).
-    num_proposed: optional int [B] in [1, G]: row b proposed only its first
-      k_b tokens (an adaptive draft length); positions >= k_b are padding.
-      They are never accepted, and when all k_b proposals are accepted the
-      next token is drawn from p_{k_b + 1} itself (nothing was proposed
-      there, so there is no residual). None means every row proposed G.
-
-  Returns:
-    (num_accepted int32 [B] in [0, G], next_token int32 [B]).
-  """
-  if not isinstance(lenience, jax.Array):  # a traced one was checked
-    lenience = validate_lenience(lenience)
-  batch, gamma = draft_tokens.shape
-  if draft_probs.shape[:2] != (batch, gamma):
-    raise ValueError(f"draft_probs {draft_probs.shape} does not match "
-                     f"draft_tokens {draft_tokens.shape}.")
-  if target_probs.shape[:2] != (batch, gamma + 1):
-    raise ValueError(f"target_probs must be [batch, gamma+1, vocab] = "
-                     f"[{batch}, {gamma + 1}, V], got {target_probs.shape}.")
-  keys = _row_keys(rng, batch)
-  args = (keys, draft_tokens.astype(jnp.int32),
-          jnp.asarray(draft_probs, jnp.float32),
-          jnp.asarray(target_probs, jnp.float32))
-  if num_proposed is None:
-    return jax.vmap(_accept_row, in_axes=(0, 0, 0, 0, None))(*args, lenience)
-  return jax.vmap(_accept_row, in_axes=(0, 0, 0, 0, None, 0))(
-      *args, lenience, jnp.asarray(num_proposed, jnp.int32))
-
-
-def _accept_row(key, tokens, q, p, lenience, num_proposed=None):
-  """One row of `speculative_accept`: tokens [G], q [G, V], p [G+1, V]."""
-  gamma = tokens.shape[0]
-  accept_key, sample_key = jax.random.split(key)
-  q_x = jnp.take_along_axis(q, tokens[:, None], axis=-1)[:, 0]
-  p_x = jnp.take_along_axis(p[:gamma], tokens[:, None], axis=-1)[:, 0]
-  # r in (0, 1]: a target probability of exactly 0 can never be accepted,
-  # and neither can a token its q gives 0 (r * 0 <= p would always hold):
-  # the draft cannot have sampled it, so it is padding or a bug's token.
-  r = 1.0 - jax.random.uniform(accept_key, (gamma,), jnp.float32)
-  accepted = (r * (lenience * q_x) <= p_x) & (q_x > 0)
-  proposed = gamma
-  if num_proposed is not None:
-    accepted &= jnp.arange(gamma) < num_proposed
-    proposed = num_proposed
-  num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32)))
-  p_next = p[num_accepted]
-  # Past the last proposed position the "draft" is empty: the next token
-  # comes from p itself.
-  q_next = jnp.where(num_accepted < proposed,
-                     q[jnp.minimum(num_accepted, gamma - 1)], 0.0)
-  return num_accepted.astype(jnp.int32), sample(
-      sample_key, residual(p_next, lenience * q_next))
-
-
 def residual(p: jax.Array, q: jax.Array) -> jax.Array:
   """norm(max(0, p - q)) over the last axis, or p itself where that mass
   is rounding noise (below RESIDUAL_EPS: p == q, so no rejection can have
   led here). The distribution after a rejected draft token (a chain's, or
-  a tree's sibling: `verify.verify_tree`)."""
+  a tree's sibling: `verify.walk`)."""
   rest = jnp.maximum(p - q, 0.0)
   mass = jnp.sum(rest, axis=-1, keepdims=True)
   return jnp.where(mass > RESIDUAL_EPS, rest / jnp.maximum(mass, 1e-30), p)

@@ -33,6 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
+from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import engine
 from specdec_jax.models import ngram
 from specdec_jax.decoding.protocol import Prefill
 from specdec_jax.decoding.protocol import Model
@@ -209,6 +211,49 @@ def tiny_ende(root, sentences) -> dict[str, str]:
     models[name] = checkpoints.save(Model(definition, params),
                                     str(root / name), config=cfg)
   return models
+
+
+# ----------------------------------------------------------------------------
+# Seams for negative controls: deliberately wrong pieces plugged into the
+# speculative loop from the tests (the library has no hook for them).
+
+
+def uncached_speculative(*args, **kwargs):
+  """`engine.build_speculative(*args, **kwargs)` built afresh, outside its
+  cache: traced at its first call, under whatever the test has patched
+  then (a `monkeypatch` of `drafters.ModelDrafter.draw`, of
+  `acceptance.rule_for`, ...), and never handed to another test."""
+  builder = engine._build_speculative  # pylint: disable=protected-access
+  engine._build_speculative = builder.__wrapped__
+  try:
+    return engine.build_speculative(*args, **kwargs)
+  finally:
+    engine._build_speculative = builder
+
+
+def argmax_draw(self, key, q):
+  """A draft that proposes q's argmax while handing over q itself: the
+  classic bug (drafting greedily, verifying as if it sampled). Patched in
+  as `drafters.ModelDrafter.draw`."""
+  del self, key
+  return jnp.argmax(q, -1).astype(jnp.int32)
+
+
+def general_rule(sampler, lenience=1.0):
+  """`acceptance.rule_for` that never takes the greedy shortcut: Algorithm
+  1 on probabilities (one-hot ones at temperature 0)."""
+  del sampler
+  return acceptance.Sampled(lenience)
+
+
+class SkipResidual(acceptance.Sampled):
+  """Algorithm 1 without its residual: after a rejection the next test (a
+  tree's sibling) and the correction use the verifier's p itself. Wrong on
+  purpose (a negative control's acceptance rule)."""
+
+  def residual(self, p, q):
+    del q
+    return p
 
 
 # ----------------------------------------------------------------------------

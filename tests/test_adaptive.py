@@ -136,9 +136,9 @@ def test_verified_level_stacks_the_verifier_on_its_drafter():
   inner = drafters.level_stats(jnp.array([[3], [3]]), jnp.array([[0.7], [0.7]]),
                                jnp.array([[2], [2]]))
   got = drafters.verified_level(active, beta, counted, inner)
-  np.testing.assert_array_equal(got["calls"], [[1, 3], [0, 0]])
-  np.testing.assert_allclose(got["alpha_sum"], [[0.75, 0.7], [0.0, 0.0]])
-  np.testing.assert_array_equal(got["alpha_count"], [[2, 2], [0, 0]])
+  np.testing.assert_array_equal(got.calls, [[1, 3], [0, 0]])
+  np.testing.assert_allclose(got.alpha_sum, [[0.75, 0.7], [0.0, 0.0]])
+  np.testing.assert_array_equal(got.alpha_count, [[2, 2], [0, 0]])
 
 
 @pytest.fixture(scope="module")
@@ -237,17 +237,16 @@ def test_horizontal_drafter_samples_the_target_distribution(small_models,
 
 
 def test_negative_control_cascade_with_broken_inner_drafter_fails(
-    small_models):
+    small_models, monkeypatch):
   """A three-level cascade whose bigram proposes its argmax while reporting
   its softmax q: the middle levels are no longer exact, and the test fails."""
   target, draft, small, bigram = small_models
   casc = sd.cascade(draft, sd.cascade(small, bigram, gamma=2), gamma=2)
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
   exact = helpers.exact_distribution(target, ids[0], SEQ_LEN)
-  argmax_draft = lambda key, q: jnp.argmax(q, -1).astype(jnp.int32)
-  fn = engine.build_speculative(target.definition, casc.definition, 3,
-                                SEQ_LEN, sampling.SamplingConfig(1.0),
-                                draft_sample=argmax_draft)
+  monkeypatch.setattr(drafters.ModelDrafter, "draw", helpers.argmax_draw)
+  fn = helpers.uncached_speculative(target.definition, casc.definition, 3,
+                                    SEQ_LEN, sampling.SamplingConfig(1.0))
   tokens, _ = fn(target.params, casc.params, ids,
                  np.full((N_SEQ,), 11, np.int32),
                  np.arange(N_SEQ, dtype=np.int32))

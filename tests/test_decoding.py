@@ -8,7 +8,6 @@ broken rollback changes the logits.
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -20,7 +19,8 @@ from specdec_jax.decoding import engine
 from specdec_jax.decoding import cascades as sd_cascades
 from specdec_jax.models import ngram
 from specdec_jax.decoding import stopping as sd_stopping
-from specdec_jax.decoding import verify
+from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import drafters
 from specdec_jax.decoding.api import generate, speculative_generate
 from specdec_jax.models import registry
 from specdec_jax.tokens import EOS_ID
@@ -75,24 +75,26 @@ def test_greedy_speculative_equals_greedy_target(decoder_only, gamma):
 
 
 @pytest.mark.parametrize("decoder_only", [False, True])
-def test_greedy_fast_path_equals_general_rejection_sampler(decoder_only):
-  """At temperature 0 the engine skips probabilities (argmax + comparison).
-  It must give exactly what Algorithm 1 gives on one-hot p and q: same tokens
-  and same stats (alpha, accepted histogram, calls) for every row. The
-  general path is forced by handing in a drafter that is `sampling.sample`
-  under another name (`verify.fast_greedy` says which path a loop takes)."""
+def test_greedy_fast_path_equals_general_rejection_sampler(decoder_only,
+                                                          monkeypatch):
+  """At temperature 0 the acceptance rule is `acceptance.Greedy` (argmax +
+  comparison, no probabilities). It must give exactly what Algorithm 1
+  (`acceptance.Sampled`) gives on one-hot p and q: same tokens and same
+  stats (alpha, accepted histogram, calls) for every row. The general rule
+  is forced by patching `acceptance.rule_for` (helpers.general_rule) in a
+  loop built outside the cache."""
   target = helpers.table_model(VOCAB, seed=3, eos_bias=1.0,
                                   decoder_only=decoder_only)
   draft = helpers.table_model(VOCAB, seed=4, base=target, noise=1.5)
   ids = helpers.example_inputs()
   sampler = sampling.SamplingConfig()
-  general_sample = lambda key, q: sampling.sample(key, q)
   runs = []
-  assert verify.fast_greedy(sampler, None)
-  assert not verify.fast_greedy(sampler, general_sample)
-  for draft_sample in (None, general_sample):
-    fn = engine.build_speculative(target.definition, draft.definition, 3, 12,
-                                  sampler, draft_sample=draft_sample)
+  assert isinstance(acceptance.rule_for(sampler), acceptance.Greedy)
+  for general in (False, True):
+    if general:
+      monkeypatch.setattr(acceptance, "rule_for", helpers.general_rule)
+    fn = helpers.uncached_speculative(target.definition, draft.definition,
+                                      3, 12, sampler)
     seeds, rows = np.zeros(4, np.int32), np.arange(4, dtype=np.int32)
     tokens, stats = fn(target.params, draft.params, ids, seeds, rows)
     runs.append((np.asarray(tokens), jax.tree.map(np.asarray, stats)))
@@ -175,16 +177,16 @@ def test_sampled_sequences_at_temperature_07_top_p_09(small_models, drafter):
   assert result.stats.alpha.mean() < 0.95
 
 
-def test_negative_control_greedy_draft_with_softmax_q_fails(small_models):
+def test_negative_control_greedy_draft_with_softmax_q_fails(small_models,
+                                                           monkeypatch):
   """Drafting the argmax while reporting the softmax q must fail the same
   chi-square test (shows the test has power against the classic bug)."""
   target, draft = small_models
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
   exact = helpers.exact_distribution(target, ids[0], SEQ_LEN)
-  argmax_draft = lambda key, q: jnp.argmax(q, -1).astype(jnp.int32)
-  fn = engine.build_speculative(target.definition, draft.definition, 3,
-                                SEQ_LEN, sampling.SamplingConfig(1.0),
-                                draft_sample=argmax_draft)
+  monkeypatch.setattr(drafters.ModelDrafter, "draw", helpers.argmax_draw)
+  fn = helpers.uncached_speculative(target.definition, draft.definition, 3,
+                                    SEQ_LEN, sampling.SamplingConfig(1.0))
   seeds = np.full((N_SEQ,), 11, np.int32)
   tokens, _ = fn(target.params, draft.params, ids, seeds,
                  np.arange(N_SEQ, dtype=np.int32))

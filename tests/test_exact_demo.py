@@ -47,7 +47,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax import sampling
 from specdec_jax.data import text
-from specdec_jax.decoding import engine
+from specdec_jax.decoding import drafters
 from specdec_jax.tokens import EOS_ID
 from tests import helpers
 
@@ -151,17 +151,16 @@ def test_demo_models_sample_the_targets_first_two_tokens(models, exact, name,
   assert p_value > SIGNIFICANCE, (name, setting, p_value)
 
 
-def test_argmax_drafter_fails(models, exact):
+def test_argmax_drafter_fails(models, exact, monkeypatch):
   """Negative control: the draft proposes its argmax but reports its
   softmax q, so the accepted tokens are not distributed as Algorithm 1
   needs; the same chi-square test must reject (p < SIGNIFICANCE)."""
   target, draft = models["target"], models["draft_base"]
   ids = np.tile(_ids(models, [SENTENCE]), (N, 1))
-  argmax_draft = lambda key, q: jnp.argmax(q, -1).astype(jnp.int32)
-  fn = engine.build_speculative(
+  monkeypatch.setattr(drafters.ModelDrafter, "draw", helpers.argmax_draw)
+  fn = helpers.uncached_speculative(
       target.definition, draft.definition, GAMMA, MAX_DECODE_LEN,
-      sampling.SamplingConfig(**SETTINGS["t1_top_k5"]),
-      draft_sample=argmax_draft)
+      sampling.SamplingConfig(**SETTINGS["t1_top_k5"]))
   tokens, _ = fn(target.params, draft.params, ids,
                  np.full((N,), 11, np.int32), np.arange(N, dtype=np.int32))
   p_value = helpers.chisquare_vs_exact(np.asarray(tokens)[:, :2],

@@ -11,13 +11,11 @@ without the patch (same models, gamma, seed and N) passes the same test
 (`test_the_unpatched_harness_passes`), so a failure is the bug's doing: the
 chi-square tests have power against it.
 
-Each buggy loop is built with `engine.build_speculative(...,
-draft_sample=<a fresh wrapper of the exact sampler>)`: the wrapper draws
-exactly like `sampling.sample` but is a new cache key, so the patched loop
-is traced afresh (not taken from the cache) and no later test reuses it.
+Each buggy loop is built with `helpers.uncached_speculative`: outside the
+loop cache, so the patched loop is traced afresh and no later test reuses
+it.
 """
 
-import functools
 import types
 
 import jax.numpy as jnp
@@ -27,6 +25,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax import sampling
 from specdec_jax.decoding import cascades
+from specdec_jax.decoding import drafters
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import verify
 from tests import helpers
@@ -46,9 +45,8 @@ def _patched_verify(**overrides):
   """A stand-in for the `verify` module as seen by one caller: the real
   functions, except those in `overrides`."""
   return types.SimpleNamespace(
-      verify=overrides.get("verify", verify.verify),
-      counted_positions=verify.counted_positions,
-      fast_greedy=verify.fast_greedy)
+      verify_chain=overrides.get("verify_chain", verify.verify_chain),
+      walk=verify.walk, counted_positions=verify.counted_positions)
 
 
 def _p_value(target, draft):
@@ -56,10 +54,9 @@ def _p_value(target, draft):
   speculative loop as currently patched."""
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
   exact = helpers.exact_distribution(target, ids[0], SEQ_LEN)
-  fresh_exact_sampler = functools.partial(sampling.sample)
-  fn = engine.build_speculative(target.definition, draft.definition, GAMMA,
-                                SEQ_LEN, sampling.SamplingConfig(1.0),
-                                draft_sample=fresh_exact_sampler)
+  fn = helpers.uncached_speculative(target.definition, draft.definition,
+                                    GAMMA, SEQ_LEN,
+                                    sampling.SamplingConfig(1.0))
   tokens, _ = fn(target.params, draft.params, ids,
                  np.full((N_SEQ,), 11, np.int32),
                  np.arange(N_SEQ, dtype=np.int32))
@@ -88,18 +85,18 @@ def test_cascade_passing_the_inner_q_outward_fails(small_models,
   p / p_M) Algorithm 1 needs, and the residual max(0, p - q_small) is
   built from the wrong q as well, so the output is not the target's.
 
-  Seam: `cascades.verify.verify` (the middle model's verification); its
+  Seam: `cascades.verify.verify_chain` (the middle model's check); its
   returned probs, which the cascade stores as the q of each emitted token,
   are replaced by the inner proposal's probs at the g draft positions."""
   target, draft, small, _ = small_models
 
-  def inner_q_outward(logits, prop, key, sampler, **kwargs):
-    verdict = verify.verify(logits, prop, key, sampler, **kwargs)
+  def inner_q_outward(rule, sampler, logits, prop, key):
+    verdict = verify.verify_chain(rule, sampler, logits, prop, key)
     leaked = jnp.concatenate([prop.probs, verdict.probs[:, -1:]], axis=1)
     return verdict.replace(probs=leaked)
 
   monkeypatch.setattr(cascades, "verify",
-                      _patched_verify(verify=inner_q_outward))
+                      _patched_verify(verify_chain=inner_q_outward))
   p_value = _p_value(target, sd.cascade(draft, small, gamma=2))
   assert p_value < SIGNIFICANCE, p_value
 
@@ -116,22 +113,20 @@ def test_stop_rule_that_peeks_at_the_target_fails(small_models, monkeypatch):
   the draft over-proposes, wherever q != p. A legal rule sees only the
   draft (tokens, q, its own statistics), never the target's draws.
 
-  Seam: `engine.verify.verify` (the target's check in the engine). The
-  peek runs Algorithm 1 with the verification's own key (the same uniform
-  draws, so it sees the real verdict), then the real check runs on the
+  Seam: `engine.accept` (the target's check in the loop's step). The peek
+  runs the real walk with the verification's own key (the same uniform
+  draws, so it sees the real verdict), then the real walk runs on the
   shortened proposal."""
   target, draft, _, _ = small_models
+  accept = engine.accept
 
-  def peeking(logits, prop, key, sampler, *, lenience=1.0, fast=False):
-    p = sampler.probs(logits)
-    accepted, _ = sampling.speculative_accept(key, prop.tokens, prop.probs,
-                                              p, lenience,
-                                              num_proposed=prop.length)
+  def peeking(loop, logits, prop, key):
+    accepted = accept(loop, logits, prop, key).accepted
     rejects = accepted < prop.length
     length = jnp.where(rejects, jnp.maximum(accepted, 1), prop.length)
-    return verify.verify(logits, prop.replace(length=length), key, sampler,
-                         lenience=lenience, fast=fast)
+    return accept(loop, logits, drafters.chain_proposal(
+        prop.tokens, prop.probs, prop.conf, length), key)
 
-  monkeypatch.setattr(engine, "verify", _patched_verify(verify=peeking))
+  monkeypatch.setattr(engine, "accept", peeking)
   p_value = _p_value(target, draft)
   assert p_value < SIGNIFICANCE, p_value

@@ -18,6 +18,7 @@ from scipy import stats
 
 from specdec_jax import sampling
 from specdec_jax import theory
+from specdec_jax.decoding import verify
 
 pytestmark = pytest.mark.quick  # `make test-quick`
 
@@ -106,7 +107,7 @@ def _exactness_pvalues(p, q, n, emitted):
   return pvalues
 
 
-_accept = jax.jit(sampling.speculative_accept)
+_accept = jax.jit(verify.speculative_accept)
 
 
 @pytest.mark.parametrize("case",
@@ -128,7 +129,7 @@ def test_speculative_accept_is_exact(case):
 @jax.jit
 def _accept_resampling_from_p(rng, draft_tokens, draft_probs, target_probs):
   """Negative control: on rejection, sample from p instead of the residual."""
-  n, _ = sampling.speculative_accept(rng, draft_tokens, draft_probs,
+  n, _ = verify.speculative_accept(rng, draft_tokens, draft_probs,
                                      target_probs)
   p_next = jnp.take_along_axis(target_probs, n[:, None, None], axis=1)[:, 0]
   keys = jax.random.split(jax.random.fold_in(rng, 7), n.shape[0])
@@ -268,7 +269,7 @@ def test_invalid_settings_raise():
   toks = jnp.zeros((1, GAMMA), jnp.int32)
   for bad in [0.0, -0.5, 1.5]:
     with pytest.raises(ValueError, match="lenience must be in"):
-      sampling.speculative_accept(jax.random.key(0), toks, q[None], p[None],
+      verify.speculative_accept(jax.random.key(0), toks, q[None], p[None],
                                   lenience=bad)
   with pytest.raises(ValueError, match="temperature"):
     sampling.SamplingConfig(temperature=-1.0)
@@ -277,7 +278,7 @@ def test_invalid_settings_raise():
   with pytest.raises(ValueError, match="top_p"):
     sampling.SamplingConfig(top_p=0.0)
   with pytest.raises(ValueError, match="gamma"):
-    sampling.speculative_accept(jax.random.key(0), toks, q[None], p[None, :2])
+    verify.speculative_accept(jax.random.key(0), toks, q[None], p[None, :2])
 
 
 def test_lenience_accepts_more_and_uses_its_residual():
@@ -285,7 +286,7 @@ def test_lenience_accepts_more_and_uses_its_residual():
   rejection samples norm(max(0, p - l q)): checked by chi-square on n=0 rows."""
   p, q = _dists("random")
   lenience = 0.5
-  fn = jax.jit(functools.partial(sampling.speculative_accept,
+  fn = jax.jit(functools.partial(verify.speculative_accept,
                                  lenience=lenience))
   n, emitted = _draw(p, q, fn)
   accept1 = np.sum(q[0] * np.minimum(1.0, p[0] / (lenience * q[0])))
@@ -374,7 +375,7 @@ def test_a_draft_token_with_zero_q_is_never_accepted():
   p = jnp.asarray([[[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]]] * 64, jnp.float32)
   q = jnp.asarray([[[1.0, 0.0, 0.0]]] * 64, jnp.float32)
   tokens = jnp.ones((64, 1), jnp.int32)  # q(1) = 0, p(1) = 0.5
-  n, nxt = sampling.speculative_accept(jax.random.key(0), tokens, q, p)
+  n, nxt = verify.speculative_accept(jax.random.key(0), tokens, q, p)
   assert np.all(np.asarray(n) == 0)
   assert np.all(np.asarray(nxt) == 1)  # the residual max(0, p - q) is {1}
 
@@ -385,7 +386,7 @@ def _fewer_proposals(p, q, k, broken=False):
   `broken` draws the token after k accepted ones from the residual of the
   q of the first unproposed slot (the bug a padded q of 0 used to hide)."""
   def accept(key, tokens, qb, pb):
-    n, nxt = sampling.speculative_accept(key, tokens, qb, pb,
+    n, nxt = verify.speculative_accept(key, tokens, qb, pb,
                                          num_proposed=jnp.full((N,), k))
     if broken:
       residual = np.maximum(p[k] - q[k], 0)

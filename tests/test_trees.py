@@ -7,12 +7,12 @@ input tiled as a batch with per-row keys, 5-token sequences over the
 4-token vocabulary of the toy table models (`helpers.chi_square_family`),
 Pearson's chi-square against the exact distribution (cells expected fewer
 than 5 times pooled), significance SIGNIFICANCE = 1e-3 per test, fixed
-seeds. The exact verifier passes at (temperature 1, top-k 3) and at
+seeds. The exact walk passes at (temperature 1, top-k 3) and at
 (temperature 0.7, top-p 0.9) for the shape (2, 2, 1), and for (3, 1) at
-the latter; the negative control (siblings
-tested against p instead of the residual their elder siblings left) must
-fail at p < 1e-3 with the same models, shape, seed and N, so the test has
-power against that bug. The shipped demo models' check is in
+the latter; the negative control (an acceptance rule that skips the
+residual: siblings tested against p instead of the residual their elder
+siblings left, the correction drawn from p) must fail at p < 1e-3 with the
+same models, shape, seed and N, so the test has power against that bug. The shipped demo models' check is in
 tests/test_exact_demo.py (the "tree" drafter).
 """
 
@@ -24,8 +24,11 @@ import pytest
 import specdec_jax as sd
 from specdec_jax import sampling
 from specdec_jax import theory
+from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import drafters
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import trees
+from specdec_jax.decoding import verify
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.models import registry
 from tests import helpers
@@ -42,11 +45,12 @@ def toy():
   return helpers.chi_square_family()
 
 
-def _sampled(target, draft, shape, verifier="exact", **setting):
+def _sampled(target, draft, shape, build=engine.build_speculative,
+             **setting):
   """Tokens [N_SEQ, SEQ_LEN] of the tree loop from one tiled input."""
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
-  tree = sd.tree(draft, shape, verifier=verifier)
-  fn = engine.build_speculative(
+  tree = sd.tree(draft, shape)
+  fn = build(
       target.definition, tree.definition, tree.definition.tree_shape.depth,
       SEQ_LEN, sampling.SamplingConfig(**setting))
   tokens, stats = fn(target.params, tree.params, ids,
@@ -72,18 +76,21 @@ def test_tree_samples_the_targets_distribution(toy, setting, shape):
   assert ranks[1] > 0, ranks
 
 
-def test_skipping_the_sibling_residual_fails(toy):
+def test_skipping_the_sibling_residual_fails(toy, monkeypatch):
   """Negative control: each child tested against the target's p itself
-  instead of the residual its rejected elder siblings left over-accepts the
-  tokens the draft over-proposes; the same chi-square test must reject it
-  (p < SIGNIFICANCE) where the exact verifier passes (above, same shape,
-  models, seed and N)."""
+  instead of the residual its rejected elder siblings left (and the
+  correction drawn from p) over-accepts the tokens the draft over-proposes;
+  the same chi-square test must reject it (p < SIGNIFICANCE) where the
+  exact walk passes (above, same shape, models, seed and N). The wrong rule
+  (`helpers.SkipResidual`) is patched in as `acceptance.rule_for`."""
   target, draft, _, _ = toy
   setting = SETTINGS["t1_top_k3"]
   exact = helpers.exact_distribution(target, np.array([2, 3, 1]), SEQ_LEN,
                                      **setting)
+  monkeypatch.setattr(acceptance, "rule_for",
+                      lambda sampler, lenience=1.0: helpers.SkipResidual())
   tokens, _ = _sampled(target, draft, (2, 2, 1),
-                       verifier="skip_sibling_residual", **setting)
+                       build=helpers.uncached_speculative, **setting)
   p_value = helpers.chisquare_vs_exact(tokens, exact)
   assert p_value < SIGNIFICANCE, p_value
 
@@ -118,7 +125,6 @@ def test_a_walk_ending_at_a_childless_node_tests_nothing_there(fast):
   accepts it emits the target's token after it (greedy: its argmax) and
   reports depth 2 as untested (rank k + 1, `tested` False), so the
   counters do not take it for a rejection."""
-  from specdec_jax.decoding import verify  # pylint: disable=g-import-not-at-top
   shape = sd.TreeShape((0, 0, 1))
   vocab = 5
   tokens = jnp.asarray([[0, 2, 3, 4]], jnp.int32)   # nodes 1, 2, 3
@@ -128,12 +134,16 @@ def test_a_walk_ending_at_a_childless_node_tests_nothing_there(fast):
   q = np.full((1, 2, vocab), 1e-3, np.float32)   # internal nodes 0, 1
   q[0, 0, [2, 3]] = 0.5 - 1e-3
   q[0, 1, 4] = 1.0 - 4e-3
-  prop = trees.TreeProposal(tokens=tokens,
-                            valid=jnp.ones((1, 4), jnp.bool_),
-                            probs=None if fast else jnp.asarray(q))
-  verdict, path, rank, tested = verify.verify_tree(
-      jnp.asarray(logits), prop, shape, jax.random.key(0)[None],
-      sampling.SamplingConfig(0.0 if fast else 0.05), fast=fast)
+  prop = drafters.Proposal(tokens=tokens[:, 1:],
+                           valid=jnp.ones((1, 3), jnp.bool_),
+                           probs=None if fast else jnp.asarray(q),
+                           conf=jnp.zeros((1, 2)),
+                           length=jnp.full((1,), 2, jnp.int32))
+  sampler = sampling.SamplingConfig(0.0 if fast else 0.05)
+  rule = acceptance.rule_for(sampler)
+  verdict = verify.walk(rule, rule.target(sampler, jnp.asarray(logits)),
+                        prop, shape, jax.random.key(0)[None])
+  path, rank, tested = verdict.path, verdict.rank, verdict.tested
   assert int(verdict.accepted[0]) == 1 and int(path[0, 0]) == 2
   assert int(verdict.tokens[0, 1]) == 1
   assert rank[0].tolist() == [1, 3] and tested[0].tolist() == [True, False]

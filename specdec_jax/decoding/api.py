@@ -132,7 +132,7 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
 
 
 def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
-                         gamma: int, max_decode_len: int,
+                         gamma: int | None = None, max_decode_len: int,
                          temperature: float = 0.0, top_k: int = 0,
                          top_p: float = 1.0, seed: Any = 0,
                          lenience: float = 1.0,
@@ -152,7 +152,7 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
     input_ids: int [batch, length], 0-padded, each row ending in EOS (1).
     gamma: draft tokens per iteration (static; >= 1); with a `draft_stop`
       rule, the most draft tokens per iteration; with a token tree, its
-      depth.
+      depth (the default there).
     max_decode_len: the most tokens generated per row.
     temperature, top_k, top_p: applied identically to target and draft.
     seed: int, or one int per row.
@@ -206,7 +206,7 @@ class SpeculativeDecoder:
     draft: the cheaper approximation; same vocabulary (a model, a cascade,
       a horizontal drafter or a token tree, `sd.tree`).
     gamma: draft tokens per iteration (the most, with a `draft_stop`; a
-      tree's depth).
+      tree's depth, its default: None takes it from the tree).
     max_decode_len: the most tokens generated per row.
     sampling: temperature, top-k, top-p, applied to target and draft alike.
     lenience: 1 (default) is exact; below 1 the paper's lossy variant.
@@ -218,8 +218,8 @@ class SpeculativeDecoder:
 
   target: Model
   draft: Model
-  gamma: int
-  max_decode_len: int
+  gamma: int | None = None
+  max_decode_len: int = dataclasses.field(kw_only=True)
   sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig()
   lenience: float = 1.0
   draft_stop: Any = None
@@ -234,6 +234,14 @@ class SpeculativeDecoder:
     checks.compiler_options_key(self.compiler_options)
     stopping.check_rule(self.draft_stop)
     put("on_nonfinite", checks.check_on_nonfinite(self.on_nonfinite))
+    shape = trees.shape_of(self.draft.definition)
+    if self.gamma is None:
+      if shape is None:
+        raise ValueError(
+            "gamma is required: pass the number of draft tokens per "
+            "iteration, e.g. gamma=4 (only a token tree, sd.tree, fixes it: "
+            "its depth).")
+      put("gamma", shape.depth)
     put("gamma", checks.check_positive_int(
         "gamma", self.gamma, "It is the number of draft tokens per step."))
     put("max_decode_len", checks.check_positive_int(
@@ -245,10 +253,22 @@ class SpeculativeDecoder:
           f"sampling must be a SamplingConfig(temperature, top_k, top_p), "
           f"got {self.sampling!r}.")
     checks.check_compatible(self.target, self.draft)
-    shape = trees.shape_of(self.draft.definition)
     if shape is not None:
       checks.check_tree(shape, self.target, self.gamma, self.max_decode_len,
                         self.lenience, self.draft_stop)
+
+  def __repr__(self) -> str:
+    """Settings only (the models by their definitions, no arrays)."""
+    s = self.sampling
+    mesh = None if self.mesh is None else dict(self.mesh.shape)
+    return (f"SpeculativeDecoder(target={_short(self.target)}, "
+            f"draft={_short(self.draft)}, gamma={self.gamma}, "
+            f"max_decode_len={self.max_decode_len}, "
+            f"sampling=(temperature={s.temperature}, top_k={s.top_k}, "
+            f"top_p={s.top_p}), lenience={self.lenience}, "
+            f"draft_stop={self.draft_stop!r}, mesh={mesh}, "
+            f"on_nonfinite={self.on_nonfinite!r}, "
+            f"compiler_options={self.compiler_options!r})")
 
   def replace(self, **changes: Any) -> "SpeculativeDecoder":
     """The same decoder with some settings changed (checked again)."""
@@ -302,3 +322,14 @@ class SpeculativeDecoder:
                            [("target_nonfinite", "target"),
                             ("draft_nonfinite", "draft")])
     return result
+
+
+def _short(model: Model) -> str:
+  """A model by its definition's kind and size, for reprs."""
+  d = model.definition
+  config = getattr(d, "config", None)
+  name = getattr(config, "name", None) or type(d).__name__
+  parts = getattr(d, "parts", None)
+  if callable(parts):
+    name += "(" + ", ".join(f"{k}={type(v).__name__}" for k, v in parts()) + ")"
+  return f"<{name}, vocab {d.vocab_size}>"

@@ -25,7 +25,7 @@ gamma, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import flax
 import jax
@@ -41,12 +41,14 @@ from specdec_jax.decoding.cursor import new_cursor
 from specdec_jax.decoding.cursor import refeed_indices
 from specdec_jax.decoding.cursor import write_rows
 from specdec_jax.decoding.drafters import KeepFn
+from specdec_jax.decoding.drafters import chain_proposal
+from specdec_jax.decoding.drafters import Levels
 from specdec_jax.decoding.drafters import make_drafter
-from specdec_jax.decoding.drafters import Proposal
 from specdec_jax.decoding.drafters import level_stats
 from specdec_jax.decoding.drafters import slice_rows
 from specdec_jax.decoding.drafters import verified_level
 from specdec_jax.decoding.protocol import Model
+from specdec_jax.theory import TreeShape
 from specdec_jax.tokens import EOS_ID
 
 
@@ -82,9 +84,8 @@ class CascadeDef(composite.CompositeDef):
     g = self.gamma
     return [(self.draft, g + 3)] + inner, extra + g + 1
 
-  def make_drafter(self, gamma, sampler, refeed, draft_sample, fast_greedy):
-    return CascadeDrafter(self, gamma, sampler, refeed, draft_sample,
-                          fast_greedy)
+  def make_drafter(self, gamma, sampler, refeed, rule):
+    return CascadeDrafter(self, gamma, sampler, refeed, rule)
 
 
 def cascade(draft: Model, draft_of_draft: Model, *, gamma: int) -> Model:
@@ -148,9 +149,9 @@ class CascadeLoop:
     state: the `CascadeState` (M's cursor, the inner drafter's state).
     tokens, conf: int32 / float32 [B, G + g + 1], the emitted tokens and
       their confidence (room for one overshooting inner iteration).
-    probs: float32 [B, G + g + 1, V], q_M of each emitted token (None on
-      the fast greedy path).
-    stats: per-level counters (`drafters.level_stats`, depth levels).
+    probs: float32 [B, G + g + 1, V], q_M of each emitted token (None
+      when the acceptance rule uses no q).
+    stats: per-level counters (`drafters.Levels`, depth levels).
   """
 
   it: jax.Array
@@ -162,7 +163,7 @@ class CascadeLoop:
   tokens: jax.Array
   conf: jax.Array
   probs: Any
-  stats: dict
+  stats: Levels
 
 
 class CascadeDrafter:
@@ -170,16 +171,16 @@ class CascadeDrafter:
   decoding of M with the inner drafter S (see the module docstring)."""
 
   def __init__(self, definition: CascadeDef, gamma: int,
-               sampler: sampling.SamplingConfig, refeed: int,
-               draft_sample: Callable, fast_greedy: bool):
+               sampler: sampling.SamplingConfig, refeed: int, rule: Any):
     self.middle = definition.draft
     self.inner_gamma = definition.gamma
     self.gamma = gamma
+    self.shape = TreeShape.chain(gamma)
     self.sampler = sampler
     self.refeed = refeed
-    self.fast_greedy = fast_greedy
+    self.rule = rule
     self.inner = make_drafter(definition.drafter, definition.gamma, sampler,
-                              refeed + 1, draft_sample, fast_greedy)
+                              refeed + 1, rule)
     self.depth = 1 + self.inner.depth
     # A proposal can overshoot G by one inner iteration (g + 1 tokens).
     self.extra_width = definition.gamma + 1 + self.inner.extra_width
@@ -192,6 +193,14 @@ class CascadeDrafter:
         inner=self.inner.init(params["drafter"], input_ids, num_positions,
                               check_finite))
 
+  def __repr__(self) -> str:
+    return (f"CascadeDrafter({type(self.middle).__name__}, gamma={self.gamma}"
+            f", inner_gamma={self.inner_gamma}, inner={self.inner!r})")
+
+  def commit(self, state: CascadeState, length, path) -> CascadeState:
+    del length, path  # a chain
+    return state
+
   def nonfinite(self, state: CascadeState):
     return composite.either(state.middle.nonfinite, self.inner.nonfinite(state.inner))
 
@@ -200,87 +209,32 @@ class CascadeDrafter:
     """Same contract as `ModelDrafter.propose`; runs inner speculative
     iterations until every row has G tokens (or its stop rule or EOS fired).
     """
-    gamma, g = self.gamma, self.inner_gamma
+    gamma = self.gamma
     batch = stream.length.shape[0]
-    width = gamma + g + 1
-    pos = jnp.arange(g + 1)[None, :]
-    base_key = keys[:, 0]
-
-    def stopped_rows(c: CascadeLoop):
-      done = (c.produced >= limit) | c.eos
-      if keep is not None:
-        said_stop = ~keep(c.tokens[:, :gamma], c.conf[:, :gamma])
-        proposed = jnp.arange(gamma)[None] < c.produced[:, None]
-        done |= jnp.any(said_stop & proposed, axis=1)
-      return done
 
     def cond(c: CascadeLoop):
       return (c.it < gamma) & ~jnp.all(c.stopped)
 
     def body(c: CascadeLoop):
-      it_keys = jax.vmap(lambda k: jax.random.split(
-          jax.random.fold_in(k, c.it), g + 1))(base_key)
-      prop, inner_state, inner_stats = self.inner.propose(
-          params["drafter"], c.state.inner, c.local, it_keys[:, :g], None,
-          jnp.full((batch,), g, jnp.int32))
-      n = c.local.length
-      first = refeed_indices(n, self.refeed)
-      tokens = jnp.concatenate([c.state.middle.token_at(c.local, first),
-                                prop.tokens], axis=1)
-      index = jnp.concatenate([first, n[:, None] + 1 + jnp.arange(g)[None]],
-                              axis=1)
-      logits, middle = c.state.middle.extend_tokens(self.middle,
-                                                    params["draft"], tokens,
-                                                    index)
-      logits = logits[:, self.refeed:]                  # positions n .. n+g
-      verdict = verify.verify(logits, prop, it_keys[:, g], self.sampler,
-                              fast=self.fast_greedy)
-      new = verdict.tokens
-      active = ~c.stopped
-      count = jnp.where(active, verdict.count, 0)       # EOS ends it
-      if self.fast_greedy:
-        # Confidence only feeds a stop rule: skip the softmax without one.
-        conf = (jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
-                if keep is not None else jnp.zeros(new.shape, jnp.float32))
-      else:
-        conf = jnp.take_along_axis(verdict.probs, new[..., None],
-                                   axis=-1)[..., 0]
-        if self.sampler.greedy:
-          conf = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
-      # Active rows have produced < G, so g + 1 values fit at `produced`;
-      # rows that stopped write nothing (their old values, at 0).
-      at = jnp.where(active, c.produced, 0)
+      c = self._iteration(params, c, keys[:, 0], keep is not None)
+      return c.replace(stopped=c.stopped | self._stopped(c, keep, limit))
 
-      def put(buf, vals):
-        old = slice_rows(buf, at, g + 1)
-        mask = active.reshape((batch,) + (1,) * (vals.ndim - 1))
-        return write_rows(buf, at, jnp.where(mask, vals, old))
+    c = jax.lax.while_loop(cond, body, self._start(state, stream))
+    tokens, conf = c.tokens[:, :gamma], c.conf[:, :gamma]
+    probs = None if c.probs is None else c.probs[:, :gamma]
+    if keep is None:
+      length = jnp.full((batch,), gamma, jnp.int32)
+    else:
+      length = jnp.minimum(stopping.proposal_length(keep(tokens, conf), limit),
+                           jnp.maximum(c.produced, 1))
+    return chain_proposal(tokens, probs, conf, length), c.state, c.stats
 
-      valid = pos < count[:, None]
-      # A stopped row writes nothing: its length may have overshot G by
-      # g + 1, and another g + 1 tokens written there could pass the
-      # buffer's end, where the write would be clamped back over the
-      # tokens it emitted (which its models' caches refeed).
-      local_tokens = jnp.where(active[:, None],
-                               write_rows(c.local.tokens, n, new),
-                               c.local.tokens)
-      c = c.replace(
-          it=c.it + 1,
-          local=c.local.replace(tokens=local_tokens, length=n + count),
-          produced=c.produced + count,
-          eos=c.eos | jnp.any(valid & (new == EOS_ID), axis=1),
-          state=CascadeState(middle=middle, inner=inner_state),
-          tokens=put(c.tokens, new), conf=put(c.conf, conf),
-          probs=None if c.probs is None else put(c.probs, verdict.probs),
-          stats=jax.tree.map(
-              jnp.add, c.stats,
-              verified_level(active, verdict.beta,
-                             verify.counted_positions(count, prop.length, g),
-                             inner_stats)))
-      return c.replace(stopped=c.stopped | stopped_rows(c))
-
+  def _start(self, state: CascadeState, stream: Stream) -> CascadeLoop:
+    """The inner loop's carry before its first iteration."""
+    batch = stream.length.shape[0]
+    width = self.gamma + self.inner_gamma + 1
     zeros = jnp.zeros((batch,), jnp.int32)
-    carry = CascadeLoop(
+    return CascadeLoop(
         it=jnp.int32(0),
         local=stream.replace(done=jnp.zeros((batch,), jnp.bool_)),
         produced=zeros,
@@ -289,18 +243,89 @@ class CascadeDrafter:
         state=state,
         tokens=jnp.zeros((batch, width), jnp.int32),
         conf=jnp.zeros((batch, width), jnp.float32),
-        probs=None if self.fast_greedy else jnp.zeros(
+        probs=None if not self.rule.uses_q else jnp.zeros(
             (batch, width, self.middle.vocab_size), jnp.float32),
         stats=level_stats(jnp.zeros((batch, self.depth), jnp.int32),
                           jnp.zeros((batch, self.depth - 1), jnp.float32),
                           jnp.zeros((batch, self.depth - 1), jnp.int32)))
-    c = jax.lax.while_loop(cond, body, carry)
-    tokens, conf = c.tokens[:, :gamma], c.conf[:, :gamma]
-    probs = None if c.probs is None else c.probs[:, :gamma]
-    if keep is None:
-      length = jnp.full((batch,), gamma, jnp.int32)
-    else:
-      length = jnp.minimum(stopping.proposal_length(keep(tokens, conf), limit),
-                           jnp.maximum(c.produced, 1))
-    return Proposal(tokens=tokens, probs=probs, conf=conf, length=length), \
-        c.state, c.stats
+
+  def _stopped(self, c: CascadeLoop, keep: KeepFn | None, limit):
+    """bool [B]: rows that propose no more (limit, EOS, stop rule)."""
+    done = (c.produced >= limit) | c.eos
+    if keep is not None:
+      said_stop = ~keep(c.tokens[:, :self.gamma], c.conf[:, :self.gamma])
+      proposed = jnp.arange(self.gamma)[None] < c.produced[:, None]
+      done |= jnp.any(said_stop & proposed, axis=1)
+    return done
+
+  def _iteration(self, params, c: CascadeLoop, base_key,
+                 need_conf: bool) -> CascadeLoop:
+    """One inner iteration: S proposes g tokens, M verifies them (the
+    walk with the cascade's rule) and the emitted tokens, their q_M and
+    confidence are appended for the rows still proposing."""
+    g = self.inner_gamma
+    batch = c.produced.shape[0]
+    it_keys = jax.vmap(lambda k: jax.random.split(
+        jax.random.fold_in(k, c.it), g + 1))(base_key)
+    prop, inner_state, inner_stats = self.inner.propose(
+        params["drafter"], c.state.inner, c.local, it_keys[:, :g], None,
+        jnp.full((batch,), g, jnp.int32))
+    n = c.local.length
+    first = refeed_indices(n, self.refeed)
+    tokens = jnp.concatenate([c.state.middle.token_at(c.local, first),
+                              prop.tokens], axis=1)
+    index = jnp.concatenate([first, n[:, None] + 1 + jnp.arange(g)[None]],
+                            axis=1)
+    logits, middle = c.state.middle.extend_tokens(self.middle,
+                                                  params["draft"], tokens,
+                                                  index)
+    logits = logits[:, self.refeed:]                    # positions n .. n+g
+    verdict = verify.verify_chain(self.rule, self.sampler, logits, prop,
+                                  it_keys[:, g])
+    new = verdict.tokens
+    active = ~c.stopped
+    count = jnp.where(active, verdict.count, 0)         # EOS ends it
+    conf = self._confidence(logits, verdict, need_conf)
+    # Active rows have produced < G, so g + 1 values fit at `produced`;
+    # rows that stopped write nothing (their old values, at 0).
+    at = jnp.where(active, c.produced, 0)
+
+    def put(buf, vals):
+      old = slice_rows(buf, at, g + 1)
+      mask = active.reshape((batch,) + (1,) * (vals.ndim - 1))
+      return write_rows(buf, at, jnp.where(mask, vals, old))
+
+    valid = jnp.arange(g + 1)[None, :] < count[:, None]
+    # A stopped row writes nothing: its length may have overshot G by
+    # g + 1, and another g + 1 tokens written there could pass the
+    # buffer's end, where the write would be clamped back over the
+    # tokens it emitted (which its models' caches refeed).
+    local_tokens = jnp.where(active[:, None],
+                             write_rows(c.local.tokens, n, new),
+                             c.local.tokens)
+    return c.replace(
+        it=c.it + 1,
+        local=c.local.replace(tokens=local_tokens, length=n + count),
+        produced=c.produced + count,
+        eos=c.eos | jnp.any(valid & (new == EOS_ID), axis=1),
+        state=CascadeState(middle=middle, inner=inner_state),
+        tokens=put(c.tokens, new), conf=put(c.conf, conf),
+        probs=None if c.probs is None else put(c.probs, verdict.probs),
+        stats=jax.tree.map(
+            jnp.add, c.stats,
+            verified_level(active, verdict.beta,
+                           verify.counted_positions(count, prop.length, g),
+                           inner_stats)))
+
+  def _confidence(self, logits, verdict: verify.Verdict,
+                  need_conf: bool) -> jax.Array:
+    """[B, g + 1]: M's probability of each emitted token (its largest
+    softmax probability when greedy), for a stop rule."""
+    new = verdict.tokens
+    if not self.rule.uses_q:
+      # Confidence only feeds a stop rule: skip the softmax without one.
+      return (jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1) if need_conf
+              else jnp.zeros(new.shape, jnp.float32))
+    if self.sampler.greedy:
+      return jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+    return jnp.take_along_axis(verdict.probs, new[..., None], axis=-1)[..., 0]

@@ -1,19 +1,16 @@
 """Drafters: what proposes the draft tokens of one speculative iteration.
 
-The engine (`engine.build_speculative`) asks a drafter for up to G tokens per
-row, with the probabilities q they were sampled from (a `Proposal`), and
-verifies them with the target. A drafter is a plain Python object built
-once per compiled loop (`make_drafter`) with three parts:
-
-  depth, extra_width   models in its chain; scratch positions it needs
-  init(params, input_ids, num_positions, check_finite) -> state (a pytree)
-  nonfinite(state) -> bool [B] or None  any of its models' logits NaN/inf
-  propose(params, state, stream, keys, keep, limit)
-      -> (Proposal, state, level stats)
+The engine (`engine.py`) asks a drafter for a `Proposal`: draft tokens
+placed on a static `TreeShape` (a chain of up to G tokens, the paper's
+setup, or a token tree, `trees.py`), with the probabilities q they were
+sampled from. The verifier scores every proposed node in one call and one
+walk (`verify.walk`) decides. Every drafter has the interface of the
+`Drafter` protocol below; `make_drafter` builds one per compiled loop.
 
 This module has the plain one, `ModelDrafter` (one draft model run
-autoregressively, the paper's setup); `cascades.py` composes drafters
-(cascades, horizontal drafters).
+autoregressively, the paper's setup); `cascades.py` and `horizontal.py`
+compose drafters, `trees.py` expands a tree. `docs/extending.md` writes a
+new one (prompt lookup) through the protocol alone.
 
 Cache validity ("refeed"). A drafter keeps its models' caches between
 iterations. Its caller guarantees that the entries of relative indices below
@@ -23,12 +20,13 @@ refeed 1 (after a fully accepted iteration the last draft token was never
 fed); composite drafters hand their parts larger refeeds (see
 `cascades.py`).
 
-Dimension letters: B batch, G most tokens per proposal, V vocabulary.
+Dimension letters: B batch, G most tokens per proposal (a tree's depth), M
+proposed nodes (G for a chain), I nodes with children, V vocabulary.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import flax
 import flax.linen as nn
@@ -42,42 +40,122 @@ from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor
 from specdec_jax.decoding.cursor import refeed_indices
 from specdec_jax.decoding.protocol import ModelDef
+from specdec_jax.theory import TreeShape
 
 KeepFn = Callable[[jax.Array, jax.Array], jax.Array]
 
 
 @flax.struct.dataclass
 class Proposal:
-  """What a drafter proposes for one iteration.
+  """What a drafter proposes for one iteration: tokens on its `shape`.
 
   Attributes:
-    tokens: int32 [B, G]; entries at or past `length` are padding.
-    probs: float32 [B, G, V], the q each token was sampled from (None on the
-      greedy fast path, which needs no probabilities).
-    conf: float32 [B, G], the draft's probability of each token (q(x); the
-      largest softmax probability of the draft's logits when greedy).
-    length: int32 [B] in [1, G], tokens proposed.
+    tokens: int32 [B, M], the token of nodes 1..M of the drafter's
+      `TreeShape` (node 0, the root, is the pending token); for a chain,
+      the G draft tokens in order.
+    probs: float32 [B, I, V], the q that the children of nodes 0..I-1 were
+      sampled from (for a chain, q of each token: [B, G, V]); None when
+      the acceptance rule uses no q (`acceptance.Greedy`).
+    conf: float32 [B, G], the draft's probability of each chain token (q(x);
+      the largest softmax probability when greedy), for stop rules; zeros
+      for a tree.
+    length: int32 [B] in [1, G], depths proposed (a chain's tokens at or
+      past it are padding; a tree's is its depth).
+    valid: bool [B, M], nodes that hold a proposal (a chain: below
+      `length`; a tree: nodes whose parent's q had enough tokens).
   """
 
   tokens: jax.Array
   probs: Any
   conf: jax.Array
   length: jax.Array
+  valid: jax.Array
 
 
-def level_stats(calls, alpha_sum=None, alpha_count=None) -> dict:
-  """Per-row counters of a drafter's levels: calls [B, D] (model runs of
-  each level), alpha_sum / alpha_count [B, D - 1] (acceptance of level i + 1
-  by level i, as in the engine's `alpha`)."""
+def chain_proposal(tokens, probs, conf, length) -> Proposal:
+  """The Proposal of a chain: tokens [B, G], `length` [B] of them valid."""
+  gamma = tokens.shape[1]
+  return Proposal(tokens=tokens, probs=probs, conf=conf, length=length,
+                  valid=jnp.arange(gamma)[None, :] < length[:, None])
+
+
+@flax.struct.dataclass
+class Levels:
+  """Per-row counters of a drafter's levels (cascades have several).
+
+  Attributes:
+    calls: int32 [B, D], model runs of each level (0 the drafter's own).
+    alpha_sum: float32 [B, D - 1], summed beta of level i + 1's tokens
+      verified by level i (as the engine's `alpha`).
+    alpha_count: int32 [B, D - 1], the positions summed.
+  """
+
+  calls: jax.Array
+  alpha_sum: jax.Array
+  alpha_count: jax.Array
+
+
+class Drafter(Protocol):
+  """What the engine asks of a drafter (`ModelDrafter` is the plain one).
+
+  Attributes:
+    shape: the static `TreeShape` of every proposal (`TreeShape.chain(G)`
+      for a chain of up to G tokens).
+    depth: models in its chain of levels (1 for a plain model; a cascade
+      adds its inner drafter's).
+    extra_width: scratch positions it needs beyond max_decode_len + G + 1
+      in the cache buffers (a tree's side nodes, a cascade's overshoot).
+  """
+
+  shape: TreeShape
+  depth: int
+  extra_width: int
+
+  def init(self, params: Any, input_ids: jax.Array, num_positions: int,
+           check_finite: bool = True) -> Any:
+    """Its state (a pytree) after reading input_ids [B, L]: its models'
+    caches of `num_positions` decoder positions."""
+
+  def nonfinite(self, state: Any) -> jax.Array | None:
+    """bool [B]: a logit of its models was NaN or inf (None: unchecked)."""
+
+  def propose(self, params: Any, state: Any, stream: Stream, keys: jax.Array,
+              keep: KeepFn | None, limit: jax.Array
+              ) -> tuple[Proposal, Any, Levels]:
+    """Drafts for every row.
+
+    Args:
+      params: its parameters.
+      state: its state (caches valid below stream.length - refeed).
+      stream: the committed tokens [B, T'] and lengths [B].
+      keys: [B, G] PRNG keys, one per depth.
+      keep: None proposes exactly G tokens (the paper's fixed gamma); else
+        a stop rule's causal keep_going(tokens [B, G], conf [B, G]) -> bool
+        [B, G] (chains only).
+      limit: int32 [B] in [1, G], the most tokens a row may propose.
+
+    Returns:
+      (the Proposal, the new state, its Levels counters).
+    """
+
+  def commit(self, state: Any, length: jax.Array, path: jax.Array) -> Any:
+    """The state after verification accepted `path` int32 [B, G] (node
+    indices of `shape` below the root at relative index `length` [B]): a
+    chain keeps its state as is (rollback is the next write position)."""
+
+
+def level_stats(calls, alpha_sum=None, alpha_count=None) -> Levels:
+  """`Levels` of calls [B, D]; alpha_sum / alpha_count [B, D - 1] (none
+  when omitted: a single level)."""
   batch = calls.shape[0]
   empty = jnp.zeros((batch, 0), jnp.float32)
-  return {"calls": calls.astype(jnp.int32),
-          "alpha_sum": empty if alpha_sum is None else alpha_sum,
-          "alpha_count": (empty.astype(jnp.int32) if alpha_count is None
-                          else alpha_count.astype(jnp.int32))}
+  return Levels(calls=calls.astype(jnp.int32),
+                alpha_sum=empty if alpha_sum is None else alpha_sum,
+                alpha_count=(empty.astype(jnp.int32) if alpha_count is None
+                             else alpha_count.astype(jnp.int32)))
 
 
-def verified_level(active, beta, counted, inner: dict) -> dict:
+def verified_level(active, beta, counted, inner: Levels) -> Levels:
   """One verification's level counters, on top of its drafter's.
 
   The verifier (the target, or a cascade's middle model) ran once for each
@@ -89,12 +167,11 @@ def verified_level(active, beta, counted, inner: dict) -> dict:
   act = active.astype(jnp.int32)[:, None]
   own_sum = jnp.sum(jnp.where(counted, beta, 0.0), axis=1)[:, None]
   own_count = jnp.sum(counted, axis=1)[:, None]
-  return {"calls": act * jnp.concatenate([jnp.ones_like(act),
-                                          inner["calls"]], axis=1),
-          "alpha_sum": act * jnp.concatenate([own_sum, inner["alpha_sum"]],
-                                             axis=1),
-          "alpha_count": act * jnp.concatenate(
-              [own_count, inner["alpha_count"]], axis=1)}
+  return Levels(
+      calls=act * jnp.concatenate([jnp.ones_like(act), inner.calls], axis=1),
+      alpha_sum=act * jnp.concatenate([own_sum, inner.alpha_sum], axis=1),
+      alpha_count=act * jnp.concatenate([own_count, inner.alpha_count],
+                                        axis=1))
 
 
 class ModelDrafter:
@@ -104,15 +181,25 @@ class ModelDrafter:
   extra_width = 0
 
   def __init__(self, definition: ModelDef, gamma: int,
-               sampler: sampling.SamplingConfig, refeed: int,
-               draft_sample: Callable, fast_greedy: bool):
+               sampler: sampling.SamplingConfig, refeed: int, rule: Any):
     self.definition = definition
     self.gamma = gamma
     self.sampler = sampler
     self.refeed = refeed
-    # None: the exact sampler (tests pass wrong ones as negative controls).
-    self.draft_sample = draft_sample or sampling.sample
-    self.fast_greedy = fast_greedy
+    self.rule = rule
+    self.shape = TreeShape.chain(gamma)
+
+  def __repr__(self) -> str:
+    return (f"ModelDrafter({type(self.definition).__name__}, "
+            f"gamma={self.gamma}, refeed={self.refeed})")
+
+  def draw(self, key: jax.Array, q: jax.Array) -> jax.Array:
+    """A token [] of q [V]: exactly the q the verification is handed."""
+    return sampling.sample(key, q)
+
+  def commit(self, cursor: ModelCursor, length, path) -> ModelCursor:
+    del length, path  # a chain's rollback is the next write position
+    return cursor
 
   def init(self, params, input_ids, num_positions,
            check_finite: bool = True) -> ModelCursor:
@@ -133,14 +220,14 @@ class ModelDrafter:
     collectives (seen in the TPU compiler's HLO for top-p).
     """
     logits = nn.with_logical_constraint(logits, ("batch", "vocab"))
-    if self.fast_greedy:
+    if not self.rule.uses_q:
       x = sampling.argmax(logits)
       conf = (jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1) if need_conf
               else jnp.zeros(x.shape, jnp.float32))
       return x, None, conf
     q = nn.with_logical_constraint(self.sampler.probs(logits),
                                    ("batch", "vocab"))
-    x = jax.vmap(self.draft_sample)(key, q)
+    x = jax.vmap(self.draw)(key, q)
     if self.sampler.greedy:
       conf = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
     else:
@@ -188,8 +275,8 @@ class ModelDrafter:
       tokens, q, confs, cursor = self._adaptive(params, cursor, n, keys, keep,
                                                 limit, x, q, conf)
       length = stopping.proposal_length(keep(tokens, confs), limit)
-    return (Proposal(tokens=tokens, probs=q, conf=confs, length=length),
-            cursor, level_stats(length[:, None]))
+    return (chain_proposal(tokens, q, confs, length), cursor,
+            level_stats(length[:, None]))
 
   def _adaptive(self, params, cursor, n, keys, keep, limit, x, q, conf):
     """Draft steps until every row stopped (a while_loop, not a scan)."""
@@ -229,15 +316,14 @@ class ModelDrafter:
 
 
 def make_drafter(definition, gamma: int, sampler: sampling.SamplingConfig,
-                 refeed: int, draft_sample: Callable | None, fast_greedy: bool):
+                 refeed: int, rule: Any) -> Drafter:
   """The drafter of a draft definition: a ModelDef's `ModelDrafter`, or
-  what a composite definition (`cascades.CascadeDef`, `HorizontalDef`)
-  builds with its `make_drafter` method."""
+  what a definition with a `make_drafter(gamma, sampler, refeed, rule)`
+  method builds (`cascades.CascadeDef`, `HorizontalDef`, `TreeDef`, or a
+  drafter of your own, docs/extending.md)."""
   if hasattr(definition, "make_drafter"):
-    return definition.make_drafter(gamma, sampler, refeed, draft_sample,
-                                   fast_greedy)
-  return ModelDrafter(definition, gamma, sampler, refeed, draft_sample,
-                      fast_greedy)
+    return definition.make_drafter(gamma, sampler, refeed, rule)
+  return ModelDrafter(definition, gamma, sampler, refeed, rule)
 
 
 def slice_rows(buffer, start, size):

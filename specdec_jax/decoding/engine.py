@@ -1,5 +1,13 @@
 """Autoregressive and speculative decoding, each one jitted `lax.while_loop`.
 
+The speculative loop's body is one `step`, read top to bottom:
+`propose` (the drafter), `score` (one target call over every proposed
+token), `accept` (one walk with the acceptance rule, `verify.walk`),
+`commit` (caches keep the accepted path), `advance` (the output grows) and
+`count` (the counters of `stats.Counters`). Each is a module-level
+function of the typed loop state; what a loop is compiled for is one
+frozen `LoopConfig`.
+
 Both loops run entirely on device: no host round trip per token or per step.
 Each row of the batch moves at its own pace (ragged acceptance), keeps its own
 position into the model caches and stops at its own EOS.
@@ -17,6 +25,7 @@ V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -28,6 +37,7 @@ import numpy as np
 
 from specdec_jax import sampling
 from specdec_jax import sharding
+from specdec_jax.decoding import acceptance
 from specdec_jax.decoding import drafters
 from specdec_jax.decoding import trees
 from specdec_jax.decoding import verify
@@ -36,43 +46,51 @@ from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor as _cursor
 from specdec_jax.decoding.cursor import write_rows as _write
 from specdec_jax.decoding.protocol import ModelDef
+from specdec_jax.decoding.stats import Counters
 from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.tokens import EOS_ID
 
 
 @flax.struct.dataclass
 class SpeculativeState:
-  """Loop state of `speculative_generate` (every field per row but `step`).
+  """Loop state of the speculative loop (every field per row but `step`).
 
   Attributes:
     step: int32 scalar, iterations so far (one target call each).
-    stream: generated tokens, lengths, done flags.
-    target: the target model's cursor.
-    draft: the drafter's state (`drafters.py`, `cascades.py`): for a draft
-      model its cursor, whose cache is valid up to relative index length - 1
-      (or length - 2 after a fully accepted step); each step starts by
-      feeding indices (length - 1, length) so both cases are covered.
-    stats: dict of per-row counters, the fields of `DecodeStats` that the
-      loop accumulates.
-    stop_state: the draft-length rule's per-row statistics ({} without one).
+    stream: generated tokens [B, T'], lengths [B], done flags [B].
+    target: the target model's cursor (its cache and per-row start).
+    draft: the drafter's state (`drafters.Drafter`): for a draft model its
+      cursor, whose cache is valid up to relative index length - 1 (or
+      length - 2 after a fully accepted step); each step starts by feeding
+      indices (length - 1, length) so both cases are covered.
+    counters: the `stats.Counters` so far.
+    stop_state: the draft-length rule's per-row statistics (a pytree of
+      [B, ...] arrays; empty without a rule).
   """
 
   step: jax.Array
   stream: Stream
   target: ModelCursor
   draft: Any
-  stats: dict
+  counters: Counters
   stop_state: Any
 
 
 @flax.struct.dataclass
 class AutoregressiveState:
-  """Loop state of `generate`: step, stream, the model's cursor, stats."""
+  """Loop state of `generate`.
+
+  Attributes:
+    step: int32 scalar, tokens generated so far (one model call each).
+    stream: generated tokens [B, T + 1], lengths [B], done flags [B].
+    model: the model's cursor.
+    target_calls: int32 [B], calls while the row was not done.
+  """
 
   step: jax.Array
   stream: Stream
   model: ModelCursor
-  stats: dict
+  target_calls: jax.Array
 
 
 def row_keys(seeds: jax.Array, rows: jax.Array) -> jax.Array:
@@ -175,7 +193,7 @@ def _build_generate(model, max_decode_len, static_sampler, check_finite,
         stream=_new_stream(batch, max_decode_len + 1),
         model=_cursor(model, params, input_ids, max_decode_len + 1,
                       check_finite),
-        stats={"target_calls": jnp.zeros((batch,), jnp.int32)})
+        target_calls=jnp.zeros((batch,), jnp.int32))
 
     def cond(s: AutoregressiveState):
       return (s.step < max_decode_len) & ~jnp.all(s.stream.done)
@@ -192,13 +210,13 @@ def _build_generate(model, max_decode_len, static_sampler, check_finite,
       active = ~s.stream.done
       stream, _ = _advance(s.stream, token[:, None], jnp.ones_like(token),
                            max_decode_len)
-      stats = {"target_calls": s.stats["target_calls"] + active}
       return AutoregressiveState(step=s.step + 1, stream=stream, model=cursor,
-                                 stats=stats)
+                                 target_calls=s.target_calls + active)
 
     state = jax.lax.while_loop(cond, body, state)
     stats = DecodeStats(length=state.stream.length,
-                        target_nonfinite=state.model.nonfinite, **state.stats)
+                        target_calls=state.target_calls,
+                        target_nonfinite=state.model.nonfinite)
     return _finish(state.stream, max_decode_len), stats
 
   return jit_with_options(run, compiler_options)
@@ -222,216 +240,288 @@ def verify_widths(gamma: int) -> tuple[int, ...]:
   return tuple(widths) + (gamma,)
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+  """What one compiled speculative loop is compiled for (its cache key).
+
+  Attributes:
+    target: the target's `ModelDef`.
+    draft: the draft's definition (a ModelDef, `cascades.CascadeDef`,
+      `horizontal.HorizontalDef`, `trees.TreeDef`, or any definition with
+      a `make_drafter` method, docs/extending.md).
+    gamma: the most draft tokens per iteration (a tree's depth).
+    max_decode_len: T, the most tokens generated per row.
+    sampler: `SamplingConfig.static()`: its numbers are traced.
+    stop: a draft-length rule's `static()` (`stopping.py`), or None.
+    record_trace: also record the per-iteration `stats.Trace`.
+    check_finite: flag NaN or inf logits per row.
+    compiler_options: XLA options, sorted ((name, value), ...).
+    draft_replicated: the draft's parameters are whole on every device, so
+      its activations and caches are traced under
+      `sharding.replicated_rules` (no collective per draft step).
+  """
+
+  target: Any
+  draft: Any
+  gamma: int
+  max_decode_len: int
+  sampler: sampling.SamplingConfig
+  stop: Any = None
+  record_trace: bool = False
+  check_finite: bool = True
+  compiler_options: tuple = ()
+  draft_replicated: bool = False
+
+  def drafter(self, sampler: Any = None,
+              rule: Any = None) -> drafters.Drafter:
+    """The top-level drafter (sampler and rule: traced ones in a loop)."""
+    sampler = sampler or self.sampler
+    return drafters.make_drafter(self.draft, self.gamma, sampler, 1,
+                                 rule or acceptance.rule_for(sampler))
+
+  def draft_rules(self):
+    """Where the draft runs: a replicated draft's constraints must not name
+    the model axis, or each of its steps would split its activations and
+    gather them back (all-reduces in the inner loop)."""
+    if self.draft_replicated:
+      return nn.logical_axis_rules(sharding.replicated_rules())
+    return contextlib.nullcontext()
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+  """One traced loop's settings: its config, with the numbers of this call
+  (traced) in the sampler, the acceptance rule and the stop rule, and the
+  drafter built from them."""
+
+  config: LoopConfig
+  sampler: Any
+  rule: Any
+  stop: Any
+  drafter: drafters.Drafter
+
+  @classmethod
+  def trace(cls, config: LoopConfig, values: dict) -> "Loop":
+    sampler = config.sampler.traced(values)
+    rule = acceptance.rule_for(sampler, values["lenience"])
+    stop = None if config.stop is None else config.stop.traced(
+        values["stop"])
+    return cls(config, sampler, rule, stop, config.drafter(sampler, rule))
+
+  @property
+  def width(self) -> int:
+    """Positions of the stream and cache buffers."""
+    c = self.config
+    return c.max_decode_len + c.gamma + 1 + self.drafter.extra_width
+
+
 def build_speculative(target: ModelDef, draft: Any, gamma: int,
                       max_decode_len: int, sampler: sampling.SamplingConfig,
                       lenience: float = 1.0, record_trace: bool = False,
-                      draft_sample: Callable | None = None,
                       check_finite: bool = True,
                       draft_stop: Any = None,
                       compiler_options: tuple = (),
-                      draft_replicated: bool = False) -> Callable:
-  """The jitted speculative loop, cached by its (normalised) settings.
+                      draft_replicated: bool = False) -> CompiledLoop:
+  """The jitted speculative loop, cached by its `LoopConfig`.
 
   Returns `run(target_params, draft_params, input_ids, seeds, rows) ->
   (tokens [B, T], stats)`; with `check_finite`, stats has
-  `target_nonfinite` and `draft_nonfinite` (bool [B]). `draft` is a
-  ModelDef, a `cascades.CascadeDef` or `horizontal.HorizontalDef`.
-  `draft_stop` is None (every iteration proposes exactly gamma tokens: the
-  paper's loop, unchanged) or a rule of `stopping.py` (gamma is then the most
-  tokens per iteration; the target verifies at the smallest of
-  `verify_widths(gamma)` covering the longest proposal, chosen on device);
-  only the rule's `static()` keys the cache, its numbers are traced (see
-  `stopping.py`), so a threshold calibration compiles once.
-  `draft_sample(key, q) -> token` exists so tests can plug in a deliberately
-  wrong drafter (negative controls); None (everything else) is
-  `sampling.sample`, which draws from exactly q, and allows the fast greedy
-  path (`verify.fast_greedy`). `compiler_options`: XLA
-  options of the program, ((name, value), ...). `draft_replicated`: the
-  draft's parameters are whole on every device, so its activations and
-  caches are traced under `sharding.replicated_rules` (rows over `data`,
-  nothing over `model`) and its steps need no collective.
+  `target_nonfinite` and `draft_nonfinite` (bool [B]). `draft_stop` is None
+  (every iteration proposes exactly gamma tokens: the paper's loop) or a
+  rule of `stopping.py` (gamma is then the most tokens per iteration; the
+  target verifies at the smallest of `verify_widths(gamma)` covering the
+  longest proposal, chosen on device); only the rule's `static()` keys the
+  cache, its numbers are traced, so a threshold calibration compiles once.
+  See `LoopConfig` for the rest.
   """
   values = dict(sampler.values(),
                 lenience=np.float32(sampling.validate_lenience(lenience)),
                 stop={} if draft_stop is None else draft_stop.values())
-  return CompiledLoop(
-      _build_speculative(target, draft, gamma, max_decode_len,
-                         sampler.static(), bool(record_trace), draft_sample,
-                         bool(check_finite),
-                         None if draft_stop is None else draft_stop.static(),
-                         tuple(compiler_options), bool(draft_replicated)),
-      values)
+  config = LoopConfig(
+      target=target, draft=draft, gamma=gamma, max_decode_len=max_decode_len,
+      sampler=sampler.static(),
+      stop=None if draft_stop is None else draft_stop.static(),
+      record_trace=bool(record_trace), check_finite=bool(check_finite),
+      compiler_options=tuple(compiler_options),
+      draft_replicated=bool(draft_replicated))
+  return CompiledLoop(_build_speculative(config), values)
 
 
 @functools.lru_cache(maxsize=64)
-def _build_speculative(target, draft, gamma, max_decode_len, static_sampler,
-                       record_trace, draft_sample, check_finite,
-                       static_rule, compiler_options, draft_replicated):
-  offsets = jnp.arange(gamma + 1)  # of the verified tokens, from n
+def _build_speculative(config: LoopConfig) -> Callable:
+  return jit_with_options(functools.partial(run_speculative, config),
+                          config.compiler_options)
 
-  fast = verify.fast_greedy(static_sampler, draft_sample)
-  tree = trees.shape_of(draft)
-  # Its sizes; `run` builds it again around the traced numbers.
-  drafter = drafters.make_drafter(draft, gamma, static_sampler, 1,
-                                  draft_sample, fast)
 
-  def draft_rules():
-    """Where the draft runs: a replicated draft's constraints must not name
-    the model axis, or each of its steps would split its activations and
-    gather them back (all-reduces in the inner loop)."""
-    if draft_replicated:
-      return nn.logical_axis_rules(sharding.replicated_rules())
-    return contextlib.nullcontext()
+def run_speculative(config: LoopConfig, target_params, draft_params,
+                    input_ids, seeds, rows, values):
+  """The speculative loop (traced): (tokens [B, T], `DecodeStats`)."""
+  loop = Loop.trace(config, values)
+  keys = row_keys(seeds, rows)
+  state = init_state(loop, target_params, draft_params, input_ids)
 
-  width = max_decode_len + gamma + 1 + drafter.extra_width
-  widths = (gamma,) if static_rule is None else verify_widths(gamma)
+  def cond(s: SpeculativeState):
+    return (s.step < config.max_decode_len) & ~jnp.all(s.stream.done)
 
-  def target_call(cursor: ModelCursor, target_params, tokens, index,
-                  longest):
-    """Target logits [B, G+1, V] of the verified tokens [B, G+1], at the
-    smallest compiled width covering `longest` proposed tokens."""
-    if len(widths) == 1:
-      return cursor.extend_tokens(target, target_params, tokens, index)
+  state = jax.lax.while_loop(
+      cond, lambda s: step(loop, target_params, draft_params, keys, s), state)
+  stats = state.counters.decode_stats(
+      state.stream.length, target_nonfinite=state.target.nonfinite,
+      draft_nonfinite=loop.drafter.nonfinite(state.draft),
+      stop_state=state.stop_state or None)
+  return _finish(state.stream, config.max_decode_len), stats
 
-    def branch(w):
-      def call(cursor):
-        logits, cursor = cursor.extend_tokens(target, target_params,
-                                              tokens[:, :w + 1],
-                                              index[:, :w + 1])
-        return jnp.pad(logits, ((0, 0), (0, gamma - w), (0, 0))), cursor
-      return call
 
-    choice = jnp.sum(jnp.asarray(widths) < longest)
-    return jax.lax.switch(choice, [branch(w) for w in widths], cursor)
+def init_state(loop: Loop, target_params, draft_params,
+               input_ids) -> SpeculativeState:
+  """The state before the first iteration: both models have read the
+  inputs, nothing is generated, every counter is zero."""
+  c, batch = loop.config, input_ids.shape[0]
+  shape = loop.drafter.shape
+  return SpeculativeState(
+      step=jnp.int32(0), stream=_new_stream(batch, loop.width),
+      target=_cursor(c.target, target_params, input_ids, loop.width,
+                     c.check_finite),
+      draft=_in(c.draft_rules(), loop.drafter.init, draft_params, input_ids,
+                loop.width, c.check_finite),
+      counters=Counters.zeros(
+          batch, c.gamma, loop.drafter.depth, c.max_decode_len,
+          c.record_trace,
+          None if shape.max_children == 1 else shape.max_children),
+      stop_state={} if loop.stop is None else loop.stop.init(batch))
 
-  def _tree_step(s: SpeculativeState, drafter, target_params, draft_params,
-                 step_keys, sampler):
-    """One iteration's drafting and verification with a token tree
-    (`trees.py`): the draft proposes the tree, the target scores all its
-    nodes in one call, the walk decides, and both caches keep the accepted
-    path. Returns what the chain's code has at the same point: the walked
-    path as a chain proposal of `gamma` (the depth) tokens, the target's
-    and the draft's new states, the verdict, the rank accepted at each
-    depth and the draft's level stats."""
-    n = s.stream.length
-    tree_prop, draft_state, level = _in(
-        draft_rules(), drafter.propose, draft_params, s.draft, s.stream,
-        step_keys[:, :gamma])
-    tokens = tree_prop.tokens.at[:, 0].set(
-        s.target.token_at(s.stream, n[:, None])[:, 0])
-    logits, target_cursor = trees.feed(s.target, target, target_params,
-                                       tokens, n, tree,
-                                       np.arange(tree.verified))
-    verdict, path, rank, tested = verify.verify_tree(
-        logits, tree_prop, tree, step_keys[:, gamma], sampler, fast=fast,
-        verifier=drafter.verifier)
-    target_cursor = trees.keep_path(target_cursor, target, n, path)
-    draft_state = _in(draft_rules(), drafter.keep, draft_state, n, path)
-    batch = n.shape[0]
-    # The walked path as a chain proposal (for the counters and traces):
-    # its accepted tokens, then the first candidate the walk rejected.
-    depth = jnp.arange(gamma)[None, :]
-    stop = jnp.take_along_axis(
-        jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1),
-        verdict.accepted[:, None], axis=1)
-    first = jnp.take_along_axis(tree_prop.tokens, jnp.asarray(
-        tree.children[:, 0])[stop], axis=1)
-    tokens = jnp.where(depth < verdict.accepted[:, None],
-                       verdict.tokens[:, :gamma],
-                       jnp.where(depth == verdict.accepted[:, None], first, 0))
-    prop = drafters.Proposal(
-        tokens=tokens, probs=None,
-        conf=jnp.zeros((batch, gamma), jnp.float32),
-        length=jnp.full((batch,), gamma, jnp.int32))
-    return prop, target_cursor, draft_state, verdict, rank, tested, level
 
-  def run(target_params, draft_params, input_ids, seeds, rows, values):
-    sampler = static_sampler.traced(values)
-    lenience = values["lenience"]
-    rule = (None if static_rule is None
-            else static_rule.traced(values["stop"]))
-    drafter = drafters.make_drafter(draft, gamma, sampler, 1, draft_sample,
-                                    fast)
-    batch = input_ids.shape[0]
-    keys = row_keys(seeds, rows)
-    stats = _initial_stats(batch, gamma, drafter.depth, max_decode_len,
-                           record_trace,
-                           None if tree is None else tree.max_children)
-    state = SpeculativeState(
-        step=jnp.int32(0), stream=_new_stream(batch, width),
-        target=_cursor(target, target_params, input_ids, width, check_finite),
-        draft=_in(draft_rules(), drafter.init, draft_params, input_ids,
-                  width, check_finite),
-        stats=stats, stop_state={} if rule is None else rule.init(batch))
+def step(loop: Loop, target_params, draft_params, keys,
+         s: SpeculativeState) -> SpeculativeState:
+  """One iteration: propose, score, accept, commit, advance, count."""
+  gamma = loop.config.gamma
+  step_keys = jax.vmap(
+      lambda k: jax.random.split(jax.random.fold_in(k, s.step), gamma + 1)
+  )(keys)
+  prop, draft_state, levels = propose(loop, draft_params, s,
+                                      step_keys[:, :gamma])
+  logits, target = score(loop, target_params, s, prop)
+  verdict = accept(loop, logits, prop, step_keys[:, gamma])
+  target, draft_state = commit(loop, s, target, draft_state, verdict)
+  stream, emitted = _advance(s.stream, verdict.tokens, verdict.count,
+                             loop.config.max_decode_len)
+  counters, stop_state = count(loop, s, prop, verdict, emitted, levels)
+  return SpeculativeState(step=s.step + 1, stream=stream, target=target,
+                          draft=draft_state, counters=counters,
+                          stop_state=stop_state)
 
-    def cond(s: SpeculativeState):
-      return (s.step < max_decode_len) & ~jnp.all(s.stream.done)
 
-    def body(s: SpeculativeState):
-      step_keys = jax.vmap(
-          lambda k: jax.random.split(jax.random.fold_in(k, s.step), gamma + 1)
-      )(keys)
-      n = s.stream.length
-      if rule is None:
-        keep, limit = None, jnp.full((batch,), gamma, jnp.int32)
-      else:
-        keep = lambda t, c: rule.keep_going(t, c, s.stop_state)
-        # A proposal past the row's last token is wasted; done rows stop at 1.
-        limit = jnp.clip(max_decode_len - n - 1, 1, gamma)
-        limit = jnp.where(s.stream.done, 1, limit)
-      if tree is None:
-        prop, draft_state, level = _in(
-            draft_rules(), drafter.propose, draft_params, s.draft, s.stream,
-            step_keys[:, :gamma], keep, limit)
-        # One target run scores the pending token and the proposed tokens.
-        verify_tokens = jnp.concatenate(
-            [s.target.token_at(s.stream, n[:, None]), prop.tokens], axis=1)
-        longest = jnp.max(jnp.where(s.stream.done, 1, prop.length))
-        logits, target_cursor = target_call(s.target, target_params,
-                                            verify_tokens,
-                                            n[:, None] + offsets, longest)
-        verdict = verify.verify(logits, prop, step_keys[:, gamma], sampler,
-                                lenience=lenience, fast=fast)
-        rank = tested = None
-      else:
-        (prop, target_cursor, draft_state, verdict, rank, tested,
-         level) = _tree_step(s, drafter, target_params, draft_params,
-                             step_keys, sampler)
-      stream, emitted = _advance(s.stream, verdict.tokens, verdict.count,
-                                 max_decode_len)
-      active = ~s.stream.done
-      # alpha and the counters: beta at every verified position emitted.
-      counted = verify.counted_positions(emitted, prop.length, gamma)
-      if tested is not None:  # a tree's walk that ended above its depth
-        counted = counted & tested
-      st = _count_iteration(s.stats, s.step, active, prop, verdict, emitted,
-                            counted, level, rank)
-      stop_state = s.stop_state
-      if rule is not None:
-        stop_state = rule.update(stop_state, prop.conf, verdict.accept_prob,
-                                 counted)
-      return SpeculativeState(step=s.step + 1, stream=stream,
-                              target=target_cursor, draft=draft_state,
-                              stats=st, stop_state=stop_state)
+def propose(loop: Loop, draft_params, s: SpeculativeState, keys):
+  """The drafter's (Proposal, new state, Levels), with the stop rule's
+  causal keep_going and each row's limit (a proposal past the row's last
+  token is wasted; done rows stop at 1)."""
+  c, n = loop.config, s.stream.length
+  if loop.stop is None:
+    keep, limit = None, jnp.full(n.shape, c.gamma, jnp.int32)
+  else:
+    keep = lambda t, conf: loop.stop.keep_going(t, conf, s.stop_state)
+    limit = jnp.clip(c.max_decode_len - n - 1, 1, c.gamma)
+    limit = jnp.where(s.stream.done, 1, limit)
+  return _in(c.draft_rules(), loop.drafter.propose, draft_params, s.draft,
+             s.stream, keys, keep, limit)
 
-    state = jax.lax.while_loop(cond, body, state)
-    st = state.stats
-    stats = DecodeStats(
-        length=state.stream.length,
-        alpha=st["alpha_sum"] / jnp.maximum(st["alpha_count"], 1),
-        level_alpha=jnp.where(
-            st["level_alpha_count"] > 0,
-            st["level_alpha_sum"] / jnp.maximum(st["level_alpha_count"], 1),
-            jnp.nan),
-        tokens_per_target_call=state.stream.length / jnp.maximum(
-            st["target_calls"], 1),
-        target_nonfinite=state.target.nonfinite,
-        draft_nonfinite=drafter.nonfinite(state.draft),
-        stop_state=state.stop_state or None,
-        **st)
-    return _finish(state.stream, max_decode_len), stats
 
-  return jit_with_options(run, compiler_options)
+def score(loop: Loop, target_params, s: SpeculativeState,
+          prop: drafters.Proposal) -> tuple[jax.Array, ModelCursor]:
+  """The target's logits [B, M + 1, V] at the pending token and every
+  proposed node, in one call: at consecutive positions for a chain (at the
+  smallest compiled width covering the longest proposal under a stop
+  rule), with the tree's mask for a token tree."""
+  c, shape, n = loop.config, loop.drafter.shape, s.stream.length
+  tokens = jnp.concatenate([s.target.token_at(s.stream, n[:, None]),
+                            prop.tokens], axis=1)
+  if shape.max_children > 1:
+    return trees.feed(s.target, c.target, target_params, tokens, n, shape,
+                      np.arange(shape.verified))
+  index = n[:, None] + jnp.arange(c.gamma + 1)
+  widths = (c.gamma,) if c.stop is None else verify_widths(c.gamma)
+  if len(widths) == 1:
+    return s.target.extend_tokens(c.target, target_params, tokens, index)
+
+  def at_width(w):
+    def call(cursor):
+      logits, cursor = cursor.extend_tokens(c.target, target_params,
+                                            tokens[:, :w + 1],
+                                            index[:, :w + 1])
+      return jnp.pad(logits, ((0, 0), (0, c.gamma - w), (0, 0))), cursor
+    return call
+
+  longest = jnp.max(jnp.where(s.stream.done, 1, prop.length))
+  choice = jnp.sum(jnp.asarray(widths) < longest)
+  return jax.lax.switch(choice, [at_width(w) for w in widths], s.target)
+
+
+def accept(loop: Loop, logits: jax.Array, prop: drafters.Proposal,
+           key: jax.Array) -> verify.Verdict:
+  """One walk over the proposal with the loop's acceptance rule."""
+  p = loop.rule.target(loop.sampler, logits)
+  return verify.walk(loop.rule, p, prop, loop.drafter.shape, key)
+
+
+def commit(loop: Loop, s: SpeculativeState, target: ModelCursor, draft_state,
+           verdict: verify.Verdict):
+  """Both models keep the accepted path: a tree's nodes move to the slots
+  of their positions; a chain's rollback is just the next write index."""
+  n = s.stream.length
+  if loop.drafter.shape.max_children > 1:
+    target = trees.keep_path(target, loop.config.target, n, verdict.path)
+  draft_state = _in(loop.config.draft_rules(), loop.drafter.commit,
+                    draft_state, n, verdict.path)
+  return target, draft_state
+
+
+def count(loop: Loop, s: SpeculativeState, prop: drafters.Proposal,
+          verdict: verify.Verdict, emitted: jax.Array,
+          levels: drafters.Levels) -> tuple[Counters, Any]:
+  """The counters and the stop rule's statistics after one iteration,
+  counted for the rows still decoding: alpha takes beta at every verified
+  position emitted (`verify.counted_positions`) that the walk tested."""
+  gamma, c = loop.config.gamma, s.counters
+  active = ~s.stream.done
+  counted = (verify.counted_positions(emitted, prop.length, gamma)
+             & verdict.tested)
+  accepted, act = verdict.accepted, active.astype(jnp.int32)
+  # Draft tokens that reached the output (none after an accepted EOS).
+  used = jnp.minimum(accepted, emitted)
+  lv = drafters.verified_level(active, verdict.beta, counted, levels)
+  hist = lambda x: act[:, None] * jax.nn.one_hot(x, gamma + 1,
+                                                 dtype=jnp.int32)
+  new = c.replace(
+      target_calls=c.target_calls + act,
+      draft_calls=c.draft_calls + lv.calls[:, 1],
+      accepted_tokens=c.accepted_tokens + act * used,
+      target_tokens=c.target_tokens + act * (emitted > accepted),
+      accepted_histogram=c.accepted_histogram + hist(used),
+      proposal_histogram=c.proposal_histogram + hist(prop.length),
+      alpha_sum=c.alpha_sum + lv.alpha_sum[:, 0],
+      alpha_count=c.alpha_count + lv.alpha_count[:, 0],
+      level_calls=c.level_calls + lv.calls,
+      level_alpha_sum=c.level_alpha_sum + lv.alpha_sum,
+      level_alpha_count=c.level_alpha_count + lv.alpha_count)
+  if c.rank_histogram is not None:
+    width = c.rank_histogram.shape[-1]
+    new = new.replace(rank_histogram=c.rank_histogram + counted[..., None]
+                      * jax.nn.one_hot(verdict.rank, width, dtype=jnp.int32))
+  if c.trace is not None:
+    # Rows already done write out of bounds: dropped.
+    at = jnp.where(active, s.step, loop.config.max_decode_len)
+    rows = jnp.arange(act.shape[0])
+    put = lambda buf, v: buf.at[rows, at].set(v, mode="drop")
+    t = c.trace
+    new = new.replace(trace=t.replace(
+        draft=put(t.draft, verdict.drafted),
+        accepted=put(t.accepted, accepted), next=put(t.next, verdict.next),
+        proposed=put(t.proposed, prop.length)))
+  stop_state = s.stop_state
+  if loop.stop is not None:
+    stop_state = loop.stop.update(stop_state, prop.conf, verdict.accept_prob,
+                                  counted)
+  return new, stop_state
 
 
 def _in(context, fn, *args):
@@ -440,100 +530,6 @@ def _in(context, fn, *args):
     return fn(*args)
 
 
-def _initial_stats(batch: int, gamma: int, depth: int, max_decode_len: int,
-                   record_trace: bool,
-                   tree_width: int | None = None) -> dict[str, jax.Array]:
-  """The per-row counters of the speculative loop, at zero: the fields of
-  `DecodeStats` it accumulates (depth: draft levels below the target), and
-  with `record_trace` the per-iteration trace (-1: no iteration); with a
-  token tree of at most `tree_width` children a node, its rank
-  histogram."""
-  zeros = jnp.zeros((batch,), jnp.int32)
-  stats = {
-      "target_calls": zeros, "draft_calls": zeros,
-      "accepted_tokens": zeros, "target_tokens": zeros,
-      "accepted_histogram": jnp.zeros((batch, gamma + 1), jnp.int32),
-      "proposal_histogram": jnp.zeros((batch, gamma + 1), jnp.int32),
-      "alpha_sum": jnp.zeros((batch,), jnp.float32),
-      "alpha_count": zeros,
-      "level_calls": jnp.zeros((batch, depth + 1), jnp.int32),
-      "level_alpha_sum": jnp.zeros((batch, depth), jnp.float32),
-      "level_alpha_count": jnp.zeros((batch, depth), jnp.int32),
-  }
-  if tree_width is not None:
-    stats["rank_histogram"] = jnp.zeros((batch, gamma, tree_width + 1),
-                                        jnp.int32)
-  if record_trace:
-    stats["trace_draft"] = jnp.zeros((batch, max_decode_len, gamma),
-                                     jnp.int32)
-    stats["trace_accepted"] = jnp.full((batch, max_decode_len), -1, jnp.int32)
-    stats["trace_next"] = jnp.zeros((batch, max_decode_len), jnp.int32)
-    stats["trace_proposed"] = jnp.zeros((batch, max_decode_len), jnp.int32)
-  return stats
-
-
-def _count_iteration(stats: dict[str, jax.Array], step: jax.Array,
-                     active: jax.Array, prop: drafters.Proposal,
-                     verdict: verify.Verdict, emitted: jax.Array,
-                     counted: jax.Array,
-                     level: dict[str, jax.Array],
-                     rank: jax.Array | None = None) -> dict[str, jax.Array]:
-  """`stats` after one iteration, counted for the rows still decoding.
-
-  Args:
-    stats: the counters so far (`_initial_stats`).
-    step: int32 scalar, this iteration's index.
-    active: bool [B], rows not done before this iteration.
-    prop: the draft's proposal (tokens [B, G], length [B]).
-    verdict: the verification (`verify.verify`).
-    emitted: int [B], tokens the row's output grew by (fewer than
-      accepted + 1 where it reached EOS or the length limit).
-    counted: bool [B, G], positions whose beta enters alpha
-      (`verify.counted_positions`: only emitted ones).
-    level: the drafter's per-level "calls", "alpha_sum" and "alpha_count"
-      (cascades; [B, depth]).
-    rank: int32 [B, G] with a token tree: the rank of the child accepted at
-      each depth walked (the tree's widest k where none was), counted at
-      the `counted` depths.
-  """
-  accepted, nxt, beta = verdict.accepted, verdict.next, verdict.beta
-  # Draft tokens that reached the output (none after an accepted EOS).
-  used = jnp.minimum(accepted, emitted)
-  gamma = prop.tokens.shape[1]
-  act = active.astype(jnp.int32)
-  levels = drafters.verified_level(active, beta, counted, level)
-  increments = {
-      "target_calls": act,
-      "draft_calls": levels["calls"][:, 1],
-      "accepted_tokens": act * used,
-      "target_tokens": act * (emitted > accepted).astype(jnp.int32),
-      "accepted_histogram": act[:, None] * jax.nn.one_hot(
-          used, gamma + 1, dtype=jnp.int32),
-      "proposal_histogram": act[:, None] * jax.nn.one_hot(
-          prop.length, gamma + 1, dtype=jnp.int32),
-      "alpha_sum": levels["alpha_sum"][:, 0],
-      "alpha_count": levels["alpha_count"][:, 0],
-      "level_calls": levels["calls"],
-      "level_alpha_sum": levels["alpha_sum"],
-      "level_alpha_count": levels["alpha_count"],
-  }
-  if rank is not None:
-    width = stats["rank_histogram"].shape[-1]
-    increments["rank_histogram"] = (
-        counted[..., None] * jax.nn.one_hot(rank, width, dtype=jnp.int32))
-  stats = dict(stats)
-  for name, increment in increments.items():
-    stats[name] = stats[name] + increment
-  if "trace_draft" in stats:
-    max_decode_len = stats["trace_next"].shape[1]
-    at = jnp.where(active, step, max_decode_len)  # Out of bounds: dropped.
-    rows = jnp.arange(act.shape[0])
-    for name, value in (("trace_draft", prop.tokens),
-                        ("trace_accepted", accepted), ("trace_next", nxt),
-                        ("trace_proposed", prop.length)):
-      stats[name] = stats[name].at[rows, at].set(value, mode="drop")
-  return stats
-
-
 build_speculative.cache_info = _build_speculative.cache_info
+build_speculative.cache_clear = _build_speculative.cache_clear
 build_generate.cache_info = _build_generate.cache_info

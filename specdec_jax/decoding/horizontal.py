@@ -11,7 +11,7 @@ stays exact. Refeed: see `HorizontalDrafter`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import flax
 import jax
@@ -22,9 +22,11 @@ from specdec_jax.decoding import composite
 from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import write_rows
 from specdec_jax.decoding.drafters import KeepFn
+from specdec_jax.decoding.drafters import chain_proposal
+from specdec_jax.decoding.drafters import Levels
 from specdec_jax.decoding.drafters import make_drafter
-from specdec_jax.decoding.drafters import Proposal
 from specdec_jax.decoding.protocol import Model
+from specdec_jax.theory import TreeShape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,9 +57,8 @@ class HorizontalDef(composite.CompositeDef):
     (early, e_extra), (late, l_extra) = part_sizes
     return early + late, max(e_extra, l_extra)
 
-  def make_drafter(self, gamma, sampler, refeed, draft_sample, fast_greedy):
-    return HorizontalDrafter(self, gamma, sampler, refeed, draft_sample,
-                             fast_greedy)
+  def make_drafter(self, gamma, sampler, refeed, rule):
+    return HorizontalDrafter(self, gamma, sampler, refeed, rule)
 
 
 def horizontal(early: Model, late: Model, *, split: int) -> Model:
@@ -111,16 +112,15 @@ class HorizontalDrafter:
   """
 
   def __init__(self, definition: HorizontalDef, gamma: int,
-               sampler: sampling.SamplingConfig, refeed: int,
-               draft_sample: Callable, fast_greedy: bool):
+               sampler: sampling.SamplingConfig, refeed: int, rule: Any):
     self.split = min(definition.split, gamma)
     self.gamma = gamma
+    self.shape = TreeShape.chain(gamma)
     late_gamma = max(gamma - self.split, 1)
     self.early = make_drafter(definition.early, self.split, sampler,
-                              refeed + gamma - self.split, draft_sample,
-                              fast_greedy)
+                              refeed + gamma - self.split, rule)
     self.late = make_drafter(definition.late, late_gamma, sampler,
-                             refeed + self.split, draft_sample, fast_greedy)
+                             refeed + self.split, rule)
     self.depth = self.early.depth + self.late.depth
     self.extra_width = max(self.early.extra_width, self.late.extra_width)
 
@@ -131,6 +131,14 @@ class HorizontalDrafter:
                               check_finite),
         late=self.late.init(params["late"], input_ids, num_positions,
                             check_finite))
+
+  def __repr__(self) -> str:
+    return (f"HorizontalDrafter(split={self.split}, gamma={self.gamma}, "
+            f"early={self.early!r}, late={self.late!r})")
+
+  def commit(self, state: HorizontalState, length, path) -> HorizontalState:
+    del length, path  # a chain
+    return state
 
   def nonfinite(self, state: HorizontalState):
     return composite.either(self.early.nonfinite(state.early),
@@ -178,15 +186,13 @@ class HorizontalDrafter:
     length = jnp.minimum(length, gamma)
     used = went_on.astype(jnp.int32)[:, None]
     zero = jnp.zeros((batch, 1), jnp.float32)
-    stats = {
-        "calls": jnp.concatenate([e_stats["calls"],
-                                  used * l_stats["calls"]], 1),
+    stats = Levels(
+        calls=jnp.concatenate([e_stats.calls, used * l_stats.calls], 1),
         # No alpha between the two parts (they do not verify each other).
-        "alpha_sum": jnp.concatenate([e_stats["alpha_sum"], zero,
-                                      used * l_stats["alpha_sum"]], 1),
-        "alpha_count": jnp.concatenate(
-            [e_stats["alpha_count"], zero.astype(jnp.int32),
-             used * l_stats["alpha_count"]], 1),
-    }
-    return (Proposal(tokens=tokens, probs=probs, conf=conf, length=length),
+        alpha_sum=jnp.concatenate([e_stats.alpha_sum, zero,
+                                   used * l_stats.alpha_sum], 1),
+        alpha_count=jnp.concatenate(
+            [e_stats.alpha_count, zero.astype(jnp.int32),
+             used * l_stats.alpha_count], 1))
+    return (chain_proposal(tokens, probs, conf, length),
             HorizontalState(early=e_state, late=l_state), stats)

@@ -46,6 +46,7 @@ import weakref
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @flax.struct.dataclass
@@ -195,6 +196,20 @@ class Model:
   @property
   def max_input_len(self) -> int | None:
     return self.definition.max_input_len
+
+  def __repr__(self) -> str:
+    """The definition, the parameters' size and dtypes, the vocabulary's
+    kind: no arrays (a T5's repr would print every weight)."""
+    leaves = jax.tree.leaves(self.params)
+    count = sum(int(np.prod(getattr(x, "shape", ()))) for x in leaves)
+    dtypes = ", ".join(sorted({str(getattr(x, "dtype", type(x).__name__))
+                               for x in leaves}))
+    definition = repr(self.definition)
+    if len(definition) > 600:
+      definition = definition[:600] + "...)"
+    vocab = None if self.vocab is None else type(self.vocab).__name__
+    return (f"Model({definition}, params={count:,} values in {len(leaves)} "
+            f"arrays ({dtypes}), vocab={vocab})")
 
 
 # Fingerprints by Model (weakly: a dropped Model drops its entry).

@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import flax
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import theory
@@ -98,3 +100,103 @@ class DecodeStats:
     """alpha over every verified position of every row."""
     return theory.pooled_alpha(np.asarray(self.alpha_sum),
                                np.asarray(self.alpha_count))
+
+
+@flax.struct.dataclass
+class Trace:
+  """The per-iteration record of a speculative loop (`record_trace=True`).
+
+  Attributes:
+    draft: int32 [B, T, G], the draft tokens of iteration t (along the
+      walked path for a tree).
+    accepted: int32 [B, T], draft tokens accepted (-1: no iteration).
+    next: int32 [B, T], the target's token appended.
+    proposed: int32 [B, T], draft tokens proposed.
+  """
+
+  draft: jax.Array
+  accepted: jax.Array
+  next: jax.Array
+  proposed: jax.Array
+
+  @classmethod
+  def empty(cls, batch: int, max_decode_len: int, gamma: int) -> "Trace":
+    zeros = jnp.zeros((batch, max_decode_len), jnp.int32)
+    return cls(draft=jnp.zeros((batch, max_decode_len, gamma), jnp.int32),
+               accepted=jnp.full((batch, max_decode_len), -1, jnp.int32),
+               next=zeros, proposed=zeros)
+
+
+@flax.struct.dataclass
+class Counters:
+  """What the speculative loop counts as it goes (`DecodeStats`'s fields of
+  the same names; D levels below the target, k a tree's most children).
+
+  Attributes:
+    target_calls, draft_calls, accepted_tokens, target_tokens: int32 [B].
+    accepted_histogram, proposal_histogram: int32 [B, G + 1].
+    alpha_sum: float32 [B]; alpha_count: int32 [B].
+    level_calls: int32 [B, D + 1]; level_alpha_sum: float32 [B, D];
+      level_alpha_count: int32 [B, D].
+    rank_histogram: int32 [B, G, k + 1] with a token tree, else None.
+    trace: the `Trace` with `record_trace`, else None.
+  """
+
+  target_calls: jax.Array
+  draft_calls: jax.Array
+  accepted_tokens: jax.Array
+  target_tokens: jax.Array
+  accepted_histogram: jax.Array
+  proposal_histogram: jax.Array
+  alpha_sum: jax.Array
+  alpha_count: jax.Array
+  level_calls: jax.Array
+  level_alpha_sum: jax.Array
+  level_alpha_count: jax.Array
+  rank_histogram: Any = None
+  trace: Any = None
+
+  @classmethod
+  def zeros(cls, batch: int, gamma: int, depth: int, max_decode_len: int,
+            record_trace: bool, tree_width: int | None = None) -> "Counters":
+    """All counters at zero (and the trace empty, with `record_trace`)."""
+    zeros = jnp.zeros((batch,), jnp.int32)
+    hist = jnp.zeros((batch, gamma + 1), jnp.int32)
+    return cls(
+        target_calls=zeros, draft_calls=zeros, accepted_tokens=zeros,
+        target_tokens=zeros, accepted_histogram=hist,
+        proposal_histogram=hist,
+        alpha_sum=jnp.zeros((batch,), jnp.float32), alpha_count=zeros,
+        level_calls=jnp.zeros((batch, depth + 1), jnp.int32),
+        level_alpha_sum=jnp.zeros((batch, depth), jnp.float32),
+        level_alpha_count=jnp.zeros((batch, depth), jnp.int32),
+        rank_histogram=None if tree_width is None else jnp.zeros(
+            (batch, gamma, tree_width + 1), jnp.int32),
+        trace=(Trace.empty(batch, max_decode_len, gamma) if record_trace
+               else None))
+
+  def decode_stats(self, length: jax.Array, **more: Any) -> DecodeStats:
+    """The `DecodeStats` of a finished loop whose rows have `length` [B]."""
+    trace = self.trace
+    return DecodeStats(
+        length=length,
+        target_calls=self.target_calls, draft_calls=self.draft_calls,
+        accepted_tokens=self.accepted_tokens,
+        target_tokens=self.target_tokens,
+        accepted_histogram=self.accepted_histogram,
+        proposal_histogram=self.proposal_histogram,
+        alpha_sum=self.alpha_sum, alpha_count=self.alpha_count,
+        alpha=self.alpha_sum / jnp.maximum(self.alpha_count, 1),
+        level_calls=self.level_calls, level_alpha_sum=self.level_alpha_sum,
+        level_alpha_count=self.level_alpha_count,
+        level_alpha=jnp.where(
+            self.level_alpha_count > 0,
+            self.level_alpha_sum / jnp.maximum(self.level_alpha_count, 1),
+            jnp.nan),
+        tokens_per_target_call=length / jnp.maximum(self.target_calls, 1),
+        rank_histogram=self.rank_histogram,
+        trace_draft=None if trace is None else trace.draft,
+        trace_accepted=None if trace is None else trace.accepted,
+        trace_next=None if trace is None else trace.next,
+        trace_proposed=None if trace is None else trace.proposed,
+        **more)

@@ -26,7 +26,7 @@ earlier iterations, never on the target's verdict about this iteration's
 tokens. So at each position the draft token is still a sample from q given
 the prefix, and Algorithm 1's acceptance emits a sample from p there; where
 nothing was proposed the target samples from p directly
-(`sampling.speculative_accept(num_proposed=...)`).
+(`verify.speculative_accept(num_proposed=...)`).
 
 What is compiled and what is traced. Like `sampling.SamplingConfig`, a rule
 splits into `static()`, the part of the compiled loop's cache key, and

@@ -6,7 +6,7 @@ draft model expands the tree level by level, each node's children sampled
 WITHOUT replacement from the draft's q at that node (or its top-k when
 greedy); the target scores every node in one call, each node attending to
 the committed tokens and its own ancestors at the position of its depth
-(`protocol.TreeMask`); `verify.verify_tree` walks the tree from the root
+(`protocol.TreeMask`); `verify.walk` walks the tree from the root
 with recursive rejection sampling over each node's children, which keeps
 the target's distribution exactly; then both models' caches keep the
 accepted path only (`copy_slots` moves it into the slots of its
@@ -45,15 +45,9 @@ from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor
 from specdec_jax.decoding.cursor import refeed_indices
 from specdec_jax.decoding.drafters import level_stats
+from specdec_jax.decoding.drafters import Proposal
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.protocol import TreeMask
-
-# What verifies a node's children (`verify.verify_tree`): "exact" is
-# recursive rejection sampling; "skip_sibling_residual" tests every child
-# against the target's p itself, never against the residual left by a
-# rejected sibling: deliberately wrong, for the negative controls.
-VERIFIERS = ("exact", "skip_sibling_residual")
-
 
 # The static shape of a tree (its combinatorics live beside its expected
 # tokens per call, in `theory`).
@@ -105,26 +99,6 @@ def keep_path(cursor: ModelCursor, model: Any, n: jax.Array,
   return cursor.replace(cache=model.copy_slots(cursor.cache, src, dst))
 
 
-@flax.struct.dataclass
-class TreeProposal:
-  """A tree of draft tokens for one iteration.
-
-  Attributes:
-    tokens: int32 [B, M + 1], node i's token (entry 0, the root, is the
-      pending token's place and holds 0).
-    valid: bool [B, M + 1], whether node i holds a sample (a node whose
-      parent's q had fewer tokens than children, after top-k/top-p, holds
-      none: it is never accepted).
-    probs: float32 [B, I, V], the q each internal node's children were
-      sampled from (nodes 0..I-1, those above the last level), None when
-      greedy.
-  """
-
-  tokens: jax.Array
-  valid: jax.Array
-  probs: Any
-
-
 def _without_replacement(key: jax.Array, q: jax.Array, count: int):
   """`count` tokens [..., count] drawn from q [..., V] one after another,
   each from q with the earlier ones removed (renormalised), and whether
@@ -147,14 +121,17 @@ class TreeDrafter:
   depth = 1
 
   def __init__(self, definition: "TreeDef", sampler: sampling.SamplingConfig,
-               refeed: int, fast_greedy: bool):
+               refeed: int, rule: Any):
     self.definition = definition.draft
     self.shape = definition.tree_shape
-    self.verifier = definition.verifier
     self.sampler = sampler
     self.refeed = refeed
-    self.fast_greedy = fast_greedy
+    self.rule = rule
     self.extra_width = self.shape.num_nodes - self.shape.depth
+
+  def __repr__(self) -> str:
+    return (f"TreeDrafter({type(self.definition).__name__}, "
+            f"shape={self.shape.describe()})")
 
   def init(self, params, input_ids, num_positions, check_finite=True):
     return new_cursor(self.definition, params["draft"], input_ids,
@@ -166,18 +143,21 @@ class TreeDrafter:
   def _children(self, logits, key, count):
     """Children tokens [B, K, count], valid [B, K, count] and q [B, K, V]
     (None when greedy) of nodes with logits [B, K, V]."""
-    if self.fast_greedy:
+    if not self.rule.uses_q:
       _, top = jax.lax.top_k(logits, count)
       return top.astype(jnp.int32), jnp.ones(top.shape, jnp.bool_), None
     q = self.sampler.probs(logits)
     tokens, valid = _without_replacement(key, q, count)
     return tokens, valid, q
 
-  def propose(self, params, cursor: ModelCursor, stream: Stream, keys):
-    """The tree for every row: (TreeProposal, the cursor, level stats).
+  def propose(self, params, cursor: ModelCursor, stream: Stream, keys,
+              keep=None, limit=None):
+    """The tree for every row: (Proposal, the cursor, level stats).
 
-    keys: [B, D] PRNG keys, one per level expanded.
+    keys: [B, D] PRNG keys, one per level expanded; `keep` and `limit`
+    must be None (stop rules take chains only: `checks.check_tree`).
     """
+    del keep, limit
     shape, d = self.shape, self.definition
     params = params["draft"]
     n = stream.length
@@ -194,7 +174,7 @@ class TreeDrafter:
       count = int(shape.num_children[level].max())
       key = jax.vmap(lambda k, depth=depth: jax.random.fold_in(k, depth))(
           keys[:, depth])
-      if self.fast_greedy:
+      if not self.rule.uses_q:
         kids, kid_valid, q = self._children(level_logits, None, count)
       else:
         kids, kid_valid, q = jax.vmap(self._children, in_axes=(0, 0, None))(
@@ -212,13 +192,15 @@ class TreeDrafter:
         level_logits, cursor = feed(cursor, d, params, tokens[:, below], n,
                                     shape, below)
         calls = calls + 1
-    proposal = TreeProposal(
-        tokens=tokens, valid=valid,
-        probs=jnp.concatenate(probs, axis=1) if probs else None)
+    proposal = Proposal(
+        tokens=tokens[:, 1:], valid=valid[:, 1:],
+        probs=jnp.concatenate(probs, axis=1) if probs else None,
+        conf=jnp.zeros((batch, shape.depth), jnp.float32),
+        length=jnp.full((batch,), shape.depth, jnp.int32))
     return proposal, cursor, level_stats(calls[:, None])
 
-  def keep(self, cursor: ModelCursor, n: jax.Array,
-           path: jax.Array) -> ModelCursor:
+  def commit(self, cursor: ModelCursor, n: jax.Array,
+             path: jax.Array) -> ModelCursor:
     """After verification: the draft's cache keeps the accepted path (the
     nodes of its last level were never fed; their slots get refed)."""
     return keep_path(cursor, self.definition, n, path)
@@ -232,13 +214,10 @@ class TreeDef(composite.CompositeDef):
     draft: the draft model's definition (it must take `TreeMask` chunks and
       have `copy_slots`).
     tree_shape: the static `TreeShape`.
-    verifier: "exact" (default), or a deliberately wrong rule of
-      `VERIFIERS` for negative controls.
   """
 
   draft: Any
   tree_shape: TreeShape
-  verifier: str = "exact"
 
   top_key = "draft"
   what = "a token tree"
@@ -254,20 +233,18 @@ class TreeDef(composite.CompositeDef):
     return ([(self.draft, max(2, widest))],
             self.tree_shape.num_nodes - self.tree_shape.depth)
 
-  def make_drafter(self, gamma, sampler, refeed, draft_sample, fast_greedy):
-    del gamma, draft_sample  # the depth; trees take the exact sampler only
-    return TreeDrafter(self, sampler, refeed, fast_greedy)
+  def make_drafter(self, gamma, sampler, refeed, rule):
+    del gamma  # the depth
+    return TreeDrafter(self, sampler, refeed, rule)
 
 
-def tree(draft: Model, shape: Any, *, verifier: str = "exact") -> Model:
+def tree(draft: Model, shape: Any) -> Model:
   """A draft that proposes a token tree (see the module docstring).
 
   Args:
     draft: the draft model (T5, GPT-like or an n-gram drafter; not a
       cascade).
     shape: a `TreeShape`, or a branching per depth such as (3, 2, 1, 1).
-    verifier: "exact"; the others in `VERIFIERS` are wrong on purpose
-      (negative controls).
 
   Returns:
     A `Model` usable as the draft of `speculative_generate` and
@@ -285,11 +262,7 @@ def tree(draft: Model, shape: Any, *, verifier: str = "exact") -> Model:
         f"tree: {type(draft.definition).__name__} cannot take token trees "
         f"(it needs extend(..., tree=) and copy_slots, as T5, the GPT-like "
         f"model and the n-gram drafters have).")
-  if verifier not in VERIFIERS:
-    raise ValueError(f"tree: verifier must be one of {VERIFIERS}, got "
-                     f"{verifier!r}.")
-  return Model(definition=TreeDef(draft.definition, as_shape(shape),
-                                  verifier),
+  return Model(definition=TreeDef(draft.definition, as_shape(shape)),
                params={"draft": draft.params}, vocab=draft.vocab)
 
 

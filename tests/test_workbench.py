@@ -1,0 +1,107 @@
+"""The decoding core stays a workbench a researcher changes in one place.
+
+Invariants (each can fail on the code as it was before issue 59):
+- no function in `decoding/` or `sampling.py` is over 80 lines;
+- the public entry points take only what users choose (no test seam such
+  as a draft sampler or a deliberately wrong verifier);
+- drafters have a `typing.Protocol`, and every drafter the library ships
+  has its members;
+- no loop state field is typed `dict`;
+- a decoder's and a model's `repr` name settings, never arrays.
+"""
+
+import ast
+import dataclasses
+import inspect
+import pathlib
+import typing
+
+import jax
+import numpy as np
+
+import specdec_jax as sd
+from specdec_jax import sampling
+from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import cascades
+from specdec_jax.decoding import drafters
+from specdec_jax.decoding import engine
+from specdec_jax.decoding import horizontal
+from specdec_jax.decoding import stats
+from specdec_jax.decoding import trees
+from specdec_jax.models import registry
+
+ROOT = pathlib.Path(sd.__file__).parent
+MAX_LINES = 80
+
+
+def test_no_function_of_the_decoding_core_is_over_80_lines():
+  files = sorted((ROOT / "decoding").glob("*.py")) + [ROOT / "sampling.py"]
+  long = []
+  for path in files:
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = node.end_lineno - node.lineno + 1
+        if lines > MAX_LINES:
+          long.append(f"{path.name}:{node.name} ({lines} lines)")
+  assert not long, long
+
+
+def test_public_entry_points_take_no_test_seam():
+  seams = {"draft_sample", "verifier", "fast", "fast_greedy"}
+  for fn in (sd.tree, sd.speculative_generate, sd.generate,
+             sd.SpeculativeDecoder, sd.cascade, sd.horizontal,
+             engine.build_speculative):
+    params = set(inspect.signature(fn).parameters)
+    assert not params & seams, (fn.__name__, params & seams)
+
+
+def test_every_shipped_drafter_has_the_protocols_members():
+  assert issubclass(drafters.Drafter, typing.Protocol)
+  members = {"shape", "depth", "extra_width", "init", "nonfinite",
+             "propose", "commit"}
+  protocol = {name for name in vars(drafters.Drafter)
+              if not name.startswith("_")} | set(
+                  drafters.Drafter.__annotations__)
+  assert members <= protocol, members - protocol
+  gpt = registry.make_def(registry.get_config("gpt_tiny"))
+  definition = sd.Model(gpt, {})
+  built = [
+      drafters.make_drafter(gpt, 3, sampling.SamplingConfig(), 1,
+                            acceptance.Greedy()),
+      cascades.CascadeDef(gpt, gpt, 2).make_drafter(
+          3, sampling.SamplingConfig(), 1, acceptance.Greedy()),
+      horizontal.HorizontalDef(gpt, gpt, 1).make_drafter(
+          3, sampling.SamplingConfig(), 1, acceptance.Greedy()),
+      trees.tree(definition, (2, 1)).definition.make_drafter(
+          2, sampling.SamplingConfig(), 1, acceptance.Greedy()),
+  ]
+  for drafter in built:
+    missing = [m for m in members if not hasattr(drafter, m)]
+    assert not missing, (type(drafter).__name__, missing)
+    assert drafter.shape.depth == (2 if isinstance(
+        drafter, trees.TreeDrafter) else 3)
+
+
+def test_no_loop_state_field_is_typed_dict():
+  states = [engine.SpeculativeState, engine.AutoregressiveState,
+            stats.Counters, stats.Trace, drafters.Levels,
+            cascades.CascadeLoop, cascades.CascadeState]
+  for cls in states:
+    for field in dataclasses.fields(cls):
+      assert "dict" not in str(field.type).lower(), (cls.__name__,
+                                                     field.name, field.type)
+
+
+def test_reprs_name_settings_not_arrays():
+  cfg = registry.get_config("t5_1_1_small")
+  definition = registry.make_def(cfg)
+  # Shapes only: the repr must not depend on holding real weights.
+  params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(
+      definition.init_params, jax.random.PRNGKey(0)))
+  model = sd.Model(definition, params)
+  decoder = sd.SpeculativeDecoder(model, sd.cascade(model, model, gamma=2),
+                                  gamma=4, max_decode_len=8)
+  assert len(repr(model)) < 1000, repr(model)
+  assert "params=" in repr(model) and "array(" not in repr(model)
+  assert len(repr(decoder)) < 2000, repr(decoder)
+  assert "gamma=4" in repr(decoder) and "array(" not in repr(decoder)
