@@ -35,7 +35,7 @@ import numpy as np
 
 from specdec_jax import Model, theory
 from specdec_jax.experiments import chips
-from specdec_jax.experiments import costs
+from specdec_jax.experiments import step_timers
 from specdec_jax.planning import plan
 from specdec_jax.experiments import timing
 from specdec_jax.models import registry
@@ -135,7 +135,7 @@ def main(argv):
   for i, name in enumerate(sizes):
     model = random_model(name, i)
     # One step and every verification, timed in interleaved rounds.
-    times = costs.time_extends(
+    times = step_timers.time_extends(
         [(model, n, args.cache_positions) for n in [1] + [g + 1 for g in
                                                           gammas]],
         ids, repeats=5)
@@ -143,7 +143,7 @@ def main(argv):
     floor = step_bytes(model) / bandwidth
     row = {"step_ms": t1 * 1e3, "floor_ms": floor * 1e3,
            "step_over_floor": t1 / floor,
-           "params_M": costs.count_params(model.params) / 1e6}
+           "params_M": step_timers.count_params(model.params) / 1e6}
     for g, t in zip(gammas, times[1:]):
       row[f"verify_cost_g{g}"] = t / t1
     if chip is not None:

@@ -19,7 +19,7 @@ input (`prefill`, timed on its own: the target's for the baseline, target's
 and draft's for speculative decoding), a fixed cost Theorem 3.8 leaves out.
 What remains is divided by the number of target calls: one speculative
 iteration = gamma draft steps + one verification of gamma + 1 tokens (both
-timed in isolation by `specdec_jax.experiments.costs`) + the rest
+timed in isolation by `specdec_jax.experiments.step_timers`) + the rest
 (sampling, acceptance, cache and buffer updates inside the while_loop,
 per-call host work); and one
 plain step for comparison. Because every call also pays fixed costs beyond
@@ -49,7 +49,7 @@ import specdec_jax as sd
 from specdec_jax import sampling
 from specdec_jax import theory
 from specdec_jax.data import text
-from specdec_jax.experiments import costs
+from specdec_jax.experiments import step_timers
 from specdec_jax.experiments import timing
 
 flags.DEFINE_string("target", "demo:target", "Target model spec.")
@@ -195,7 +195,7 @@ def main(argv):
       per_row.append((b, s, int(res.stats.length[0]),
                       int(res.stats.target_calls[0])))
     alpha = theory.pooled_alpha(alpha_sums, alpha_counts)
-    m = costs.measure_costs(target, draft, rows[:1], gamma=gamma,
+    m = step_timers.measure_costs(target, draft, rows[:1], gamma=gamma,
                             cache_positions=width)
     predicted = float(theory.walltime_improvement(alpha, gamma, m["c"]))
     with_v = float(theory.walltime_improvement_measured(

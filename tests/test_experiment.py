@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
-from specdec_jax.experiments import costs
+from specdec_jax.experiments import step_timers
 from specdec_jax.experiments import experiment
 from specdec_jax.tables import reproduce
 from specdec_jax.experiments import timing
@@ -63,8 +63,8 @@ def test_complete_run_outputs_are_consistent(setup, tmp_path, monkeypatch):
   _, models, task_config = setup
   workdir = str(tmp_path / "run")
   ticks, timed_after = [], []
-  tick = costs.RoundRobinTimer.tick
-  monkeypatch.setattr(costs.RoundRobinTimer, "tick",
+  tick = step_timers.RoundRobinTimer.tick
+  monkeypatch.setattr(step_timers.RoundRobinTimer, "tick",
                       lambda self: ticks.append(1) or tick(self))
   best_times = timing.best_times
   monkeypatch.setattr(timing, "best_times", lambda fns, repeats: (

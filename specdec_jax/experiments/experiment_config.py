@@ -55,7 +55,7 @@ class ExperimentConfig:
       measurement (the fastest counts; a run times the target alone and
       every arm in interleaved rounds, `timing.best_runs`, and after each
       round one of the model steps the costs divide, in turn,
-      `costs.RoundRobinTimer`; a step the rounds timed fewer than
+      `step_timers.RoundRobinTimer`; a step the rounds timed fewer than
       cost_repeats times gets the rest after them).
     ngram_split, ngram_max_examples: data an n-gram drafter is fitted on.
     trace_examples: examples whose per-iteration traces are plotted.

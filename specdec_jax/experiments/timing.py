@@ -63,7 +63,7 @@ def best_runs(fns: Sequence[Callable[[], Any]], repeats: int = 3,
 
   `between`, if given, is called once after each round, untimed: other
   measurements that should share the rounds' stretches of the machine
-  (`costs.RoundRobinTimer.tick`).
+  (`step_timers.RoundRobinTimer.tick`).
   """
   if repeats < 1:
     raise ValueError(f"repeats must be >= 1, got {repeats}")

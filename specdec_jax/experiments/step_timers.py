@@ -1,4 +1,4 @@
-"""Measured and counted costs: c (walltime ratio) and c_hat (operations ratio).
+"""Timed model steps (c, the walltime ratio) and counted parameters (c_hat).
 
 c is the paper's cost coefficient: the time of one draft run over the time of
 one target run, both jitted, on the same inputs and cache length as real
