@@ -37,7 +37,7 @@ from specdec_jax import Model, theory
 from specdec_jax.experiments import chips
 from specdec_jax.experiments import step_timers
 from specdec_jax.planning import plan
-from specdec_jax.experiments import timing
+from specdec_jax.experiments import best_of
 from specdec_jax.models import registry
 
 flags.DEFINE_list("sizes", ["t5_1_1_small", "t5_1_1_base", "t5_1_1_large",
@@ -63,7 +63,7 @@ def copy_bandwidth(num_bytes=2 << 30, repeats=10):
   x = jnp.ones((num_bytes // 2,), jnp.bfloat16)
   f = jax.jit(lambda a: a * 2)
   f(x).block_until_ready()  # compile
-  _, seconds = timing.best_time(lambda: f(x), repeats)
+  _, seconds = best_of.best_time(lambda: f(x), repeats)
   return 2 * num_bytes / seconds
 
 

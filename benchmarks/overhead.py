@@ -50,7 +50,7 @@ from specdec_jax import sampling
 from specdec_jax import theory
 from specdec_jax.data import text
 from specdec_jax.experiments import step_timers
-from specdec_jax.experiments import timing
+from specdec_jax.experiments import best_of
 
 flags.DEFINE_string("target", "demo:target", "Target model spec.")
 flags.DEFINE_string("draft", "demo:draft_small", "Draft model spec.")
@@ -177,7 +177,7 @@ def main(argv):
     for i in range(len(rows)):
       ids = rows[i:i + 1]
       # The four timings of this sentence in interleaved rounds
-      # (`timing.best_runs`), so a slow stretch of the machine touches all
+      # (`best_of.best_runs`), so a slow stretch of the machine touches all
       # of them, not one.
       fns = [functools.partial(decoder.baseline, ids),
              functools.partial(decoder, ids),
@@ -185,7 +185,7 @@ def main(argv):
              functools.partial(prefill_d, ids)]
       for fn in fns:
         fn()  # compile
-      (_, b), (res, s), (_, pt), (_, pd) = timing.best_runs(fns, args.repeats)
+      (_, b), (res, s), (_, pt), (_, pd) = best_of.best_runs(fns, args.repeats)
       base_s, spec_s = base_s + b, spec_s + s
       pre_t, pre_d = pre_t + pt, pre_d + pd
       alpha_sums.append(float(res.stats.alpha_sum[0]))
@@ -225,7 +225,7 @@ def main(argv):
     loops = _model_call_loops(target, draft, rows[:1], gamma, width, steps)
     for fn in loops.values():
       fn()  # compile
-    part = dict(zip(loops, (s / steps for s in timing.best_times(
+    part = dict(zip(loops, (s / steps for s in best_of.best_times(
         list(loops.values()), args.repeats))))
     fitted = fit_s[1] if fit_b and fit_s else iteration
     print(f"      model calls alone in one loop: draft "

@@ -16,7 +16,7 @@ import pytest
 from specdec_jax import Model
 from specdec_jax.decoding.protocol import Prefill
 from specdec_jax.experiments import step_timers
-from specdec_jax.experiments import timing
+from specdec_jax.experiments import best_of
 from specdec_jax.models import registry
 
 
@@ -42,13 +42,13 @@ def test_gammas_of_one_run_share_the_step_loops():
   positions it would compile all five again."""
   target, draft = _tiny(2, 0), _tiny(1, 1)
   ids = np.array([[5, 6, 7, 1]], np.int32)
-  with timing.compile_clock() as clock:
+  with best_of.compile_clock() as clock:
     first = step_timers.measure_costs(target, draft, ids, gamma=1,
                                 cache_positions=8 + 1 + 1, repeats=1)
   # Prefill of the target and of the draft; target step, draft step,
   # verification of 2 tokens.
   assert clock.programs == 5
-  with timing.compile_clock() as clock:
+  with best_of.compile_clock() as clock:
     second = step_timers.measure_costs(target, draft, ids, gamma=3,
                                  cache_positions=8 + 3 + 1, repeats=1)
   assert clock.programs == 1  # verification of 4 tokens only
@@ -175,7 +175,7 @@ def test_round_robin_timer_times_loops_in_turn_and_tops_up_the_rest(
   ran = []
   # Ticks: loops 0-4, then 0 and 1 again; fill: loops 2, 3 and 4 once more.
   readings = iter([3.0, 1.0, 4.0, 4.0, 4.0, 2.0, 5.0, 9.0, 6.0, 7.0])
-  monkeypatch.setattr(step_timers.timing, "best_time", lambda fn, repeats: (
+  monkeypatch.setattr(step_timers.best_of, "best_time", lambda fn, repeats: (
       ran.append(fn) or (None, next(readings))))
   for _ in range(7):
     timer.tick()
@@ -188,8 +188,8 @@ def test_round_robin_timer_times_loops_in_turn_and_tops_up_the_rest(
   # 16 positions: the target's and the draft's one-token loops run 15
   # steps, the 2-token verification 7; a prefill runs once.
   timed = []
-  best_times = step_timers.timing.best_times
-  monkeypatch.setattr(step_timers.timing, "best_times", lambda fns, repeats: (
+  best_times = step_timers.best_of.best_times
+  monkeypatch.setattr(step_timers.best_of, "best_times", lambda fns, repeats: (
       timed.append(len(fns)) or best_times(fns, repeats)))
   seconds = step_timers.time_extends(requests, ids, repeats=2, timings=timings)
   assert timed == [0] and len(timings) == 5

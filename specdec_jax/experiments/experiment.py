@@ -46,7 +46,7 @@ from specdec_jax.experiments import gamma_probe
 from specdec_jax.experiments import loading
 from specdec_jax.experiments import records
 from specdec_jax.experiments import report
-from specdec_jax.experiments import timing
+from specdec_jax.experiments import best_of
 from specdec_jax.experiments import workdir as workdir_lib
 # The config lives in its own module; `experiment.ExperimentConfig` is the
 # name gin files and users know.
@@ -259,7 +259,7 @@ def _decode_missing_examples(arms: _Arms, timings: dict
       config.summary_every_seconds)
           for a, (workdir, config) in enumerate(zip(arms.workdirs,
                                                      arms.configs))]
-  with timing.compile_clock() as decode_clock, contextlib.ExitStack() as up:
+  with best_of.compile_clock() as decode_clock, contextlib.ExitStack() as up:
     for writer in live:
       up.callback(writer.close)
     todo = [b for b in arms.batches
@@ -280,7 +280,7 @@ def _decode_missing_examples(arms: _Arms, timings: dict
             decode_spec(arm, ids, g)
           warmed.add((ids.shape, arm))
       # The target alone and every arm's decodes in interleaved rounds
-      # (`timing.best_runs`): a slow stretch of the machine touches the
+      # (`best_of.best_runs`): a slow stretch of the machine touches the
       # baseline and the speculative decodes alike, not only one side of
       # the speedup.
       if timers is None:  # after the first decodes' compiles
@@ -289,7 +289,7 @@ def _decode_missing_examples(arms: _Arms, timings: dict
               _missing_cost_requests(arms), arms.batches, timings,
               first.compiler_options)
       runs = [(None, None)] + [(a, g) for a in needed for g in arms.gammas[a]]
-      timed = timing.best_runs(
+      timed = best_of.best_runs(
           [functools.partial(decode_target, ids) if arm is None
            else functools.partial(decode_spec, arm, ids, g)
            for arm, g in runs], first.repeats,
@@ -361,7 +361,7 @@ def _summarize_arms(arms: _Arms,
 def _logged_time(what: str):
   """Logs the block's wall time and the part of it spent compiling."""
   start = time.perf_counter()
-  with timing.compile_clock() as clock:
+  with best_of.compile_clock() as clock:
     yield
   logging.info("%s: %.1f s, %.1f s of it compiling %d programs", what,
                time.perf_counter() - start, clock.seconds, clock.programs)

@@ -53,7 +53,7 @@ class ExperimentConfig:
     seed: sampling seed (each example's rows from it).
     repeats, cost_repeats: timed repeats of each decode and of each cost
       measurement (the fastest counts; a run times the target alone and
-      every arm in interleaved rounds, `timing.best_runs`, and after each
+      every arm in interleaved rounds, `best_of.best_runs`, and after each
       round one of the model steps the costs divide, in turn,
       `step_timers.RoundRobinTimer`; a step the rounds timed fewer than
       cost_repeats times gets the rest after them).

@@ -25,7 +25,7 @@ from specdec_jax.decoding import api
 from specdec_jax.decoding import engine
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.experiments import timing
+from specdec_jax.experiments import best_of
 
 
 @functools.lru_cache(maxsize=32)
@@ -146,7 +146,7 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
 
   Every request's loop is compiled and run once untimed, then all are timed
   in `repeats` interleaved rounds, each keeping its fastest
-  (`timing.best_times`): the numbers this module divides by one another
+  (`best_of.best_times`): the numbers this module divides by one another
   (c, v) then share the machine's slow and quiet stretches.
 
   Args:
@@ -172,7 +172,7 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
   keys, loops = _prepare_loops(
       requests, input_ids, steps=steps, repeats=repeats,
       options=api.compiler_options_key(compiler_options), skip=timings)
-  seconds = timing.best_times([run for run, _ in loops.values()], repeats)
+  seconds = best_of.best_times([run for run, _ in loops.values()], repeats)
   for (key, (_, n)), s in zip(loops.items(), seconds):
     timings[key] = s / n
   return [timings[key] for key in keys]
@@ -181,7 +181,7 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
 class RoundRobinTimer:
   """Times the loops of `time_extends`, one per `tick`, between other work.
 
-  A run that times its decodes in interleaved rounds (`timing.best_runs`)
+  A run that times its decodes in interleaved rounds (`best_of.best_runs`)
   calls `tick` once per round: each call times the next loop in turn, so
   every loop is timed again and again over the whole run, in the same
   stretches of the machine as the decodes, and keeps its fastest time. The
@@ -209,7 +209,7 @@ class RoundRobinTimer:
     self._count = dict.fromkeys(self._order, 0)
 
   def _time(self, key) -> None:
-    _, seconds = timing.best_time(self._loops[key][0], 1)
+    _, seconds = best_of.best_time(self._loops[key][0], 1)
     self._best[key] = min(self._best[key], seconds)
     self._count[key] += 1
 

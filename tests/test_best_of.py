@@ -1,4 +1,4 @@
-"""Tests for specdec_jax.experiments.timing: the timing rule and the compile
+"""Tests for experiments/best_of.py: the timing rule and the compile
 clock that tells a run's compilation apart from its decoding."""
 
 import concurrent.futures
@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from specdec_jax.experiments import timing
+from specdec_jax.experiments import best_of
 
 pytestmark = pytest.mark.quick  # `make test-quick`
 
@@ -18,16 +18,16 @@ def test_compile_clocks_count_their_own_block_and_nest():
   nested clocks both count the inner block, including two clocks that read
   the same (they are distinct objects); a cached program costs nothing."""
   x = jnp.arange(3.0)
-  with timing.compile_clock() as outer:
-    with timing.compile_clock() as inner:
+  with best_of.compile_clock() as outer:
+    with best_of.compile_clock() as inner:
       pass
-    with timing.compile_clock() as inner2:
+    with best_of.compile_clock() as inner2:
       jax.jit(lambda v: v * 3.0 + 1.0)(x).block_until_ready()
     assert inner.programs == 0 and inner.seconds == 0.0
     assert inner2.programs == 1 and inner2.seconds > 0
   assert outer.programs == 1
   assert outer.seconds == pytest.approx(inner2.seconds)
-  with timing.compile_clock() as after:
+  with best_of.compile_clock() as after:
     jax.jit(lambda v: v * 3.0 + 1.0)(x).block_until_ready()
   # A new lambda is a new program; the clocks closed above saw none of it.
   assert after.programs == 1 and outer.programs == 1
@@ -38,7 +38,7 @@ def test_compile_clock_counts_overlapping_events_once():
   or overlapping events (a compile in another thread, or an inner event
   inside an outer one) count once, time before the clock started not at
   all. Summing the durations would give 10.5 here, not 5.5."""
-  clock = timing.CompileClock(started=10.0)
+  clock = best_of.CompileClock(started=10.0)
   clock.add(11.0, 12.0)            # 1
   clock.add(11.5, 13.0)            # overlaps: +1
   clock.add(10.5, 13.5)            # holds both: +1
@@ -58,7 +58,7 @@ def test_compile_clock_never_exceeds_its_block_with_threads():
     return f(jnp.ones((64, 64))).block_until_ready()
 
   start = time.perf_counter()
-  with timing.compile_clock() as clock:
+  with best_of.compile_clock() as clock:
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
       list(pool.map(compile_one, range(8)))
   assert clock.programs >= 8
@@ -67,10 +67,10 @@ def test_compile_clock_never_exceeds_its_block_with_threads():
 
 def test_best_time_keeps_the_fastest_repeat():
   calls = []
-  out, seconds = timing.best_time(lambda: calls.append(1) or len(calls), 4)
+  out, seconds = best_of.best_time(lambda: calls.append(1) or len(calls), 4)
   assert out == 4 and len(calls) == 4 and seconds >= 0
   with pytest.raises(ValueError, match="repeats"):
-    timing.best_time(lambda: None, 0)
+    best_of.best_time(lambda: None, 0)
 
 
 def test_best_times_interleave_rounds_and_keep_each_fastest(monkeypatch):
@@ -81,11 +81,11 @@ def test_best_times_interleave_rounds_and_keep_each_fastest(monkeypatch):
   fns = [lambda: calls.append("a"), lambda: calls.append("b")]
   # (start, end) clock readings of a0, b0, a1, b1, a2, b2.
   reads = iter([0.0, 1.0, 0.0, 9.0, 0.0, 8.0, 0.0, 2.0, 0.0, 3.0, 0.0, 4.0])
-  monkeypatch.setattr(timing.time, "perf_counter", lambda: next(reads))
-  assert timing.best_times(fns, repeats=3) == [1.0, 2.0]
+  monkeypatch.setattr(best_of.time, "perf_counter", lambda: next(reads))
+  assert best_of.best_times(fns, repeats=3) == [1.0, 2.0]
   assert calls == ["a", "b"] * 3
   with pytest.raises(ValueError, match="repeats"):
-    timing.best_times(fns, 0)
+    best_of.best_times(fns, 0)
 
 
 def test_best_runs_keep_each_functions_result_and_fastest_round(monkeypatch):
@@ -100,8 +100,8 @@ def test_best_runs_keep_each_functions_result_and_fastest_round(monkeypatch):
     return fn
 
   reads = iter([0.0, 5.0, 0.0, 1.0, 0.0, 2.0, 0.0, 7.0])  # a0 b0 a1 b1
-  monkeypatch.setattr(timing.time, "perf_counter", lambda: next(reads))
-  assert timing.best_runs([make("a"), make("b")], repeats=2) == [
+  monkeypatch.setattr(best_of.time, "perf_counter", lambda: next(reads))
+  assert best_of.best_runs([make("a"), make("b")], repeats=2) == [
       ("a2", 2.0), ("b2", 1.0)]
 
 
@@ -109,6 +109,6 @@ def test_best_runs_call_between_once_after_each_round():
   """`between` (other measurements sharing the rounds) runs after every
   round, never inside one, and is not timed."""
   calls = []
-  timing.best_runs([lambda: calls.append("a"), lambda: calls.append("b")],
+  best_of.best_runs([lambda: calls.append("a"), lambda: calls.append("b")],
                    repeats=2, between=lambda: calls.append("|"))
   assert calls == ["a", "b", "|", "a", "b", "|"]

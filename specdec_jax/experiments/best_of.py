@@ -129,7 +129,7 @@ def _on_duration(event: str, seconds: float, **_) -> None:
 def compile_clock() -> Iterator[CompileClock]:
   """Counts the compilation done inside the block (nestable).
 
-    with timing.compile_clock() as clock:
+    with best_of.compile_clock() as clock:
       ...
     print(clock.seconds, clock.programs)
 
