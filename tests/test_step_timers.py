@@ -16,7 +16,7 @@ import pytest
 from specdec_jax import Model
 from specdec_jax.decoding.protocol import Prefill
 from specdec_jax.experiments import step_timers
-from specdec_jax.experiments import best_of
+from specdec_jax.experiments import compile_time
 from specdec_jax.models import registry
 
 
@@ -42,13 +42,13 @@ def test_gammas_of_one_run_share_the_step_loops():
   positions it would compile all five again."""
   target, draft = _tiny(2, 0), _tiny(1, 1)
   ids = np.array([[5, 6, 7, 1]], np.int32)
-  with best_of.compile_clock() as clock:
+  with compile_time.compile_clock() as clock:
     first = step_timers.measure_costs(target, draft, ids, gamma=1,
                                 cache_positions=8 + 1 + 1, repeats=1)
   # Prefill of the target and of the draft; target step, draft step,
   # verification of 2 tokens.
   assert clock.programs == 5
-  with best_of.compile_clock() as clock:
+  with compile_time.compile_clock() as clock:
     second = step_timers.measure_costs(target, draft, ids, gamma=3,
                                  cache_positions=8 + 3 + 1, repeats=1)
   assert clock.programs == 1  # verification of 4 tokens only

@@ -40,13 +40,14 @@ from specdec_jax.data import tasks
 from specdec_jax.data import readers
 from specdec_jax.decoding.api import generate
 from specdec_jax.decoding.protocol import Model
+from specdec_jax.experiments import best_of
+from specdec_jax.experiments import compile_time
 from specdec_jax.experiments import costs_file
 from specdec_jax.experiments import fit
 from specdec_jax.experiments import gamma_probe
 from specdec_jax.experiments import loading
 from specdec_jax.experiments import records
 from specdec_jax.experiments import report
-from specdec_jax.experiments import best_of
 from specdec_jax.experiments import workdir as workdir_lib
 # The config lives in its own module; `experiment.ExperimentConfig` is the
 # name gin files and users know.
@@ -259,7 +260,7 @@ def _decode_missing_examples(arms: _Arms, timings: dict
       config.summary_every_seconds)
           for a, (workdir, config) in enumerate(zip(arms.workdirs,
                                                      arms.configs))]
-  with best_of.compile_clock() as decode_clock, contextlib.ExitStack() as up:
+  with compile_time.compile_clock() as decode_clock, contextlib.ExitStack() as up:
     for writer in live:
       up.callback(writer.close)
     todo = [b for b in arms.batches
@@ -361,7 +362,7 @@ def _summarize_arms(arms: _Arms,
 def _logged_time(what: str):
   """Logs the block's wall time and the part of it spent compiling."""
   start = time.perf_counter()
-  with best_of.compile_clock() as clock:
+  with compile_time.compile_clock() as clock:
     yield
   logging.info("%s: %.1f s, %.1f s of it compiling %d programs", what,
                time.perf_counter() - start, clock.seconds, clock.programs)

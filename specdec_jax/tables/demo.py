@@ -65,7 +65,7 @@ from specdec_jax.decoding import trees
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import report
-from specdec_jax.experiments import best_of
+from specdec_jax.experiments import compile_time
 from specdec_jax.tables import variants
 
 
@@ -313,7 +313,7 @@ def run(config: DemoConfig, workdir: str) -> list[dict]:
     logging.info("demo group %d/%d: %s at temperature %g, side by side: %s",
                  number + 1, len(groups), task, temperature, ", ".join(names))
     group_start = time.perf_counter()
-    with best_of.compile_clock() as clock, tasks.override_config(
+    with compile_time.compile_clock() as clock, tasks.override_config(
         vocab_path=vocab_path, local_data_dir=config.data_dir,
         wmt_ende_files={"test": files[task]}):
       results = experiment.run_side_by_side(
