@@ -19,7 +19,7 @@ Next to each measured time it puts the roofline projection that
 scripts/plan_run.py makes for --chip (default: the chip JAX reports, h200
 on the lent GPU): the step compiled for this device, its flops and bytes
 accessed from `cost_analysis()`, max(flops / peak, bytes / HBM bandwidth)
-(specdec_jax/planning/plan.py, specdec_jax/experiments/chips.py).
+(specdec_jax/planning/plan.py, specdec_jax/infra/chips.py).
 `step_over_roofline` and `c_roofline` against `c` say how far the
 projection is from the device.
 """
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import Model, theory
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 from specdec_jax.experiments import step_timers
 from specdec_jax.planning import plan
 from specdec_jax.experiments import best_of

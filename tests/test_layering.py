@@ -2,7 +2,8 @@
 
   core         sampling, theory, sharding, tokens, errors, versions,
                decoding/, models/
-  infra        infra/                (core): paths, locks, multihost, summaries
+  infra        infra/                (core): paths, locks, multihost, summaries,
+                                     chips
   checkpoints  checkpoints/          (core, infra)
   data         data/                 (core, infra)
   training     training/             (core, infra, checkpoints, data)

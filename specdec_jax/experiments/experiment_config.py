@@ -17,7 +17,7 @@ from specdec_jax.decoding import api
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding import trees
 from specdec_jax.decoding.stopping import StopRule
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ import numpy as np
 
 from specdec_jax import sharding
 from specdec_jax.checkpoints import configs
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.models import registry
