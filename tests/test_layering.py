@@ -1,7 +1,7 @@
 """The layout is the architecture: each layer imports only from layers below.
 
   core         sampling, theory, sharding, tokens, errors, versions,
-               decoding/, models/
+               trees/, decoding/, models/
   infra        infra/                (core): paths, locks, multihost, summaries,
                                      chips
   checkpoints  checkpoints/          (core, infra)

@@ -38,7 +38,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import sampling
-from specdec_jax import theory
 from specdec_jax.decoding import composite
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
@@ -47,17 +46,13 @@ from specdec_jax.decoding.cursor import refeed_indices
 from specdec_jax.decoding.drafters import level_stats
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.protocol import TreeMask
+from specdec_jax.trees.shape import TreeShape
 
 # What verifies a node's children (`verify.verify_tree`): "exact" is
 # recursive rejection sampling; "skip_sibling_residual" tests every child
 # against the target's p itself, never against the residual left by a
 # rejected sibling: deliberately wrong, for the negative controls.
 VERIFIERS = ("exact", "skip_sibling_residual")
-
-
-# The static shape of a tree (its combinatorics live beside its expected
-# tokens per call, in `theory`).
-TreeShape = theory.TreeShape
 
 
 def as_shape(shape: Any) -> TreeShape:

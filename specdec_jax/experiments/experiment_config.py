@@ -15,7 +15,7 @@ from specdec_jax import errors
 from specdec_jax import sampling
 from specdec_jax.decoding import api
 from specdec_jax.decoding import stopping
-from specdec_jax.decoding import trees
+from specdec_jax.trees.shape import TreeShape
 from specdec_jax.decoding.stopping import StopRule
 from specdec_jax.infra import chips
 
@@ -154,13 +154,13 @@ class ExperimentConfig:
         draft_stop=self.draft_stop, mesh=mesh,
         compiler_options=self.compiler_options)
 
-  def tree_shape(self) -> trees.TreeShape | None:
+  def tree_shape(self) -> TreeShape | None:
     """The draft's token-tree shape (None: a chain); raises ValueError for
     a malformed one (`config_problems` reports it)."""
     if self.tree is not None:
-      return trees.TreeShape.from_branching(tuple(self.tree))
+      return TreeShape.from_branching(tuple(self.tree))
     if self.tree_parents is not None:
-      return trees.TreeShape(tuple(self.tree_parents))
+      return TreeShape(tuple(self.tree_parents))
     return None
 
   def gammas(self) -> tuple[int, ...] | str:

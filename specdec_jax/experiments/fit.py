@@ -73,7 +73,7 @@ class RunShape:
   replicate_draft: bool
   # The TPU slice to compile for (`chips.TOPOLOGIES`), None: not a TPU.
   topology: str | None = None
-  # The draft's token tree (`theory.TreeShape`), None: a chain of gamma.
+  # The draft's token tree (`trees.shape.TreeShape`), None: a chain of gamma.
   tree: Any = None
 
   @property

@@ -61,7 +61,7 @@ from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.data import text
 from specdec_jax.data import readers
-from specdec_jax.decoding import trees
+from specdec_jax.trees.shape import TreeShape
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import report
@@ -237,9 +237,9 @@ def _rows(config: DemoConfig) -> list[tuple[str, str, Any]]:
       rows.append((SENTENCES, name, _row_config(
           config, SENTENCES, draft, gamma, temperature, name, chain)))
   for draft, tree in config.trees:  # sentence rows
-    shape = (trees.TreeShape(tuple(tree["parents"]))
+    shape = (TreeShape(tuple(tree["parents"]))
              if isinstance(tree, Mapping) else
-             trees.TreeShape.from_branching(tuple(tree)))
+             TreeShape.from_branching(tuple(tree)))
     label = shape.describe()
     if " " in label:
       label = f"{shape.num_nodes}n{shape.depth}d"
