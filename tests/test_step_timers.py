@@ -64,19 +64,6 @@ def test_gammas_of_one_run_share_the_step_loops():
                                   "verify_step_s"))
 
 
-def test_linear_verify_costs_recovers_a_line_and_averages_noise():
-  """A line a + b * gamma comes back exactly; zero-mean noise around it is
-  averaged out (the fit is closer to the line than the noisy timings)."""
-  gammas = np.arange(1, 9)
-  line = 1.2 + 0.1 * gammas
-  np.testing.assert_allclose(step_timers.linear_verify_costs(gammas, line), line)
-  noise = np.array([0.3, -0.3, 0.2, -0.2, 0.25, -0.25, 0.1, -0.1])
-  fitted = step_timers.linear_verify_costs(gammas, line + noise)
-  assert np.abs(fitted - line).max() < np.abs(noise).max()
-  with pytest.raises(ValueError, match="two or more distinct"):
-    step_timers.linear_verify_costs([3, 3], [1.5, 1.6])
-
-
 def test_shared_timings_time_each_model_step_once():
   """With one `timings` dict, two gammas and two drafts time the target's
   step once (every c and v then divides by the same number), each draft's

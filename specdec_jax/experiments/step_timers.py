@@ -252,33 +252,6 @@ def cost_requests(target: Model, draft: Model, gamma: int,
           (target, PREFILL, cache_positions), (draft, PREFILL, cache_positions)]
 
 
-def linear_verify_costs(gammas, verify_costs) -> np.ndarray:
-  """Least-squares line v(gamma) = a + b gamma through measured costs.
-
-  A verification of gamma + 1 tokens costs one call's fixed part plus a
-  part per token; on a CPU both are roughly constant over the small gammas
-  of interest, so a line describes v, and fitting it to all the gammas'
-  timings averages out the noise of each one (which, on a shared machine,
-  is larger than the difference between neighbouring gammas). On an
-  accelerator v is flat until the chip saturates and then steps up; there
-  use the timings as they are.
-
-  Args:
-    gammas: the gammas timed (at least two distinct).
-    verify_costs: v(gamma) measured for each, in target steps.
-
-  Returns:
-    The fitted v at each of `gammas` (float64 array).
-  """
-  g = np.asarray(gammas, np.float64)
-  v = np.asarray(verify_costs, np.float64)
-  if g.shape != v.shape or len(set(g.tolist())) < 2:
-    raise ValueError(f"need verification costs at two or more distinct "
-                     f"gammas, got gammas {g.tolist()} and costs {v.tolist()}")
-  slope, intercept = np.polyfit(g, v, 1)
-  return intercept + slope * g
-
-
 def count_params(params: Any) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
