@@ -190,7 +190,7 @@ class _Arms:
 def _run_locked(configs: Sequence[ExperimentConfig],
                 workdirs: Sequence[str]) -> list[dict]:
   arms = _prepare_arms(configs, workdirs)
-  timings = {}  # costs.time_extends's: the model steps timed so far
+  timings = {}  # step_timers.time_extends's: the model steps timed so far
   done = _decode_missing_examples(arms, timings)
   return _summarize_arms(arms, done, timings)
 
