@@ -19,7 +19,7 @@ Next to each measured time it puts the roofline projection that
 scripts/plan_run.py makes for --chip (default: the chip JAX reports, h200
 on the lent GPU): the step compiled for this device, its flops and bytes
 accessed from `cost_analysis()`, max(flops / peak, bytes / HBM bandwidth)
-(specdec_jax/planning/plan.py, specdec_jax/experiments/chips.py).
+(specdec_jax/planning/plan.py, specdec_jax/infra/chips.py).
 `step_over_roofline` and `c_roofline` against `c` say how far the
 projection is from the device.
 """
@@ -34,10 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import Model, theory
-from specdec_jax.experiments import chips
-from specdec_jax.experiments import costs
+from specdec_jax.infra import chips
+from specdec_jax.experiments import step_timers
 from specdec_jax.planning import plan
-from specdec_jax.experiments import timing
+from specdec_jax.experiments import best_of
 from specdec_jax.models import registry
 
 flags.DEFINE_list("sizes", ["t5_1_1_small", "t5_1_1_base", "t5_1_1_large",
@@ -63,7 +63,7 @@ def copy_bandwidth(num_bytes=2 << 30, repeats=10):
   x = jnp.ones((num_bytes // 2,), jnp.bfloat16)
   f = jax.jit(lambda a: a * 2)
   f(x).block_until_ready()  # compile
-  _, seconds = timing.best_time(lambda: f(x), repeats)
+  _, seconds = best_of.best_time(lambda: f(x), repeats)
   return 2 * num_bytes / seconds
 
 
@@ -135,7 +135,7 @@ def main(argv):
   for i, name in enumerate(sizes):
     model = random_model(name, i)
     # One step and every verification, timed in interleaved rounds.
-    times = costs.time_extends(
+    times = step_timers.time_extends(
         [(model, n, args.cache_positions) for n in [1] + [g + 1 for g in
                                                           gammas]],
         ids, repeats=5)
@@ -143,7 +143,7 @@ def main(argv):
     floor = step_bytes(model) / bandwidth
     row = {"step_ms": t1 * 1e3, "floor_ms": floor * 1e3,
            "step_over_floor": t1 / floor,
-           "params_M": costs.count_params(model.params) / 1e6}
+           "params_M": step_timers.count_params(model.params) / 1e6}
     for g, t in zip(gammas, times[1:]):
       row[f"verify_cost_g{g}"] = t / t1
     if chip is not None:

@@ -19,7 +19,7 @@ input (`prefill`, timed on its own: the target's for the baseline, target's
 and draft's for speculative decoding), a fixed cost Theorem 3.8 leaves out.
 What remains is divided by the number of target calls: one speculative
 iteration = gamma draft steps + one verification of gamma + 1 tokens (both
-timed in isolation by `specdec_jax.experiments.costs`) + the rest
+timed in isolation by `specdec_jax.experiments.step_timers`) + the rest
 (sampling, acceptance, cache and buffer updates inside the while_loop,
 per-call host work); and one
 plain step for comparison. Because every call also pays fixed costs beyond
@@ -49,8 +49,8 @@ import specdec_jax as sd
 from specdec_jax import sampling
 from specdec_jax import theory
 from specdec_jax.data import text
-from specdec_jax.experiments import costs
-from specdec_jax.experiments import timing
+from specdec_jax.experiments import step_timers
+from specdec_jax.experiments import best_of
 
 flags.DEFINE_string("target", "demo:target", "Target model spec.")
 flags.DEFINE_string("draft", "demo:draft_small", "Draft model spec.")
@@ -177,7 +177,7 @@ def main(argv):
     for i in range(len(rows)):
       ids = rows[i:i + 1]
       # The four timings of this sentence in interleaved rounds
-      # (`timing.best_runs`), so a slow stretch of the machine touches all
+      # (`best_of.best_runs`), so a slow stretch of the machine touches all
       # of them, not one.
       fns = [functools.partial(decoder.baseline, ids),
              functools.partial(decoder, ids),
@@ -185,7 +185,7 @@ def main(argv):
              functools.partial(prefill_d, ids)]
       for fn in fns:
         fn()  # compile
-      (_, b), (res, s), (_, pt), (_, pd) = timing.best_runs(fns, args.repeats)
+      (_, b), (res, s), (_, pt), (_, pd) = best_of.best_runs(fns, args.repeats)
       base_s, spec_s = base_s + b, spec_s + s
       pre_t, pre_d = pre_t + pt, pre_d + pd
       alpha_sums.append(float(res.stats.alpha_sum[0]))
@@ -195,7 +195,7 @@ def main(argv):
       per_row.append((b, s, int(res.stats.length[0]),
                       int(res.stats.target_calls[0])))
     alpha = theory.pooled_alpha(alpha_sums, alpha_counts)
-    m = costs.measure_costs(target, draft, rows[:1], gamma=gamma,
+    m = step_timers.measure_costs(target, draft, rows[:1], gamma=gamma,
                             cache_positions=width)
     predicted = float(theory.walltime_improvement(alpha, gamma, m["c"]))
     with_v = float(theory.walltime_improvement_measured(
@@ -225,7 +225,7 @@ def main(argv):
     loops = _model_call_loops(target, draft, rows[:1], gamma, width, steps)
     for fn in loops.values():
       fn()  # compile
-    part = dict(zip(loops, (s / steps for s in timing.best_times(
+    part = dict(zip(loops, (s / steps for s in best_of.best_times(
         list(loops.values()), args.repeats))))
     fitted = fit_s[1] if fit_b and fit_s else iteration
     print(f"      model calls alone in one loop: draft "

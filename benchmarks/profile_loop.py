@@ -12,7 +12,7 @@ buffer copies; while: loop control), largest first. Use it to see whether a
 change to the models or the engine moved work into or out of the loop.
 
 With --extend_tokens, it profiles the target's cached steps instead (the
-timed loop behind c and v, `costs.time_extend`) at each number of tokens
+timed loop behind c and v, `step_timers.time_extend`) at each number of tokens
 per call, side by side: where a verification of gamma + 1 tokens spends
 the time a one-token step does not (docs/log/benchmarks_history.md, "Where
 the verification cost goes").
@@ -35,7 +35,7 @@ import specdec_jax as sd
 from specdec_jax import sampling
 from specdec_jax.data import text
 from specdec_jax.decoding import engine
-from specdec_jax.experiments import costs
+from specdec_jax.experiments import step_timers
 
 flags.DEFINE_string("target", "demo:target", "Target model spec.")
 flags.DEFINE_string("draft", "demo:draft_base", "Draft model spec.")
@@ -80,9 +80,9 @@ def _profile_extend(target, ids):
   steps = 8
   columns = {}
   for k in [int(t) for t in args.extend_tokens]:
-    prefill = costs._build_prefill(  # pylint: disable=protected-access
-        target.definition, costs.padded_positions(positions))
-    loop = costs._build_timed_loop(target.definition, k, steps)  # pylint: disable=protected-access
+    prefill = step_timers._build_prefill(  # pylint: disable=protected-access
+        target.definition, step_timers.padded_positions(positions))
+    loop = step_timers._build_timed_loop(target.definition, k, steps)  # pylint: disable=protected-access
     cache, start = jax.block_until_ready(prefill(target.params, ids))
     run = lambda: jax.block_until_ready(loop(target.params, cache, start))  # pylint: disable=cell-var-from-loop
     run()  # compile

@@ -21,7 +21,7 @@ Greedy outputs can part where the top two logits are within float32
 round-off of each other: often on random weights, rarely on trained ones
 (the demo models' smallest top-2 margin on these sentences is ~5e-5, in
 demo:draft_small). For batch 1 and each input, it times (the fastest of
---repeats, `timing.best_time`; warm-up/compile excluded):
+--repeats, `best_of.best_time`; warm-up/compile excluded):
 
   plain: our `generate` vs HF `generate` (greedy, then sampled);
   speculative: our `speculative_generate` vs HF assisted generation with the
@@ -124,9 +124,9 @@ def _worker_export(args):
 
 def _timed(fn, repeats):
   # Imported here: the HF worker must not import JAX before torch runs.
-  from specdec_jax.experiments import timing  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import best_of  # pylint: disable=g-import-not-at-top
   fn()  # warm-up (compilation for ours)
-  return timing.best_time(fn, repeats)
+  return best_of.best_time(fn, repeats)
 
 
 def _strip(tokens):

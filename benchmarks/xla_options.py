@@ -8,7 +8,7 @@ docs/log/benchmarks_history.md). On a new CPU, this times the demo
 target's one-token step, its calls of --widths tokens (in target steps:
 v), draft_base's step (c) and the target's prefill under each option set
 below, all of one set in interleaved rounds
-(`costs.time_extends`), and prints one line per set:
+(`step_timers.time_extends`), and prints one line per set:
 
   default         XLA's defaults (YNNPACK for matmuls of two or more rows)
   eigen           Eigen for those matmuls (`api.CPU_EIGEN_MATMULS`)
@@ -33,7 +33,7 @@ import numpy as np
 import specdec_jax as sd
 from specdec_jax.data import text
 from specdec_jax.decoding import api
-from specdec_jax.experiments import costs
+from specdec_jax.experiments import step_timers
 
 _INPUTS = flags.DEFINE_enum("inputs", "paragraphs",
                             ["sentences", "paragraphs"],
@@ -78,9 +78,10 @@ def main(argv):
     requests = ([(target, 1, _POSITIONS.value)]
                 + [(target, w, _POSITIONS.value) for w in widths]
                 + [(draft, 1, _POSITIONS.value),
-                   (target, costs.PREFILL, _POSITIONS.value)])
+                   (target, step_timers.PREFILL, _POSITIONS.value)])
     try:
-      seconds = costs.time_extends(requests, ids, compiler_options=options)
+      seconds = step_timers.time_extends(requests, ids,
+                                         compiler_options=options)
     except Exception as e:  # pylint: disable=broad-except
       print(f"{name:16s} rejected: {str(e).splitlines()[0][:160]}")
       continue

@@ -43,7 +43,7 @@ import gin  # noqa: E402
 import jax  # noqa: E402
 
 from specdec_jax.data import tasks  # noqa: E402,F401  (registers TaskConfig)
-from specdec_jax.experiments import chips  # noqa: E402
+from specdec_jax.infra import chips  # noqa: E402
 from specdec_jax.experiments import experiment  # noqa: E402
 from specdec_jax.launch import gin_flags  # noqa: E402
 from specdec_jax.planning import plan  # noqa: E402

@@ -28,7 +28,7 @@ import gin
 import jax
 
 from specdec_jax.infra import paths
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
 from specdec_jax.tables import reproduce

@@ -23,7 +23,7 @@ from specdec_jax.decoding.horizontal import horizontal  # noqa: E402
 from specdec_jax.decoding.stopping import ConfidenceStop  # noqa: E402
 from specdec_jax.decoding.stopping import ExpectedGainStop  # noqa: E402
 from specdec_jax.decoding.trees import tree  # noqa: E402
-from specdec_jax.decoding.trees import TreeShape  # noqa: E402
+from specdec_jax.trees.shape import TreeShape  # noqa: E402
 from specdec_jax.decoding.protocol import Model  # noqa: E402
 from specdec_jax.sharding import make_mesh  # noqa: E402
 

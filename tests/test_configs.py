@@ -9,7 +9,7 @@ import pytest
 
 from specdec_jax.data import tasks
 from specdec_jax.experiments import fit
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
 from specdec_jax.tables import reproduce

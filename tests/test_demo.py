@@ -18,7 +18,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax import checkpoints
 from specdec_jax.data import text
-from specdec_jax.experiments import costs
+from specdec_jax.experiments import step_timers
 from specdec_jax.experiments import experiment_config
 from specdec_jax.tables import demo
 from specdec_jax.tables import variants
@@ -111,9 +111,9 @@ def test_sizes_keep_the_ratios_and_the_budget(models):
   """Each draft is the documented fraction of the target's parameters
   (`demo.DRAFT_SIZE_RATIOS`, quoted in the README and configs/demo.gin)
   within 5%; all shipped weights together <= 60 MB."""
-  target = costs.count_params(models["target"].params)
+  target = step_timers.count_params(models["target"].params)
   for name, ratio in demo.DRAFT_SIZE_RATIOS.items():
-    got = target / costs.count_params(models[name].params)
+    got = target / step_timers.count_params(models[name].params)
     assert abs(got / ratio - 1) < 0.05, (name, got)
   total = sum(os.path.getsize(os.path.join(root, f))
               for root, _, files in os.walk(checkpoints.DEMO_DIR)
@@ -300,7 +300,7 @@ def test_fastest_variant_is_the_one_theorem_3_8_predicts_faster(monkeypatch):
     return {"target_step_s": 0.005 * slow, "draft_step_s": 0.0001 * slow,
             "verify_step_s": 0.005 * verify[gamma] * slow}
 
-  monkeypatch.setattr(variants.costs, "measure_costs", fake_costs)
+  monkeypatch.setattr(variants.step_timers, "measure_costs", fake_costs)
   monkeypatch.setattr(variants.checkpoints, "load_model", lambda spec: spec)
   name, numbers = variants.choose_variant(config, np.ones((1, 4), np.int32))
   assert calls == [(3, None), (8, eigen)] * 2

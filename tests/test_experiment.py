@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
-from specdec_jax.experiments import costs
+from specdec_jax.experiments import step_timers
 from specdec_jax.experiments import experiment
 from specdec_jax.tables import reproduce
-from specdec_jax.experiments import timing
+from specdec_jax.experiments import best_of
 from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.data import tasks
 from specdec_jax import theory
@@ -63,11 +63,11 @@ def test_complete_run_outputs_are_consistent(setup, tmp_path, monkeypatch):
   _, models, task_config = setup
   workdir = str(tmp_path / "run")
   ticks, timed_after = [], []
-  tick = costs.RoundRobinTimer.tick
-  monkeypatch.setattr(costs.RoundRobinTimer, "tick",
+  tick = step_timers.RoundRobinTimer.tick
+  monkeypatch.setattr(step_timers.RoundRobinTimer, "tick",
                       lambda self: ticks.append(1) or tick(self))
-  best_times = timing.best_times
-  monkeypatch.setattr(timing, "best_times", lambda fns, repeats: (
+  best_times = best_of.best_times
+  monkeypatch.setattr(best_of, "best_times", lambda fns, repeats: (
       timed_after.append(len(fns)) or best_times(fns, repeats)))
   with tasks.override_config(**task_config):
     summary = experiment.run(_config(models), workdir)

@@ -1,8 +1,9 @@
 """The layout is the architecture: each layer imports only from layers below.
 
   core         sampling, theory, sharding, tokens, errors, versions,
-               decoding/, models/
-  infra        infra/                (core): paths, locks, multihost, summaries
+               trees/, decoding/, models/
+  infra        infra/                (core): paths, locks, multihost, summaries,
+                                     chips
   checkpoints  checkpoints/          (core, infra)
   data         data/                 (core, infra)
   training     training/             (core, infra, checkpoints, data)

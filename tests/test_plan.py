@@ -21,7 +21,7 @@ import pytest
 from specdec_jax import sharding
 from specdec_jax.decoding import api
 from specdec_jax.experiments import fit
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import experiment_config
 from specdec_jax.experiments import loading

@@ -15,7 +15,7 @@ import gin
 import jax
 import pytest
 
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
 from specdec_jax.planning import plan_training

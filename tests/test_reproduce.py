@@ -11,7 +11,7 @@ import sys
 import gin
 import pytest
 
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
 from specdec_jax.planning import table_cost

@@ -42,8 +42,8 @@ from specdec_jax.decoding import engine
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding.cascades import CascadeDef
 from specdec_jax.decoding.trees import TreeDef
-from specdec_jax.decoding.trees import TreeShape
-from specdec_jax.experiments import chips
+from specdec_jax.trees.shape import TreeShape
+from specdec_jax.infra import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import fit
 from specdec_jax.models import registry

@@ -23,7 +23,6 @@ import pytest
 
 import specdec_jax as sd
 from specdec_jax import sampling
-from specdec_jax import theory
 from specdec_jax.decoding import acceptance
 from specdec_jax.decoding import drafters
 from specdec_jax.decoding import engine
@@ -189,7 +188,7 @@ def test_models_score_a_tree_as_its_paths(name):
   definition = registry.make_def(cfg)
   params = definition.init_params(jax.random.PRNGKey(0))
   ids = np.array([[5, 7, 9, 1], [4, 1, 0, 0]], np.int32)
-  shape = trees.TreeShape.from_branching((3, 2, 1))
+  shape = sd.TreeShape.from_branching((3, 2, 1))
   tree, paths = _tree_vs_paths(definition, params, ids, [0, 11, 12], shape,
                                seed=1)
   assert not np.isnan(paths).any()  # every node was on a path
@@ -206,7 +205,7 @@ def test_kept_path_continues_like_a_chain(name):
   definition = registry.make_def(cfg)
   params = definition.init_params(jax.random.PRNGKey(1))
   ids = np.array([[5, 7, 9, 1], [4, 1, 0, 0]], np.int32)
-  shape = trees.TreeShape.from_branching((2, 2, 1))
+  shape = sd.TreeShape.from_branching((2, 2, 1))
   tokens = np.random.default_rng(2).integers(
       2, cfg.vocab_size, (2, shape.verified)).astype(np.int32)
   extend = jax.jit(definition.extend)
@@ -229,36 +228,6 @@ def test_kept_path_continues_like_a_chain(name):
   after_chain, _ = extend(params, chain_cache, nxt, at)
   np.testing.assert_allclose(np.asarray(after_tree), np.asarray(after_chain),
                              rtol=1e-4, atol=1e-4)
-
-
-def test_tree_shapes():
-  """Branching per depth numbers nodes breadth first; bad shapes name the
-  problem; the best tree under per-rank rates is a tree whose expected
-  tokens per call beat the chain of as many nodes; Theorem 3.8 is the
-  chain's case."""
-  shape = sd.TreeShape.from_branching((3, 2, 1))
-  assert shape.parents == (0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 5, 6, 7, 8, 9)
-  assert (shape.num_nodes, shape.depth, shape.max_children) == (15, 3, 3)
-  assert shape.describe() == "3x2x1"
-  with pytest.raises(ValueError, match="breadth first"):
-    sd.TreeShape((0, 1, 0))
-  with pytest.raises(ValueError, match="earlier node"):
-    sd.TreeShape((0, 2))
-  with pytest.raises(ValueError, match="integers >= 1"):
-    sd.TreeShape.from_branching((2, 0))
-  rates = np.array([[0.7, 0.4, 0.2]] * 5)
-  chain = sd.TreeShape.chain(5)
-  np.testing.assert_allclose(
-      theory.tree_expected_tokens(chain.parents, rates),
-      theory.expected_tokens(0.7, 5))
-  best = sd.TreeShape.best(rates, 8)
-  assert best.num_nodes == 8 and best.max_children > 1
-  assert (theory.tree_expected_tokens(best.parents, rates)
-          > theory.tree_expected_tokens(sd.TreeShape.chain(8).parents, rates))
-  # rank_acceptance inverts what a walk counts.
-  hist = np.array([[50, 30, 20], [10, 10, 80]])  # rank 0, rank 1, none
-  np.testing.assert_allclose(theory.rank_acceptance(hist),
-                             [[0.5, 0.6], [0.1, 10 / 90]])
 
 
 def test_bad_tree_settings_are_refused_before_compiling(toy):

@@ -33,7 +33,7 @@ from specdec_jax.decoding.stats import DecodeStats
 # faster depends on the CPU and the number of rows: on one 2-core AMD EPYC
 # Eigen verified 9 tokens in 1.9 target steps against YNNPACK's 2.9, but 2-5
 # tokens more slowly; on another it was slower at 4 and 8. Time both
-# (`costs.time_extends(..., compiler_options=...)`, docs/log/benchmarks_history.md).
+# (`step_timers.time_extends(..., compiler_options=...)`, docs/log/benchmarks_history.md).
 CPU_EIGEN_MATMULS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 

@@ -48,7 +48,7 @@ from specdec_jax.decoding.drafters import level_stats
 from specdec_jax.decoding.drafters import slice_rows
 from specdec_jax.decoding.drafters import verified_level
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.theory import TreeShape
+from specdec_jax.trees.shape import TreeShape
 from specdec_jax.tokens import EOS_ID
 
 

@@ -40,7 +40,7 @@ from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor
 from specdec_jax.decoding.cursor import refeed_indices
 from specdec_jax.decoding.protocol import ModelDef
-from specdec_jax.theory import TreeShape
+from specdec_jax.trees.shape import TreeShape
 
 KeepFn = Callable[[jax.Array, jax.Array], jax.Array]
 

@@ -26,7 +26,7 @@ from specdec_jax.decoding.drafters import chain_proposal
 from specdec_jax.decoding.drafters import Levels
 from specdec_jax.decoding.drafters import make_drafter
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.theory import TreeShape
+from specdec_jax.trees.shape import TreeShape
 
 
 @dataclasses.dataclass(frozen=True)

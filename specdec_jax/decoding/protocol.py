@@ -71,7 +71,7 @@ class Prefill:
 class TreeMask:
   """Where the K nodes of a token-tree chunk go and what each of them sees.
 
-  The tree's nodes 0..M (0 the root; `trees.TreeShape` numbers them
+  The tree's nodes 0..M (0 the root; `trees.shape.TreeShape` numbers them
   breadth first) own the cache slots root..root + M; the slots below the
   root hold the committed sequence (slot s at position s), which every node
   sees; of the tree, a node sees itself and its ancestors only. A node of

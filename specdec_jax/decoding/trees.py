@@ -38,7 +38,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import sampling
-from specdec_jax import theory
 from specdec_jax.decoding import composite
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
@@ -48,10 +47,8 @@ from specdec_jax.decoding.drafters import level_stats
 from specdec_jax.decoding.drafters import Proposal
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.protocol import TreeMask
+from specdec_jax.trees.shape import TreeShape
 
-# The static shape of a tree (its combinatorics live beside its expected
-# tokens per call, in `theory`).
-TreeShape = theory.TreeShape
 
 
 def as_shape(shape: Any) -> TreeShape:

@@ -37,7 +37,7 @@ from specdec_jax import sampling
 from specdec_jax.decoding import acceptance
 from specdec_jax.decoding.drafters import chain_proposal
 from specdec_jax.decoding.drafters import Proposal
-from specdec_jax.theory import TreeShape
+from specdec_jax.trees.shape import TreeShape
 from specdec_jax.tokens import EOS_ID
 
 

@@ -40,13 +40,14 @@ from specdec_jax.data import tasks
 from specdec_jax.data import readers
 from specdec_jax.decoding.api import generate
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.experiments import arm_costs
+from specdec_jax.experiments import best_of
+from specdec_jax.experiments import compile_time
+from specdec_jax.experiments import costs_file
 from specdec_jax.experiments import fit
 from specdec_jax.experiments import gamma_probe
 from specdec_jax.experiments import loading
 from specdec_jax.experiments import records
 from specdec_jax.experiments import report
-from specdec_jax.experiments import timing
 from specdec_jax.experiments import workdir as workdir_lib
 # The config lives in its own module; `experiment.ExperimentConfig` is the
 # name gin files and users know.
@@ -189,7 +190,7 @@ class _Arms:
 def _run_locked(configs: Sequence[ExperimentConfig],
                 workdirs: Sequence[str]) -> list[dict]:
   arms = _prepare_arms(configs, workdirs)
-  timings = {}  # costs.time_extends's: the model steps timed so far
+  timings = {}  # step_timers.time_extends's: the model steps timed so far
   done = _decode_missing_examples(arms, timings)
   return _summarize_arms(arms, done, timings)
 
@@ -217,7 +218,7 @@ def _prepare_arms(configs, workdirs) -> _Arms:
                drafts=drafts, gammas=gammas, batches=batches, mesh=mesh,
                vocab=loading.task_vocabulary(first, target),
                primary=multihost.is_primary(),
-               stored_costs=arm_costs.read_stored(workdirs, gammas))
+               stored_costs=costs_file.read_stored(workdirs, gammas))
 
 
 def _decode_missing_examples(arms: _Arms, timings: dict
@@ -227,7 +228,7 @@ def _decode_missing_examples(arms: _Arms, timings: dict
   example at each of its gammas) and appended as they finish.
 
   The model steps the arms' costs need are timed between the decoding
-  rounds, one per round (`costs.RoundRobinTimer`), into `timings`."""
+  rounds, one per round (`step_timers.RoundRobinTimer`), into `timings`."""
   first, target, mesh = arms.configs[0], arms.target, arms.mesh
   files = [paths.join(w, "examples.jsonl") for w in arms.workdirs]
   # Read on process 0 and broadcast: every host decodes the same examples,
@@ -259,7 +260,7 @@ def _decode_missing_examples(arms: _Arms, timings: dict
       config.summary_every_seconds)
           for a, (workdir, config) in enumerate(zip(arms.workdirs,
                                                      arms.configs))]
-  with timing.compile_clock() as decode_clock, contextlib.ExitStack() as up:
+  with compile_time.compile_clock() as decode_clock, contextlib.ExitStack() as up:
     for writer in live:
       up.callback(writer.close)
     todo = [b for b in arms.batches
@@ -280,16 +281,16 @@ def _decode_missing_examples(arms: _Arms, timings: dict
             decode_spec(arm, ids, g)
           warmed.add((ids.shape, arm))
       # The target alone and every arm's decodes in interleaved rounds
-      # (`timing.best_runs`): a slow stretch of the machine touches the
+      # (`best_of.best_runs`): a slow stretch of the machine touches the
       # baseline and the speculative decodes alike, not only one side of
       # the speedup.
       if timers is None:  # after the first decodes' compiles
         with _logged_time("cost loops to time between the decodes"):
-          timers = arm_costs.round_robin_timers(
+          timers = costs_file.round_robin_timers(
               _missing_cost_requests(arms), arms.batches, timings,
               first.compiler_options)
       runs = [(None, None)] + [(a, g) for a in needed for g in arms.gammas[a]]
-      timed = timing.best_runs(
+      timed = best_of.best_runs(
           [functools.partial(decode_target, ids) if arm is None
            else functools.partial(decode_spec, arm, ids, g)
            for arm, g in runs], first.repeats,
@@ -326,11 +327,11 @@ def _summarize_arms(arms: _Arms,
 
   `timings` holds the model steps timed between the decoding rounds; when
   there were none (a resumed run with nothing left to decode), the steps
-  are timed now, all in the same rounds (`costs.time_extends`)."""
+  are timed now, all in the same rounds (`step_timers.time_extends`)."""
   results = []
   with _logged_time("costs of all arms"):
-    arm_costs.time_missing(_missing_cost_requests(arms), arms.batches,
-                           timings, arms.configs[0].compiler_options)
+    costs_file.time_missing(_missing_cost_requests(arms), arms.batches,
+                            timings, arms.configs[0].compiler_options)
   for arm, (config, workdir) in enumerate(zip(arms.configs, arms.workdirs)):
     # The examples of this run only: a rerun with fewer max_examples
     # reports fewer, and lines of ids outside this run stay in the file
@@ -338,7 +339,7 @@ def _summarize_arms(arms: _Arms,
     by_id = {r.id: r for r in done[arm]}
     records_ = [by_id[b.ids[0]] for b in arms.batches if b.ids[0] in by_id]
     with _logged_time(f"{config.name or config.draft}: costs"):
-      costs_by_gamma = arm_costs.load_or_measure(
+      costs_by_gamma = costs_file.load_or_measure(
           config, arms.target, arms.drafts[arm], arms.batches,
           arms.gammas[arm], paths.join(workdir, "costs.json"),
           arms.stored_costs[arm], timings)
@@ -361,15 +362,15 @@ def _summarize_arms(arms: _Arms,
 def _logged_time(what: str):
   """Logs the block's wall time and the part of it spent compiling."""
   start = time.perf_counter()
-  with timing.compile_clock() as clock:
+  with compile_time.compile_clock() as clock:
     yield
   logging.info("%s: %.1f s, %.1f s of it compiling %d programs", what,
                time.perf_counter() - start, clock.seconds, clock.programs)
 
 
 def _missing_cost_requests(arms: _Arms) -> dict[int, list]:
-  return arm_costs.missing_requests(arms.configs, arms.stored_costs,
-                                    arms.target, arms.drafts, arms.gammas)
+  return costs_file.missing_requests(arms.configs, arms.stored_costs,
+                                     arms.target, arms.drafts, arms.gammas)
 
 
 def task_metric(config: ExperimentConfig):

@@ -15,9 +15,9 @@ from specdec_jax import errors
 from specdec_jax import sampling
 from specdec_jax.decoding import api
 from specdec_jax.decoding import stopping
-from specdec_jax.decoding import trees
+from specdec_jax.trees.shape import TreeShape
 from specdec_jax.decoding.stopping import StopRule
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +53,9 @@ class ExperimentConfig:
     seed: sampling seed (each example's rows from it).
     repeats, cost_repeats: timed repeats of each decode and of each cost
       measurement (the fastest counts; a run times the target alone and
-      every arm in interleaved rounds, `timing.best_runs`, and after each
+      every arm in interleaved rounds, `best_of.best_runs`, and after each
       round one of the model steps the costs divide, in turn,
-      `costs.RoundRobinTimer`; a step the rounds timed fewer than
+      `step_timers.RoundRobinTimer`; a step the rounds timed fewer than
       cost_repeats times gets the rest after them).
     ngram_split, ngram_max_examples: data an n-gram drafter is fitted on.
     trace_examples: examples whose per-iteration traces are plotted.
@@ -154,13 +154,13 @@ class ExperimentConfig:
         draft_stop=self.draft_stop, mesh=mesh,
         compiler_options=self.compiler_options)
 
-  def tree_shape(self) -> trees.TreeShape | None:
+  def tree_shape(self) -> TreeShape | None:
     """The draft's token-tree shape (None: a chain); raises ValueError for
     a malformed one (`config_problems` reports it)."""
     if self.tree is not None:
-      return trees.TreeShape.from_branching(tuple(self.tree))
+      return TreeShape.from_branching(tuple(self.tree))
     if self.tree_parents is not None:
-      return trees.TreeShape(tuple(self.tree_parents))
+      return TreeShape(tuple(self.tree_parents))
     return None
 
   def gammas(self) -> tuple[int, ...] | str:

@@ -20,7 +20,7 @@ import numpy as np
 
 from specdec_jax import sharding
 from specdec_jax.checkpoints import configs
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.models import registry
@@ -73,7 +73,7 @@ class RunShape:
   replicate_draft: bool
   # The TPU slice to compile for (`chips.TOPOLOGIES`), None: not a TPU.
   topology: str | None = None
-  # The draft's token tree (`theory.TreeShape`), None: a chain of gamma.
+  # The draft's token tree (`trees.shape.TreeShape`), None: a chain of gamma.
   tree: Any = None
 
   @property

@@ -9,8 +9,8 @@ import json
 from absl import logging
 
 from specdec_jax import theory
-from specdec_jax.experiments import arm_costs
-from specdec_jax.experiments import costs
+from specdec_jax.experiments import costs_file
+from specdec_jax.experiments import step_timers
 from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
@@ -40,13 +40,13 @@ def choose_gamma(config, target, draft, batches, workdir) -> int:
             if config.optimal_gamma_verify_cost else [config.probe_gamma])
   # Every gamma's costs from one set of interleaved rounds.
   timings = {}
-  top = arm_costs.cost_model(draft)
-  costs.time_extends(
-      [r for g in gammas for r in costs.cost_requests(
+  top = costs_file.cost_model(draft)
+  step_timers.time_extends(
+      [r for g in gammas for r in step_timers.cost_requests(
           target, top, g, positions)],
       ids, repeats=config.cost_repeats, timings=timings,
       compiler_options=config.compiler_options)
-  measured = {g: costs.measure_costs(target, top, ids,
+  measured = {g: step_timers.measure_costs(target, top, ids,
                                      gamma=g, cache_positions=positions,
                                      repeats=config.cost_repeats,
                                      timings=timings,

@@ -30,7 +30,7 @@ class DecodeRecord:
   Attributes:
     tokens: the generated ids, EOS included, nothing after it.
     time_s: seconds of the decode (the fastest of the repeats,
-      `timing.best_runs`).
+      `best_of.best_runs`).
     text: the detokenized output.
     target_calls: target runs.
     draft_calls: draft steps (speculative decoding only; None otherwise).

@@ -1,1 +1,1 @@
-"""The I/O and cluster layer: paths (local and gs://), workdir locks, multi-host processes, TensorBoard summaries."""
+"""The I/O and cluster layer: paths (local and gs://), workdir locks, multi-host processes, TensorBoard summaries, the chip catalogue."""

@@ -37,7 +37,7 @@ import os
 import posixpath
 import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any
 
 from specdec_jax import errors
 
@@ -398,17 +398,3 @@ def local_copy(path: str) -> str:
   if read_bytes(local) != data:
     write_bytes(local, data)
   return local
-
-
-@contextlib.contextmanager
-def atomic_local_dir(path: str) -> Iterator[str]:
-  """A local directory to write into; uploaded to `path` when the block
-  ends without an error (for writers that need a local directory, e.g. the
-  TensorBoard event writer when the workdir is gs://)."""
-  if not is_remote(path):
-    os.makedirs(path, exist_ok=True)
-    yield path
-    return
-  with tempfile.TemporaryDirectory(prefix="specdec_jax_upload.") as local:
-    yield local
-    copy_tree(local, path)

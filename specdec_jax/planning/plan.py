@@ -45,7 +45,7 @@ from specdec_jax import sharding
 from specdec_jax import theory
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import trees
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 from specdec_jax.experiments import fit
 from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.experiments.fit import RunShape

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from specdec_jax.experiments import fit
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 from specdec_jax.planning import plan
 from specdec_jax.experiments.experiment import ConfigError
 

@@ -29,7 +29,7 @@ import optax
 
 from specdec_jax import sharding
 from specdec_jax.experiments import fit
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 from specdec_jax.planning import plan
 from specdec_jax.planning import topology
 from specdec_jax.experiments.experiment import ExperimentConfig

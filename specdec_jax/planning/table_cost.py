@@ -24,7 +24,7 @@ from typing import Sequence
 
 from specdec_jax import theory
 from specdec_jax.experiments import fit
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.planning import plan
 

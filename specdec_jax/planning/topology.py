@@ -23,7 +23,7 @@ from typing import Sequence
 import jax
 from jax.experimental import topologies
 
-from specdec_jax.experiments import chips
+from specdec_jax.infra import chips
 
 INSTALL_HINT = "pip install -e '.[tpu]' (brings libtpu)"
 

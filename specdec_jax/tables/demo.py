@@ -61,11 +61,11 @@ from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.data import text
 from specdec_jax.data import readers
-from specdec_jax.decoding import trees
+from specdec_jax.trees.shape import TreeShape
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import report
-from specdec_jax.experiments import timing
+from specdec_jax.experiments import compile_time
 from specdec_jax.tables import variants
 
 
@@ -237,9 +237,9 @@ def _rows(config: DemoConfig) -> list[tuple[str, str, Any]]:
       rows.append((SENTENCES, name, _row_config(
           config, SENTENCES, draft, gamma, temperature, name, chain)))
   for draft, tree in config.trees:  # sentence rows
-    shape = (trees.TreeShape(tuple(tree["parents"]))
+    shape = (TreeShape(tuple(tree["parents"]))
              if isinstance(tree, Mapping) else
-             trees.TreeShape.from_branching(tuple(tree)))
+             TreeShape.from_branching(tuple(tree)))
     label = shape.describe()
     if " " in label:
       label = f"{shape.num_nodes}n{shape.depth}d"
@@ -313,7 +313,7 @@ def run(config: DemoConfig, workdir: str) -> list[dict]:
     logging.info("demo group %d/%d: %s at temperature %g, side by side: %s",
                  number + 1, len(groups), task, temperature, ", ".join(names))
     group_start = time.perf_counter()
-    with timing.compile_clock() as clock, tasks.override_config(
+    with compile_time.compile_clock() as clock, tasks.override_config(
         vocab_path=vocab_path, local_data_dir=config.data_dir,
         wmt_ende_files={"test": files[task]}):
       results = experiment.run_side_by_side(

@@ -23,10 +23,10 @@ from absl import logging
 import gin
 
 from specdec_jax import errors
+from specdec_jax.infra import chips
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax.data import tasks
-from specdec_jax.experiments import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
 from specdec_jax.planning import paper

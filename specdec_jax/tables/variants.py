@@ -15,7 +15,7 @@ import numpy as np
 
 from specdec_jax import checkpoints
 from specdec_jax import theory
-from specdec_jax.experiments import costs
+from specdec_jax.experiments import step_timers
 
 
 def gamma_for(gammas: Any, temperature: float, draft: str) -> int:
@@ -50,7 +50,7 @@ def choose_variant(config: Any, input_ids: np.ndarray,
 
   For each candidate: the probe draft's gamma at temperature 0 on the
   sentences, and c, v of that gamma timed with the candidate's compiler
-  options on `input_ids` (`costs.measure_costs`; `rounds` rounds over all
+  options on `input_ids` (`step_timers.measure_costs`; `rounds` rounds over all
   candidates, each number keeping its fastest, so a slow stretch of the
   machine touches every candidate). Returns (name, {name: {gamma, c,
   verify_cost, predicted}}).
@@ -70,7 +70,7 @@ def choose_variant(config: Any, input_ids: np.ndarray,
   best: dict[str, dict] = {}
   for _ in range(rounds):
     for name, (options, gamma) in candidates.items():
-      m = costs.measure_costs(target, draft, input_ids, gamma=gamma,
+      m = step_timers.measure_costs(target, draft, input_ids, gamma=gamma,
                               cache_positions=config.max_decode_len + gamma + 1,
                               repeats=2, compiler_options=options)
       seen = best.setdefault(name, m)

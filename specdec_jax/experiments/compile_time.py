@@ -1,13 +1,8 @@
-"""Timing device work: one rule for every measured number in this project.
+"""How long a run spends making programs: JAX's compile events, counted.
 
-`best_time(fn, repeats)` calls `fn` `repeats` times, waits for each result
-(`jax.block_until_ready`; results fetched to the host are ready already) and
-returns the last result with the SHORTEST time. Why the minimum, not the
-median: on a shared machine interference (other processes, the OS, page
-faults) only ever adds time to a run, so the fastest of a few repeats is the
-estimate of the program's own cost that noise disturbs least, and measuring
-both sides of a speedup the same way keeps their ratio honest. The caller
-compiles first (one untimed call), so compilation is never timed.
+`compile_clock()` is a block that counts the seconds JAX spends tracing,
+lowering and compiling inside it, and the programs XLA compiled, so a run
+reports its compilation apart from its decoding (which `best_of` times).
 """
 
 from __future__ import annotations
@@ -16,9 +11,8 @@ import contextlib
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Iterator
 
-import jax
 from jax import monitoring
 
 # What JAX reports for each new program (jax/_src/dispatch.py): tracing to a
@@ -27,56 +21,6 @@ from jax import monitoring
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   "/jax/core/compile/backend_compile_duration")
-
-
-def best_time(fn: Callable[[], Any], repeats: int = 3) -> tuple[Any, float]:
-  """(fn's last result, the minimum seconds of `repeats` calls)."""
-  if repeats < 1:
-    raise ValueError(f"repeats must be >= 1, got {repeats}")
-  best, out = float("inf"), None
-  for _ in range(repeats):
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    best = min(best, time.perf_counter() - start)
-  return out, best
-
-
-def best_times(fns: Sequence[Callable[[], Any]],
-               repeats: int = 3) -> list[float]:
-  """The minimum seconds of each of `fns` over `repeats` interleaved rounds.
-
-  Each round calls every function once, in order. Use it for numbers that
-  are divided by one another (c and v are ratios of step times; a speedup is
-  a ratio of decode times): timed one after the other, each number's repeats
-  can all fall into one slow stretch of a shared machine (memory bandwidth
-  taken by a neighbour comes and goes over seconds) and skew the ratio;
-  interleaved, a slow stretch touches every number alike and each keeps its
-  fastest round.
-  """
-  return [seconds for _, seconds in best_runs(fns, repeats)]
-
-
-def best_runs(fns: Sequence[Callable[[], Any]], repeats: int = 3,
-              between: Callable[[], None] | None = None
-              ) -> list[tuple[Any, float]]:
-  """`best_times`, with each function's last result: [(result, seconds)].
-
-  `between`, if given, is called once after each round, untimed: other
-  measurements that should share the rounds' stretches of the machine
-  (`costs.RoundRobinTimer.tick`).
-  """
-  if repeats < 1:
-    raise ValueError(f"repeats must be >= 1, got {repeats}")
-  best = [float("inf")] * len(fns)
-  results = [None] * len(fns)
-  for _ in range(repeats):
-    for i, fn in enumerate(fns):
-      start = time.perf_counter()
-      results[i] = jax.block_until_ready(fn())
-      best[i] = min(best[i], time.perf_counter() - start)
-    if between is not None:
-      between()
-  return list(zip(results, best))
 
 
 @dataclasses.dataclass(eq=False)  # Clocks are told apart by identity.
@@ -129,7 +73,7 @@ def _on_duration(event: str, seconds: float, **_) -> None:
 def compile_clock() -> Iterator[CompileClock]:
   """Counts the compilation done inside the block (nestable).
 
-    with timing.compile_clock() as clock:
+    with compile_time.compile_clock() as clock:
       ...
     print(clock.seconds, clock.programs)
 

@@ -1,4 +1,7 @@
-"""Accelerator specifications for roofline projections (`plan.py`).
+"""The chip catalogue: accelerator specifications and TPU slice topologies.
+
+Read by the roofline projections (`planning/plan.py`), the fit check
+(`experiments/fit.py`) and the run configs that name a slice.
 
 Peak dense bfloat16 matmul throughput, HBM bandwidth and capacity, and the
 per-chip interconnect bandwidth that collectives between chips of one model

@@ -1,6 +1,6 @@
 """The costs an experiment's arms report: c, c_hat and verification costs.
 
-`costs` times model steps; this module decides which steps an experiment
+`step_timers` times model steps; this module decides which steps an experiment
 needs (those its arms' costs.json files lack), hands them to the timers that
 run between the decoding rounds, and turns the timings into each arm's
 costs.json. The steps are timed on the run's median-length input
@@ -25,7 +25,7 @@ from specdec_jax.infra import paths
 from specdec_jax.decoding import composite
 from specdec_jax.decoding import trees
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.experiments import costs
+from specdec_jax.experiments import step_timers
 from specdec_jax.experiments import workdir as workdir_lib
 
 
@@ -75,23 +75,23 @@ def missing_requests(configs: Sequence, stored: Sequence[dict | None],
                      gammas: Sequence[Sequence[int]]) -> dict[int, list]:
   """The model steps whose timings the arms' costs.json files lack
   (`stored`: `read_stored`'s), keyed by the arms' cost_repeats
-  (`costs.cost_requests`)."""
+  (`step_timers.cost_requests`)."""
   requests = collections.defaultdict(list)
   for config, costs_, draft, gs in zip(configs, stored, drafts, gammas):
     if costs_ is None:
       for g in gs:
         v = verified_gamma(draft, g)
-        requests[config.cost_repeats] += costs.cost_requests(
+        requests[config.cost_repeats] += step_timers.cost_requests(
             target, cost_model(draft), v, config.max_decode_len + v + 1)
   return requests
 
 
 def round_robin_timers(requests: dict[int, list], batches, timings: dict,
                        compiler_options=None) -> list:
-  """One `costs.RoundRobinTimer` per cost_repeats of `requests`, skipping
+  """One `step_timers.RoundRobinTimer` per cost_repeats of `requests`, skipping
   the steps `timings` already holds."""
   ids = shape_batch(batches).input_ids
-  return [costs.RoundRobinTimer(reqs, ids, repeats=repeats,
+  return [step_timers.RoundRobinTimer(reqs, ids, repeats=repeats,
                                 compiler_options=compiler_options,
                                 skip=timings)
           for repeats, reqs in requests.items()]
@@ -100,10 +100,10 @@ def round_robin_timers(requests: dict[int, list], batches, timings: dict,
 def time_missing(requests: dict[int, list], batches, timings: dict,
                  compiler_options=None) -> None:
   """Times into `timings` the steps of `requests` it lacks, all now, in
-  interleaved rounds (`costs.time_extends`)."""
+  interleaved rounds (`step_timers.time_extends`)."""
   ids = shape_batch(batches).input_ids
   for repeats, reqs in requests.items():
-    costs.time_extends(reqs, ids, repeats=repeats, timings=timings,
+    step_timers.time_extends(reqs, ids, repeats=repeats, timings=timings,
                        compiler_options=compiler_options)
 
 
@@ -116,7 +116,7 @@ def load_or_measure(config, target: Model, draft: Model, batches, gammas,
     return stored
   verified = {g: verified_gamma(draft, g) for g in gammas}
   measured = {
-      g: costs.measure_costs(target, cost_model(draft),
+      g: step_timers.measure_costs(target, cost_model(draft),
                              shape_batch(batches).input_ids,
                              gamma=verified[g],
                              cache_positions=(config.max_decode_len

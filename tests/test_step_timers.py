@@ -1,4 +1,4 @@
-"""Tests for specdec_jax.experiments.costs: the timed loops behind c and v.
+"""Tests for experiments/step_timers.py: the timed loops behind c and v.
 
 Every gamma of a run must time its model steps with the same compiled loop
 (cache lengths rounded by `padded_positions`), so a sweep of gammas compiles
@@ -15,8 +15,8 @@ import pytest
 
 from specdec_jax import Model
 from specdec_jax.decoding.protocol import Prefill
-from specdec_jax.experiments import costs
-from specdec_jax.experiments import timing
+from specdec_jax.experiments import step_timers
+from specdec_jax.experiments import compile_time
 from specdec_jax.models import registry
 
 
@@ -29,8 +29,8 @@ def _tiny(layers, seed):
 
 
 def test_padded_positions_rounds_up_to_the_quantum():
-  q = costs.POSITION_QUANTUM
-  assert [costs.padded_positions(n) for n in (1, q, q + 1, 2 * q)] == [
+  q = step_timers.POSITION_QUANTUM
+  assert [step_timers.padded_positions(n) for n in (1, q, q + 1, 2 * q)] == [
       q, q, 2 * q, 2 * q]
 
 
@@ -42,14 +42,14 @@ def test_gammas_of_one_run_share_the_step_loops():
   positions it would compile all five again."""
   target, draft = _tiny(2, 0), _tiny(1, 1)
   ids = np.array([[5, 6, 7, 1]], np.int32)
-  with timing.compile_clock() as clock:
-    first = costs.measure_costs(target, draft, ids, gamma=1,
+  with compile_time.compile_clock() as clock:
+    first = step_timers.measure_costs(target, draft, ids, gamma=1,
                                 cache_positions=8 + 1 + 1, repeats=1)
   # Prefill of the target and of the draft; target step, draft step,
   # verification of 2 tokens.
   assert clock.programs == 5
-  with timing.compile_clock() as clock:
-    second = costs.measure_costs(target, draft, ids, gamma=3,
+  with compile_time.compile_clock() as clock:
+    second = step_timers.measure_costs(target, draft, ids, gamma=3,
                                  cache_positions=8 + 3 + 1, repeats=1)
   assert clock.programs == 1  # verification of 4 tokens only
   for m in (first, second):
@@ -64,19 +64,6 @@ def test_gammas_of_one_run_share_the_step_loops():
                                   "verify_step_s"))
 
 
-def test_linear_verify_costs_recovers_a_line_and_averages_noise():
-  """A line a + b * gamma comes back exactly; zero-mean noise around it is
-  averaged out (the fit is closer to the line than the noisy timings)."""
-  gammas = np.arange(1, 9)
-  line = 1.2 + 0.1 * gammas
-  np.testing.assert_allclose(costs.linear_verify_costs(gammas, line), line)
-  noise = np.array([0.3, -0.3, 0.2, -0.2, 0.25, -0.25, 0.1, -0.1])
-  fitted = costs.linear_verify_costs(gammas, line + noise)
-  assert np.abs(fitted - line).max() < np.abs(noise).max()
-  with pytest.raises(ValueError, match="two or more distinct"):
-    costs.linear_verify_costs([3, 3], [1.5, 1.6])
-
-
 def test_shared_timings_time_each_model_step_once():
   """With one `timings` dict, two gammas and two drafts time the target's
   step once (every c and v then divides by the same number), each draft's
@@ -84,7 +71,7 @@ def test_shared_timings_time_each_model_step_once():
   target, draft_a, draft_b = _tiny(2, 0), _tiny(1, 1), _tiny(1, 2)
   ids = np.array([[5, 6, 7, 1]], np.int32)
   timings = {}
-  runs = [costs.measure_costs(target, d, ids, gamma=g,
+  runs = [step_timers.measure_costs(target, d, ids, gamma=g,
                               cache_positions=8 + g + 1, repeats=1,
                               timings=timings)
           for d in (draft_a, draft_b) for g in (1, 3)]
@@ -123,8 +110,8 @@ def test_timed_verification_reads_every_positions_logits():
   must see the first position as well as the last (reading the last
   position's argmax alone, as this loop once did, fails on position 0)."""
   definition = _OneHotAt()
-  prefill = costs._build_prefill(definition, 16)  # pylint: disable=protected-access
-  loop = costs._build_timed_loop(definition, 4, 2)  # pylint: disable=protected-access
+  prefill = step_timers._build_prefill(definition, 16)  # pylint: disable=protected-access
+  loop = step_timers._build_timed_loop(definition, 4, 2)  # pylint: disable=protected-access
   ids = np.array([[5, 1]], np.int32)
   cache, start = prefill(jnp.zeros(4, jnp.int32), ids)
   plain = loop(jnp.array([0, 0, 0, 0]), cache, start)
@@ -145,19 +132,19 @@ def test_time_extends_times_each_step_once_and_keys_models_by_params():
   target, draft = _tiny(2, 0), _tiny(1, 1)
   ids = np.array([[5, 6, 7, 1]], np.int32)
   timings = {}
-  requests = (costs.cost_requests(target, draft, 1, 10)
-              + costs.cost_requests(target, draft, 3, 12))
-  seconds = costs.time_extends(requests, ids, repeats=1, timings=timings)
+  requests = (step_timers.cost_requests(target, draft, 1, 10)
+              + step_timers.cost_requests(target, draft, 3, 12))
+  seconds = step_timers.time_extends(requests, ids, repeats=1, timings=timings)
   # Target and draft step, 2 and 4 tokens, target and draft prefill.
   assert len(timings) == 6
   assert seconds[0] == seconds[5] and seconds[1] == seconds[6]
   assert all(s > 0 for s in seconds)
   rewrapped = Model(draft.definition, draft.params)
-  again = costs.measure_costs(target, rewrapped, ids, gamma=3,
+  again = step_timers.measure_costs(target, rewrapped, ids, gamma=3,
                               cache_positions=12, repeats=1, timings=timings)
   assert len(timings) == 6 and again["draft_step_s"] == seconds[1]
   other = _tiny(1, 2)  # same definition as `draft`, other parameters
-  costs.measure_costs(target, other, ids, gamma=3, cache_positions=12,
+  step_timers.measure_costs(target, other, ids, gamma=3, cache_positions=12,
                       repeats=1, timings=timings)
   assert len(timings) == 8  # its step and its prefill
 
@@ -170,12 +157,12 @@ def test_round_robin_timer_times_loops_in_turn_and_tops_up_the_rest(
   per extend call, so `time_extends` then times none of them again."""
   target, draft = _tiny(2, 0), _tiny(1, 1)
   ids = np.array([[5, 6, 7, 1]], np.int32)
-  requests = costs.cost_requests(target, draft, 1, 10)  # 5 distinct loops
-  timer = costs.RoundRobinTimer(requests, ids, repeats=2)
+  requests = step_timers.cost_requests(target, draft, 1, 10)  # 5 distinct loops
+  timer = step_timers.RoundRobinTimer(requests, ids, repeats=2)
   ran = []
   # Ticks: loops 0-4, then 0 and 1 again; fill: loops 2, 3 and 4 once more.
   readings = iter([3.0, 1.0, 4.0, 4.0, 4.0, 2.0, 5.0, 9.0, 6.0, 7.0])
-  monkeypatch.setattr(costs.timing, "best_time", lambda fn, repeats: (
+  monkeypatch.setattr(step_timers.best_of, "best_time", lambda fn, repeats: (
       ran.append(fn) or (None, next(readings))))
   for _ in range(7):
     timer.tick()
@@ -188,9 +175,9 @@ def test_round_robin_timer_times_loops_in_turn_and_tops_up_the_rest(
   # 16 positions: the target's and the draft's one-token loops run 15
   # steps, the 2-token verification 7; a prefill runs once.
   timed = []
-  best_times = costs.timing.best_times
-  monkeypatch.setattr(costs.timing, "best_times", lambda fns, repeats: (
+  best_times = step_timers.best_of.best_times
+  monkeypatch.setattr(step_timers.best_of, "best_times", lambda fns, repeats: (
       timed.append(len(fns)) or best_times(fns, repeats)))
-  seconds = costs.time_extends(requests, ids, repeats=2, timings=timings)
+  seconds = step_timers.time_extends(requests, ids, repeats=2, timings=timings)
   assert timed == [0] and len(timings) == 5
   assert seconds == [2.0 / 15, 1.0 / 15, 4.0 / 7, 4.0, 4.0]

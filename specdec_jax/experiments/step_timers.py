@@ -1,4 +1,4 @@
-"""Measured and counted costs: c (walltime ratio) and c_hat (operations ratio).
+"""Timed model steps (c, the walltime ratio) and counted parameters (c_hat).
 
 c is the paper's cost coefficient: the time of one draft run over the time of
 one target run, both jitted, on the same inputs and cache length as real
@@ -25,7 +25,7 @@ from specdec_jax.decoding import api
 from specdec_jax.decoding import engine
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.experiments import timing
+from specdec_jax.experiments import best_of
 
 
 @functools.lru_cache(maxsize=32)
@@ -146,7 +146,7 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
 
   Every request's loop is compiled and run once untimed, then all are timed
   in `repeats` interleaved rounds, each keeping its fastest
-  (`timing.best_times`): the numbers this module divides by one another
+  (`best_of.best_times`): the numbers this module divides by one another
   (c, v) then share the machine's slow and quiet stretches.
 
   Args:
@@ -172,7 +172,7 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
   keys, loops = _prepare_loops(
       requests, input_ids, steps=steps, repeats=repeats,
       options=api.compiler_options_key(compiler_options), skip=timings)
-  seconds = timing.best_times([run for run, _ in loops.values()], repeats)
+  seconds = best_of.best_times([run for run, _ in loops.values()], repeats)
   for (key, (_, n)), s in zip(loops.items(), seconds):
     timings[key] = s / n
   return [timings[key] for key in keys]
@@ -181,7 +181,7 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
 class RoundRobinTimer:
   """Times the loops of `time_extends`, one per `tick`, between other work.
 
-  A run that times its decodes in interleaved rounds (`timing.best_runs`)
+  A run that times its decodes in interleaved rounds (`best_of.best_runs`)
   calls `tick` once per round: each call times the next loop in turn, so
   every loop is timed again and again over the whole run, in the same
   stretches of the machine as the decodes, and keeps its fastest time. The
@@ -209,7 +209,7 @@ class RoundRobinTimer:
     self._count = dict.fromkeys(self._order, 0)
 
   def _time(self, key) -> None:
-    _, seconds = timing.best_time(self._loops[key][0], 1)
+    _, seconds = best_of.best_time(self._loops[key][0], 1)
     self._best[key] = min(self._best[key], seconds)
     self._count[key] += 1
 
@@ -250,33 +250,6 @@ def cost_requests(target: Model, draft: Model, gamma: int,
   return [(target, 1, cache_positions), (draft, 1, cache_positions),
           (target, gamma + 1, cache_positions),
           (target, PREFILL, cache_positions), (draft, PREFILL, cache_positions)]
-
-
-def linear_verify_costs(gammas, verify_costs) -> np.ndarray:
-  """Least-squares line v(gamma) = a + b gamma through measured costs.
-
-  A verification of gamma + 1 tokens costs one call's fixed part plus a
-  part per token; on a CPU both are roughly constant over the small gammas
-  of interest, so a line describes v, and fitting it to all the gammas'
-  timings averages out the noise of each one (which, on a shared machine,
-  is larger than the difference between neighbouring gammas). On an
-  accelerator v is flat until the chip saturates and then steps up; there
-  use the timings as they are.
-
-  Args:
-    gammas: the gammas timed (at least two distinct).
-    verify_costs: v(gamma) measured for each, in target steps.
-
-  Returns:
-    The fitted v at each of `gammas` (float64 array).
-  """
-  g = np.asarray(gammas, np.float64)
-  v = np.asarray(verify_costs, np.float64)
-  if g.shape != v.shape or len(set(g.tolist())) < 2:
-    raise ValueError(f"need verification costs at two or more distinct "
-                     f"gammas, got gammas {g.tolist()} and costs {v.tolist()}")
-  slope, intercept = np.polyfit(g, v, 1)
-  return intercept + slope * g
 
 
 def count_params(params: Any) -> int:

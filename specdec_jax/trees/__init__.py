@@ -1,0 +1,1 @@
+"""Token trees' static shapes (`shape.py`); the drafter is `decoding/trees.py`."""
