@@ -18,12 +18,13 @@ from specdec_jax.decoding.api import DecodeResult  # noqa: E402
 from specdec_jax.decoding.api import generate  # noqa: E402
 from specdec_jax.decoding.api import SpeculativeDecoder  # noqa: E402
 from specdec_jax.decoding.api import speculative_generate  # noqa: E402
-from specdec_jax.decoding.cascades import cascade  # noqa: E402
-from specdec_jax.decoding.horizontal import horizontal  # noqa: E402
+from specdec_jax.drafts.cascades import cascade  # noqa: E402
+from specdec_jax.drafts.horizontal import horizontal  # noqa: E402
+from specdec_jax.drafts.prompt_lookup import prompt_lookup  # noqa: E402
 from specdec_jax.decoding.stopping import ConfidenceStop  # noqa: E402
 from specdec_jax.decoding.stopping import ExpectedGainStop  # noqa: E402
-from specdec_jax.decoding.trees import tree  # noqa: E402
-from specdec_jax.trees.shape import TreeShape  # noqa: E402
+from specdec_jax.drafts.trees import tree  # noqa: E402
+from specdec_jax.decoding.tree_shape import TreeShape  # noqa: E402
 from specdec_jax.decoding.protocol import Model  # noqa: E402
 from specdec_jax.sharding import make_mesh  # noqa: E402
 

@@ -347,8 +347,8 @@ def cascade_walltime_improvement(alphas, gammas, costs) -> float:
 
 
 # ----------------------------------------------------------------------------
-# Token trees (beyond the paper; `decoding/trees.py`, their shapes
-# `trees/shape.py`).
+# Token trees (beyond the paper; `drafts/trees.py`, their shapes
+# `decoding/tree_shape.py`).
 #
 # A tree's walk accepts, at each node, the child of rank j with probability
 # a[d, j] given that its elder siblings were rejected (d the child's depth

@@ -16,7 +16,7 @@ from specdec_jax import load_model
 from specdec_jax import sampling
 from specdec_jax import theory
 from specdec_jax.decoding import engine
-from specdec_jax.decoding import cascades as sd_cascades
+from specdec_jax.drafts import cascades as sd_cascades
 from specdec_jax.models import ngram
 from specdec_jax.decoding import stopping as sd_stopping
 from specdec_jax.decoding import acceptance

@@ -1,7 +1,7 @@
 """The layout is the architecture: each layer imports only from layers below.
 
   core         sampling, theory, sharding, tokens, errors, versions,
-               trees/, decoding/, models/
+               decoding/, drafts/, models/
   infra        infra/                (core): paths, locks, multihost, summaries,
                                      chips
   checkpoints  checkpoints/          (core, infra)
@@ -12,9 +12,11 @@
   launch       launch/               (experiments and below)
   tables       tables/               (everything)
 
-Inside the core, models/ sit above decoding/: a model satisfies the
-decoder's protocol (`decoding.protocol`), and decoding/ imports no model
-module (it tells families apart by the `family` a definition declares).
+Inside the core, models/ and drafts/ sit above decoding/: a model satisfies
+the decoder's protocol (`decoding.protocol`), a draft the drafter protocol
+(`decoding.protocol.Drafter`), and decoding/ imports neither (it tells
+families apart by the `family` a definition declares, and token trees by
+the `tree_shape` a draft declares).
 
 Invariants: (1) no module imports from a layer above its own; (2) no import
 inside a function, where it would hide an arrow; (3) no import circle
@@ -102,6 +104,8 @@ def _violations(module: str, imported: list[str]) -> list[str]:
   if module.startswith("specdec_jax.decoding"):
     out += [f"{module} (decoding) imports the model module {m}"
             for m in imported if m.startswith("specdec_jax.models")]
+    out += [f"{module} (decoding) imports the draft module {m}"
+            for m in imported if m.startswith("specdec_jax.drafts")]
   return out
 
 

@@ -24,9 +24,9 @@ import pytest
 
 import specdec_jax as sd
 from specdec_jax import sampling
-from specdec_jax.decoding import cascades
-from specdec_jax.decoding import drafters
+from specdec_jax.drafts import cascades
 from specdec_jax.decoding import engine
+from specdec_jax.decoding import protocol
 from specdec_jax.decoding import verify
 from tests import helpers
 
@@ -124,7 +124,7 @@ def test_stop_rule_that_peeks_at_the_target_fails(small_models, monkeypatch):
     accepted = accept(loop, logits, prop, key).accepted
     rejects = accepted < prop.length
     length = jnp.where(rejects, jnp.maximum(accepted, 1), prop.length)
-    return accept(loop, logits, drafters.chain_proposal(
+    return accept(loop, logits, protocol.chain_proposal(
         prop.tokens, prop.probs, prop.conf, length), key)
 
   monkeypatch.setattr(engine, "accept", peeking)

@@ -40,9 +40,9 @@ from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import stopping
-from specdec_jax.decoding.cascades import CascadeDef
-from specdec_jax.decoding.trees import TreeDef
-from specdec_jax.trees.shape import TreeShape
+from specdec_jax.drafts.cascades import CascadeDef
+from specdec_jax.drafts.trees import TreeDef
+from specdec_jax.decoding.tree_shape import TreeShape
 from specdec_jax.infra import chips
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import fit

@@ -21,7 +21,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax import sampling
 from specdec_jax.decoding import checks
-from specdec_jax.decoding import cascades
+from specdec_jax.drafts import cascades
 from specdec_jax.decoding import engine
 from specdec_jax.models import ngram
 from specdec_jax.decoding import stopping

@@ -1,4 +1,4 @@
-"""Tests for trees/shape.py: a token tree's static shape, and the
+"""Tests for decoding/tree_shape.py: a token tree's static shape, and the
 best shape under per-rank acceptance rates (`theory`'s expected tokens)."""
 
 import numpy as np

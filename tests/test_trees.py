@@ -1,4 +1,4 @@
-"""Token trees (`decoding/trees.py`): the models score a tree chunk as they
+"""Token trees (`drafts/trees.py`): the models score a tree chunk as they
 score each of its paths, the tree loop keeps the target's distribution, and
 a wrong verifier is caught.
 
@@ -24,9 +24,9 @@ import pytest
 import specdec_jax as sd
 from specdec_jax import sampling
 from specdec_jax.decoding import acceptance
-from specdec_jax.decoding import drafters
+from specdec_jax.decoding import cursor as cursor_lib
 from specdec_jax.decoding import engine
-from specdec_jax.decoding import trees
+from specdec_jax.decoding import protocol
 from specdec_jax.decoding import verify
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.models import registry
@@ -133,7 +133,7 @@ def test_a_walk_ending_at_a_childless_node_tests_nothing_there(fast):
   q = np.full((1, 2, vocab), 1e-3, np.float32)   # internal nodes 0, 1
   q[0, 0, [2, 3]] = 0.5 - 1e-3
   q[0, 1, 4] = 1.0 - 4e-3
-  prop = drafters.Proposal(tokens=tokens[:, 1:],
+  prop = protocol.Proposal(tokens=tokens[:, 1:],
                            valid=jnp.ones((1, 3), jnp.bool_),
                            probs=None if fast else jnp.asarray(q),
                            conf=jnp.zeros((1, 2)),
@@ -167,7 +167,7 @@ def _tree_vs_paths(definition, params, input_ids, prefix, shape, seed):
   tree_logits, _ = extend(
       params, cache, jnp.asarray(tokens),
       root[:, None] + shape.depths[None, :],
-      trees.tree_mask(shape, root, np.arange(shape.verified)))
+      cursor_lib.tree_mask(shape, root, np.arange(shape.verified)))
   path_logits = np.full(tree_logits.shape, np.nan, np.float32)
   for leaf in shape.levels[-1]:
     path = np.flatnonzero(shape.ancestors[leaf])      # root .. leaf
@@ -213,10 +213,10 @@ def test_kept_path_continues_like_a_chain(name):
   cursor = ModelCursor(pre.cache, pre.start_token,
                                           pre.start_pos)
   n = jnp.zeros((2,), jnp.int32)
-  _, tree_cursor = trees.feed(cursor, definition, params, jnp.asarray(tokens),
-                              n, shape, np.arange(shape.verified))
+  _, tree_cursor = cursor.extend_tree(definition, params, jnp.asarray(tokens),
+                                      n, shape, np.arange(shape.verified))
   path = jnp.asarray([[2, 6, 10], [1, 3, 7]], jnp.int32)  # second, first
-  kept = trees.keep_path(tree_cursor, definition, n, path)
+  kept = tree_cursor.keep_path(definition, n, path)
   nxt = jnp.asarray([[3], [3]], jnp.int32)
   at = pre.start_pos[:, None] + 4
   after_tree, _ = extend(params, kept.cache, nxt, at)

@@ -23,7 +23,6 @@ from specdec_jax.decoding import checks
 from specdec_jax.decoding.checks import compiler_options_key  # noqa: F401  (public)
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import stopping
-from specdec_jax.decoding import trees
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
 
@@ -234,7 +233,7 @@ class SpeculativeDecoder:
     checks.compiler_options_key(self.compiler_options)
     stopping.check_rule(self.draft_stop)
     put("on_nonfinite", checks.check_on_nonfinite(self.on_nonfinite))
-    shape = trees.shape_of(self.draft.definition)
+    shape = composite.tree_shape_of(self.draft.definition)
     if self.gamma is None:
       if shape is None:
         raise ValueError(
@@ -300,7 +299,7 @@ class SpeculativeDecoder:
     checks.check_width(max_decode_len + gamma + 1 + extra_width,
                        f"max_decode_len + gamma + 1 (+ {extra_width} for "
                        f"a cascade's inner gammas or a tree's nodes)")
-    shape = trees.shape_of(draft.definition)
+    shape = composite.tree_shape_of(draft.definition)
     checks.check_memory([target, *composite.models_of(draft)], ids.shape,
                         gamma, max_decode_len, bool(record_trace),
                         f"gamma={gamma}, max_decode_len={max_decode_len}"

@@ -311,6 +311,8 @@ def check_memory(models: list[Model], ids_shape: tuple[int, int],
     return
   caches = largest = 0
   for i, model in enumerate(models):
+    if not hasattr(model.definition, "prefill"):
+      continue  # a draft with no model of its own (prompt lookup)
     leaves, treedef = jax.tree.flatten(model.params)
     shapes = (treedef, tuple((tuple(x.shape), np.dtype(x.dtype))
                              for x in leaves))

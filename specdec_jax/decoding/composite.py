@@ -81,6 +81,12 @@ def call_sizes(definition: Any) -> tuple[list[tuple[Any, int]], int]:
   return [(definition, 2)], 0
 
 
+def tree_shape_of(definition: Any) -> Any:
+  """The `TreeShape` a draft definition proposes on when it is a token tree
+  (it declares `tree_shape`, as `drafts.trees.TreeDef`), else None."""
+  return getattr(definition, "tree_shape", None)
+
+
 def refuse_trees(what: str, *parts: tuple[str, Model]) -> None:
   """A TypeError naming the part that is a token tree (`trees.TreeDef`,
   which declares `tree_shape`): a tree drafts only for the target, its

@@ -14,8 +14,11 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax.decoding.protocol import ModelDef
+from specdec_jax.decoding.protocol import TreeMask
+from specdec_jax.decoding.tree_shape import TreeShape
 
 
 @flax.struct.dataclass
@@ -69,6 +72,31 @@ class ModelCursor:
     logits, cache = model.extend(params, self.cache, tokens, positions)
     return self.checked(logits, cache)
 
+  def extend_tree(self, model: ModelDef, params, tokens: jax.Array,
+                  n: jax.Array, shape: TreeShape,
+                  nodes: np.ndarray) -> tuple[jax.Array, "ModelCursor"]:
+    """Feeds the nodes `nodes` (static indices) of a token tree of `shape`
+    rooted at relative index n [B] with `tokens` [B, K]: each at the
+    position of its depth, in the slot n + its index, attending to the
+    committed tokens and its own ancestors (`protocol.TreeMask`); logits
+    [B, K, V]."""
+    root = self.start_pos + n
+    positions = root[:, None] + shape.depths[np.asarray(nodes)][None, :]
+    logits, cache = model.extend(params, self.cache, tokens, positions,
+                                 tree_mask(shape, root, nodes))
+    return self.checked(logits, cache)
+
+  def keep_path(self, model: ModelDef, n: jax.Array,
+                path: jax.Array) -> "ModelCursor":
+    """The cursor with a tree's accepted nodes `path` [B, D] (node indices
+    of a tree rooted at relative index n [B]) moved to relative indices
+    n + 1 .. n + D, the slots of their positions."""
+    depth = path.shape[1]
+    root = self.start_pos + n
+    src = root[:, None] + path
+    dst = root[:, None] + 1 + jnp.arange(depth)[None, :]
+    return self.replace(cache=model.copy_slots(self.cache, src, dst))
+
   def checked(self, logits: jax.Array,
               cache: Any) -> tuple[jax.Array, "ModelCursor"]:
     """(float32 logits, the cursor on `cache`), its non-finite flag
@@ -83,6 +111,17 @@ class ModelCursor:
       # docs/reliability.md).
       nonfinite = nonfinite | ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
     return logits, self.replace(cache=cache, nonfinite=nonfinite)
+
+
+def tree_mask(shape: TreeShape, root: jax.Array,
+              nodes: np.ndarray) -> TreeMask:
+  """The `TreeMask` of feeding `nodes` (static indices) of `shape` whose
+  root is at cache slot `root` [B]."""
+  nodes = np.asarray(nodes, np.int32)
+  return TreeMask(root=root.astype(jnp.int32),
+                  slots=root[:, None].astype(jnp.int32) + nodes[None, :],
+                  sees=jnp.asarray(shape.ancestors[nodes]),
+                  depth=jnp.asarray(shape.depths))
 
 
 def new_cursor(model: ModelDef, params, input_ids, num_positions,

@@ -2,15 +2,17 @@
 
 The engine (`engine.py`) asks a drafter for a `Proposal`: draft tokens
 placed on a static `TreeShape` (a chain of up to G tokens, the paper's
-setup, or a token tree, `trees.py`), with the probabilities q they were
-sampled from. The verifier scores every proposed node in one call and one
-walk (`verify.walk`) decides. Every drafter has the interface of the
-`Drafter` protocol below; `make_drafter` builds one per compiled loop.
+setup, or a token tree, `drafts/trees.py`), with the probabilities q they
+were sampled from. The verifier scores every proposed node in one call and
+one walk (`verify.walk`) decides. Every drafter has the interface of the
+`Drafter` protocol (`protocol.py`, beside the model contract);
+`make_drafter` builds one per compiled loop.
 
 This module has the plain one, `ModelDrafter` (one draft model run
-autoregressively, the paper's setup); `cascades.py` and `horizontal.py`
-compose drafters, `trees.py` expands a tree. `docs/extending.md` writes a
-new one (prompt lookup) through the protocol alone.
+autoregressively, the paper's setup), and the counters every drafter
+shares; `drafts/` composes drafters (cascades, horizontal drafters), expands
+trees and looks tokens up in the prompt. `docs/extending.md` writes a new
+one through the protocol alone.
 
 Cache validity ("refeed"). A drafter keeps its models' caches between
 iterations. Its caller guarantees that the entries of relative indices below
@@ -26,7 +28,7 @@ proposed nodes (G for a chain), I nodes with children, V vocabulary.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any
 
 import flax
 import flax.linen as nn
@@ -39,110 +41,13 @@ from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor
 from specdec_jax.decoding.cursor import refeed_indices
+from specdec_jax.decoding.protocol import chain_proposal
+from specdec_jax.decoding.protocol import Drafter
+from specdec_jax.decoding.protocol import KeepFn
+from specdec_jax.decoding.protocol import Levels
 from specdec_jax.decoding.protocol import ModelDef
-from specdec_jax.trees.shape import TreeShape
-
-KeepFn = Callable[[jax.Array, jax.Array], jax.Array]
-
-
-@flax.struct.dataclass
-class Proposal:
-  """What a drafter proposes for one iteration: tokens on its `shape`.
-
-  Attributes:
-    tokens: int32 [B, M], the token of nodes 1..M of the drafter's
-      `TreeShape` (node 0, the root, is the pending token); for a chain,
-      the G draft tokens in order.
-    probs: float32 [B, I, V], the q that the children of nodes 0..I-1 were
-      sampled from (for a chain, q of each token: [B, G, V]); None when
-      the acceptance rule uses no q (`acceptance.Greedy`).
-    conf: float32 [B, G], the draft's probability of each chain token (q(x);
-      the largest softmax probability when greedy), for stop rules; zeros
-      for a tree.
-    length: int32 [B] in [1, G], depths proposed (a chain's tokens at or
-      past it are padding; a tree's is its depth).
-    valid: bool [B, M], nodes that hold a proposal (a chain: below
-      `length`; a tree: nodes whose parent's q had enough tokens).
-  """
-
-  tokens: jax.Array
-  probs: Any
-  conf: jax.Array
-  length: jax.Array
-  valid: jax.Array
-
-
-def chain_proposal(tokens, probs, conf, length) -> Proposal:
-  """The Proposal of a chain: tokens [B, G], `length` [B] of them valid."""
-  gamma = tokens.shape[1]
-  return Proposal(tokens=tokens, probs=probs, conf=conf, length=length,
-                  valid=jnp.arange(gamma)[None, :] < length[:, None])
-
-
-@flax.struct.dataclass
-class Levels:
-  """Per-row counters of a drafter's levels (cascades have several).
-
-  Attributes:
-    calls: int32 [B, D], model runs of each level (0 the drafter's own).
-    alpha_sum: float32 [B, D - 1], summed beta of level i + 1's tokens
-      verified by level i (as the engine's `alpha`).
-    alpha_count: int32 [B, D - 1], the positions summed.
-  """
-
-  calls: jax.Array
-  alpha_sum: jax.Array
-  alpha_count: jax.Array
-
-
-class Drafter(Protocol):
-  """What the engine asks of a drafter (`ModelDrafter` is the plain one).
-
-  Attributes:
-    shape: the static `TreeShape` of every proposal (`TreeShape.chain(G)`
-      for a chain of up to G tokens).
-    depth: models in its chain of levels (1 for a plain model; a cascade
-      adds its inner drafter's).
-    extra_width: scratch positions it needs beyond max_decode_len + G + 1
-      in the cache buffers (a tree's side nodes, a cascade's overshoot).
-  """
-
-  shape: TreeShape
-  depth: int
-  extra_width: int
-
-  def init(self, params: Any, input_ids: jax.Array, num_positions: int,
-           check_finite: bool = True) -> Any:
-    """Its state (a pytree) after reading input_ids [B, L]: its models'
-    caches of `num_positions` decoder positions."""
-
-  def nonfinite(self, state: Any) -> jax.Array | None:
-    """bool [B]: a logit of its models was NaN or inf (None: unchecked)."""
-
-  def propose(self, params: Any, state: Any, stream: Stream, keys: jax.Array,
-              keep: KeepFn | None, limit: jax.Array
-              ) -> tuple[Proposal, Any, Levels]:
-    """Drafts for every row.
-
-    Args:
-      params: its parameters.
-      state: its state (caches valid below stream.length - refeed).
-      stream: the committed tokens [B, T'] and lengths [B].
-      keys: [B, G] PRNG keys, one per depth.
-      keep: None proposes exactly G tokens (the paper's fixed gamma); else
-        a stop rule's causal keep_going(tokens [B, G], conf [B, G]) -> bool
-        [B, G] (chains only).
-      limit: int32 [B] in [1, G], the most tokens a row may propose.
-
-    Returns:
-      (the Proposal, the new state, its Levels counters).
-    """
-
-  def commit(self, state: Any, length: jax.Array, path: jax.Array) -> Any:
-    """The state after verification accepted `path` int32 [B, G] (node
-    indices of `shape` below the root at relative index `length` [B]): a
-    chain keeps its state as is (rollback is the next write position)."""
-
+from specdec_jax.decoding.protocol import Proposal  # noqa: F401  (public)
+from specdec_jax.decoding.tree_shape import TreeShape
 
 def level_stats(calls, alpha_sum=None, alpha_count=None) -> Levels:
   """`Levels` of calls [B, D]; alpha_sum / alpha_count [B, D - 1] (none

@@ -39,13 +39,15 @@ from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax.decoding import acceptance
 from specdec_jax.decoding import drafters
-from specdec_jax.decoding import trees
 from specdec_jax.decoding import verify
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor as _cursor
 from specdec_jax.decoding.cursor import write_rows as _write
+from specdec_jax.decoding.protocol import Drafter
+from specdec_jax.decoding.protocol import Levels
 from specdec_jax.decoding.protocol import ModelDef
+from specdec_jax.decoding.protocol import Proposal
 from specdec_jax.decoding.stats import Counters
 from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.tokens import EOS_ID
@@ -59,7 +61,7 @@ class SpeculativeState:
     step: int32 scalar, iterations so far (one target call each).
     stream: generated tokens [B, T'], lengths [B], done flags [B].
     target: the target model's cursor (its cache and per-row start).
-    draft: the drafter's state (`drafters.Drafter`): for a draft model its
+    draft: the drafter's state (`Drafter`): for a draft model its
       cursor, whose cache is valid up to relative index length - 1 (or
       length - 2 after a fully accepted step); each step starts by feeding
       indices (length - 1, length) so both cases are covered.
@@ -273,7 +275,7 @@ class LoopConfig:
   draft_replicated: bool = False
 
   def drafter(self, sampler: Any = None,
-              rule: Any = None) -> drafters.Drafter:
+              rule: Any = None) -> Drafter:
     """The top-level drafter (sampler and rule: traced ones in a loop)."""
     sampler = sampler or self.sampler
     return drafters.make_drafter(self.draft, self.gamma, sampler, 1,
@@ -298,7 +300,7 @@ class Loop:
   sampler: Any
   rule: Any
   stop: Any
-  drafter: drafters.Drafter
+  drafter: Drafter
 
   @classmethod
   def trace(cls, config: LoopConfig, values: dict) -> "Loop":
@@ -427,7 +429,7 @@ def propose(loop: Loop, draft_params, s: SpeculativeState, keys):
 
 
 def score(loop: Loop, target_params, s: SpeculativeState,
-          prop: drafters.Proposal) -> tuple[jax.Array, ModelCursor]:
+          prop: Proposal) -> tuple[jax.Array, ModelCursor]:
   """The target's logits [B, M + 1, V] at the pending token and every
   proposed node, in one call: at consecutive positions for a chain (at the
   smallest compiled width covering the longest proposal under a stop
@@ -436,8 +438,8 @@ def score(loop: Loop, target_params, s: SpeculativeState,
   tokens = jnp.concatenate([s.target.token_at(s.stream, n[:, None]),
                             prop.tokens], axis=1)
   if shape.max_children > 1:
-    return trees.feed(s.target, c.target, target_params, tokens, n, shape,
-                      np.arange(shape.verified))
+    return s.target.extend_tree(c.target, target_params, tokens, n, shape,
+                                np.arange(shape.verified))
   index = n[:, None] + jnp.arange(c.gamma + 1)
   widths = (c.gamma,) if c.stop is None else verify_widths(c.gamma)
   if len(widths) == 1:
@@ -456,7 +458,7 @@ def score(loop: Loop, target_params, s: SpeculativeState,
   return jax.lax.switch(choice, [at_width(w) for w in widths], s.target)
 
 
-def accept(loop: Loop, logits: jax.Array, prop: drafters.Proposal,
+def accept(loop: Loop, logits: jax.Array, prop: Proposal,
            key: jax.Array) -> verify.Verdict:
   """One walk over the proposal with the loop's acceptance rule."""
   p = loop.rule.target(loop.sampler, logits)
@@ -469,15 +471,15 @@ def commit(loop: Loop, s: SpeculativeState, target: ModelCursor, draft_state,
   of their positions; a chain's rollback is just the next write index."""
   n = s.stream.length
   if loop.drafter.shape.max_children > 1:
-    target = trees.keep_path(target, loop.config.target, n, verdict.path)
+    target = target.keep_path(loop.config.target, n, verdict.path)
   draft_state = _in(loop.config.draft_rules(), loop.drafter.commit,
                     draft_state, n, verdict.path)
   return target, draft_state
 
 
-def count(loop: Loop, s: SpeculativeState, prop: drafters.Proposal,
+def count(loop: Loop, s: SpeculativeState, prop: Proposal,
           verdict: verify.Verdict, emitted: jax.Array,
-          levels: drafters.Levels) -> tuple[Counters, Any]:
+          levels: Levels) -> tuple[Counters, Any]:
   """The counters and the stop rule's statistics after one iteration,
   counted for the rows still decoding: alpha takes beta at every verified
   position emitted (`verify.counted_positions`) that the walk tested."""

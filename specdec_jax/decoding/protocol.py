@@ -1,8 +1,12 @@
-"""The contract between the decoding engine and a model, and `Model`.
+"""The contracts of the decoding engine: `ModelDef` for a model, `Drafter`
+for what proposes draft tokens (with its `Proposal`), and `Model`.
 
 The engine (`specdec_jax.decoding.engine`) drives any model that implements
 `ModelDef`: Flax T5 (encoder-decoder), the GPT-like decoder-only model, the
-n-gram drafters and the explicit "table" models used in tests.
+n-gram drafters and the explicit "table" models used in tests. It asks any
+`Drafter` for proposals: a draft model (`drafters.ModelDrafter`), a cascade,
+a horizontal drafter, a token tree, prompt lookup (`drafts/`), or your own
+(docs/extending.md).
 
 Positions, caches and rollback
 ------------------------------
@@ -22,7 +26,7 @@ token is the decoder start id 0 at position 0 and the encoder output lives in
 the cache; for a decoder-only model the start token is the last prompt token
 and every earlier prompt position is already in the cache after `prefill`.
 
-Token trees. `extend` may also take a `TreeMask` (`decoding/trees.py`): the
+Token trees. `extend` may also take a `TreeMask` (`drafts/trees.py`): the
 K tokens are then nodes of a tree, each written at its own cache slot and
 attending to the committed slots and to its ancestors only, at the
 position of its depth (not of its slot). Models that take trees also have
@@ -33,20 +37,23 @@ path of a tree into the slots of its positions.
 `load_model` returns and the decoders take.
 
 Dimension letters: B batch, L input length, K new tokens, V vocabulary,
-S cache length (decoder positions).
+S cache length (decoder positions); for drafters G most tokens per proposal
+(a tree's depth), M proposed nodes (G for a chain), I nodes with children.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 import weakref
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specdec_jax.decoding.tree_shape import TreeShape
 
 
 @flax.struct.dataclass
@@ -71,7 +78,7 @@ class Prefill:
 class TreeMask:
   """Where the K nodes of a token-tree chunk go and what each of them sees.
 
-  The tree's nodes 0..M (0 the root; `trees.shape.TreeShape` numbers them
+  The tree's nodes 0..M (0 the root; `tree_shape.TreeShape` numbers them
   breadth first) own the cache slots root..root + M; the slots below the
   root hold the committed sequence (slot s at position s), which every node
   sees; of the tree, a node sees itself and its ancestors only. A node of
@@ -227,3 +234,111 @@ def vocab_fingerprint(model: Model) -> tuple[str, int] | None:
         proto, bytes) else (hashlib.sha256(proto).hexdigest()[:16],
                             int(getattr(model.vocab, "extra_ids", 0) or 0))
   return _VOCAB_FINGERPRINTS[model]
+
+
+# ----------------------------------------------------------------------------
+# The drafter contract (`drafters.ModelDrafter` is the plain drafter; drafts/
+# has the others; docs/extending.md writes one).
+
+
+KeepFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+@flax.struct.dataclass
+class Proposal:
+  """What a drafter proposes for one iteration: tokens on its `shape`.
+
+  Attributes:
+    tokens: int32 [B, M], the token of nodes 1..M of the drafter's
+      `TreeShape` (node 0, the root, is the pending token); for a chain,
+      the G draft tokens in order.
+    probs: float32 [B, I, V], the q that the children of nodes 0..I-1 were
+      sampled from (for a chain, q of each token: [B, G, V]); None when
+      the acceptance rule uses no q (`acceptance.Greedy`).
+    conf: float32 [B, G], the draft's probability of each chain token (q(x);
+      the largest softmax probability when greedy), for stop rules; zeros
+      for a tree.
+    length: int32 [B] in [1, G], depths proposed (a chain's tokens at or
+      past it are padding; a tree's is its depth).
+    valid: bool [B, M], nodes that hold a proposal (a chain: below
+      `length`; a tree: nodes whose parent's q had enough tokens).
+  """
+
+  tokens: jax.Array
+  probs: Any
+  conf: jax.Array
+  length: jax.Array
+  valid: jax.Array
+
+
+def chain_proposal(tokens, probs, conf, length) -> Proposal:
+  """The Proposal of a chain: tokens [B, G], `length` [B] of them valid."""
+  gamma = tokens.shape[1]
+  return Proposal(tokens=tokens, probs=probs, conf=conf, length=length,
+                  valid=jnp.arange(gamma)[None, :] < length[:, None])
+
+
+@flax.struct.dataclass
+class Levels:
+  """Per-row counters of a drafter's levels (cascades have several).
+
+  Attributes:
+    calls: int32 [B, D], model runs of each level (0 the drafter's own).
+    alpha_sum: float32 [B, D - 1], summed beta of level i + 1's tokens
+      verified by level i (as the engine's `alpha`).
+    alpha_count: int32 [B, D - 1], the positions summed.
+  """
+
+  calls: jax.Array
+  alpha_sum: jax.Array
+  alpha_count: jax.Array
+
+
+class Drafter(Protocol):
+  """What the engine asks of a drafter (`ModelDrafter` is the plain one).
+
+  Attributes:
+    shape: the static `TreeShape` of every proposal (`TreeShape.chain(G)`
+      for a chain of up to G tokens).
+    depth: models in its chain of levels (1 for a plain model; a cascade
+      adds its inner drafter's).
+    extra_width: scratch positions it needs beyond max_decode_len + G + 1
+      in the cache buffers (a tree's side nodes, a cascade's overshoot).
+  """
+
+  shape: TreeShape
+  depth: int
+  extra_width: int
+
+  def init(self, params: Any, input_ids: jax.Array, num_positions: int,
+           check_finite: bool = True) -> Any:
+    """Its state (a pytree) after reading input_ids [B, L]: its models'
+    caches of `num_positions` decoder positions."""
+
+  def nonfinite(self, state: Any) -> jax.Array | None:
+    """bool [B]: a logit of its models was NaN or inf (None: unchecked)."""
+
+  def propose(self, params: Any, state: Any, stream: Any, keys: jax.Array,
+              keep: KeepFn | None, limit: jax.Array
+              ) -> tuple[Proposal, Any, Levels]:
+    """Drafts for every row.
+
+    Args:
+      params: its parameters.
+      state: its state (caches valid below stream.length - refeed).
+      stream: the `cursor.Stream`: committed tokens [B, T'], lengths [B]
+        and done flags [B].
+      keys: [B, G] PRNG keys, one per depth.
+      keep: None proposes exactly G tokens (the paper's fixed gamma); else
+        a stop rule's causal keep_going(tokens [B, G], conf [B, G]) -> bool
+        [B, G] (chains only).
+      limit: int32 [B] in [1, G], the most tokens a row may propose.
+
+    Returns:
+      (the Proposal, the new state, its Levels counters).
+    """
+
+  def commit(self, state: Any, length: jax.Array, path: jax.Array) -> Any:
+    """The state after verification accepted `path` int32 [B, G] (node
+    indices of `shape` below the root at relative index `length` [B]): a
+    chain keeps its state as is (rollback is the next write position)."""

@@ -35,9 +35,9 @@ import jax.numpy as jnp
 
 from specdec_jax import sampling
 from specdec_jax.decoding import acceptance
-from specdec_jax.decoding.drafters import chain_proposal
-from specdec_jax.decoding.drafters import Proposal
-from specdec_jax.trees.shape import TreeShape
+from specdec_jax.decoding.protocol import chain_proposal
+from specdec_jax.decoding.protocol import Proposal
+from specdec_jax.decoding.tree_shape import TreeShape
 from specdec_jax.tokens import EOS_ID
 
 

@@ -23,7 +23,6 @@ import numpy as np
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax.decoding import composite
-from specdec_jax.decoding import trees
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import step_timers
 from specdec_jax.experiments import workdir as workdir_lib
@@ -39,7 +38,7 @@ def cost_model(draft: Model) -> Model:
 def verified_gamma(draft: Model, gamma: int) -> int:
   """The gamma whose verification (gamma + 1 tokens) a target call of this
   draft costs: gamma itself, or a token tree's nodes."""
-  shape = trees.shape_of(draft.definition)
+  shape = composite.tree_shape_of(draft.definition)
   return gamma if shape is None else shape.num_nodes
 
 

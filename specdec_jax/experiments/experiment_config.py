@@ -15,7 +15,7 @@ from specdec_jax import errors
 from specdec_jax import sampling
 from specdec_jax.decoding import api
 from specdec_jax.decoding import stopping
-from specdec_jax.trees.shape import TreeShape
+from specdec_jax.decoding.tree_shape import TreeShape
 from specdec_jax.decoding.stopping import StopRule
 from specdec_jax.infra import chips
 

@@ -13,8 +13,8 @@ import numpy as np
 from specdec_jax import checkpoints
 from specdec_jax.data import readers
 from specdec_jax.data import tasks
-from specdec_jax.decoding import cascades
-from specdec_jax.decoding import trees
+from specdec_jax.drafts import cascades
+from specdec_jax.drafts import trees
 from specdec_jax.models import ngram
 from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import Model

@@ -104,7 +104,7 @@ def _row(config, records: Sequence[ExampleRecord], gamma: int, costs: dict,
 
 
 def _tree_columns(shape, spec, c: float, verify_cost: float) -> dict:
-  """A token-tree row's own columns (beyond the paper: `decoding/trees.py`).
+  """A token-tree row's own columns (beyond the paper: `drafts/trees.py`).
 
   The chain's predictions (Theorem 3.8 from alpha) do not apply to a tree;
   its expected tokens per call come from the measured acceptance of each

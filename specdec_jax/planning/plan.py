@@ -44,7 +44,7 @@ from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax import theory
 from specdec_jax.decoding import engine
-from specdec_jax.decoding import trees
+from specdec_jax.drafts import trees
 from specdec_jax.infra import chips
 from specdec_jax.experiments import fit
 from specdec_jax.experiments.experiment_config import ExperimentConfig

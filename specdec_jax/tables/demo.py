@@ -61,7 +61,7 @@ from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.data import text
 from specdec_jax.data import readers
-from specdec_jax.trees.shape import TreeShape
+from specdec_jax.decoding.tree_shape import TreeShape
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import report

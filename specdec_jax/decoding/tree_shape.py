@@ -1,6 +1,7 @@
-"""The static shape of a token tree: each draft node's parent, breadth first.
+"""The static shape of a proposal: each draft node's parent, breadth first
+(a chain of gamma tokens is `TreeShape.chain(gamma)`).
 
-A `TreeShape` is what a tree drafter (`decoding/trees.py`) expands level by
+A `TreeShape` is what a tree drafter (`drafts/trees.py`) expands level by
 level and what the target verifies in one call; its combinatorics (depths,
 levels, children, ranks, ancestors) are numpy arrays computed once, so the
 decoding loop closes over them as constants. Its expected tokens per call

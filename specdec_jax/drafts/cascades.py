@@ -40,15 +40,15 @@ from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor
 from specdec_jax.decoding.cursor import refeed_indices
 from specdec_jax.decoding.cursor import write_rows
-from specdec_jax.decoding.drafters import KeepFn
-from specdec_jax.decoding.drafters import chain_proposal
-from specdec_jax.decoding.drafters import Levels
+from specdec_jax.decoding.protocol import KeepFn
+from specdec_jax.decoding.protocol import chain_proposal
+from specdec_jax.decoding.protocol import Levels
 from specdec_jax.decoding.drafters import make_drafter
 from specdec_jax.decoding.drafters import level_stats
 from specdec_jax.decoding.drafters import slice_rows
 from specdec_jax.decoding.drafters import verified_level
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.trees.shape import TreeShape
+from specdec_jax.decoding.tree_shape import TreeShape
 from specdec_jax.tokens import EOS_ID
 
 
@@ -151,7 +151,7 @@ class CascadeLoop:
       their confidence (room for one overshooting inner iteration).
     probs: float32 [B, G + g + 1, V], q_M of each emitted token (None
       when the acceptance rule uses no q).
-    stats: per-level counters (`drafters.Levels`, depth levels).
+    stats: per-level counters (`protocol.Levels`, depth levels).
   """
 
   it: jax.Array

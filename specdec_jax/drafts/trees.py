@@ -44,10 +44,9 @@ from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor
 from specdec_jax.decoding.cursor import refeed_indices
 from specdec_jax.decoding.drafters import level_stats
-from specdec_jax.decoding.drafters import Proposal
+from specdec_jax.decoding.protocol import Proposal
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.decoding.protocol import TreeMask
-from specdec_jax.trees.shape import TreeShape
+from specdec_jax.decoding.tree_shape import TreeShape
 
 
 
@@ -59,41 +58,6 @@ def as_shape(shape: Any) -> TreeShape:
     return TreeShape.from_branching(shape)
   raise TypeError(f"a tree shape is a TreeShape or a branching per depth "
                   f"such as (3, 2, 1, 1), got {shape!r}.")
-
-
-def tree_mask(shape: TreeShape, root: jax.Array,
-              nodes: np.ndarray) -> TreeMask:
-  """The `TreeMask` of feeding `nodes` (static indices) of `shape` whose
-  root is at cache slot `root` [B]."""
-  nodes = np.asarray(nodes, np.int32)
-  return TreeMask(root=root.astype(jnp.int32),
-                  slots=root[:, None].astype(jnp.int32) + nodes[None, :],
-                  sees=jnp.asarray(shape.ancestors[nodes]),
-                  depth=jnp.asarray(shape.depths))
-
-
-def feed(cursor: ModelCursor, model: Any, params: Any, tokens: jax.Array,
-         n: jax.Array, shape: TreeShape, nodes: np.ndarray):
-  """Feeds the tree nodes `nodes` (static) with `tokens` [B, K] to a model
-  whose tree root is the row's relative index n [B]; (logits [B, K, V],
-  the cursor)."""
-  root = cursor.start_pos + n
-  positions = root[:, None] + shape.depths[np.asarray(nodes)][None, :]
-  logits, cache = model.extend(params, cursor.cache, tokens, positions,
-                               tree_mask(shape, root, nodes))
-  return cursor.checked(logits, cache)
-
-
-def keep_path(cursor: ModelCursor, model: Any, n: jax.Array,
-              path: jax.Array) -> ModelCursor:
-  """The cursor with the path's nodes `path` [B, D] (node indices of a tree
-  rooted at relative index n [B]) moved to relative indices n + 1 .. n + D,
-  the slots of their positions."""
-  depth = path.shape[1]
-  root = cursor.start_pos + n
-  src = root[:, None] + path
-  dst = root[:, None] + 1 + jnp.arange(depth)[None, :]
-  return cursor.replace(cache=model.copy_slots(cursor.cache, src, dst))
 
 
 def _without_replacement(key: jax.Array, q: jax.Array, count: int):
@@ -186,8 +150,8 @@ class TreeDrafter:
       valid = valid.at[:, below].set(kid_valid[:, parent_at, rank]
                                      & valid[:, level[parent_at]])
       if depth + 1 < shape.depth:
-        level_logits, cursor = feed(cursor, d, params, tokens[:, below], n,
-                                    shape, below)
+        level_logits, cursor = cursor.extend_tree(
+            d, params, tokens[:, below], n, shape, below)
         calls = calls + 1
     proposal = Proposal(
         tokens=tokens[:, 1:], valid=valid[:, 1:],
@@ -200,7 +164,7 @@ class TreeDrafter:
              path: jax.Array) -> ModelCursor:
     """After verification: the draft's cache keeps the accepted path (the
     nodes of its last level were never fed; their slots get refed)."""
-    return keep_path(cursor, self.definition, n, path)
+    return cursor.keep_path(self.definition, n, path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,8 +225,3 @@ def tree(draft: Model, shape: Any) -> Model:
         f"model and the n-gram drafters have).")
   return Model(definition=TreeDef(draft.definition, as_shape(shape)),
                params={"draft": draft.params}, vocab=draft.vocab)
-
-
-def shape_of(definition: Any) -> TreeShape | None:
-  """The tree shape of a draft definition (None: not a tree)."""
-  return definition.tree_shape if isinstance(definition, TreeDef) else None

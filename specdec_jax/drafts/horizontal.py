@@ -21,12 +21,12 @@ from specdec_jax import sampling
 from specdec_jax.decoding import composite
 from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import write_rows
-from specdec_jax.decoding.drafters import KeepFn
-from specdec_jax.decoding.drafters import chain_proposal
-from specdec_jax.decoding.drafters import Levels
+from specdec_jax.decoding.protocol import KeepFn
+from specdec_jax.decoding.protocol import chain_proposal
+from specdec_jax.decoding.protocol import Levels
 from specdec_jax.decoding.drafters import make_drafter
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.trees.shape import TreeShape
+from specdec_jax.decoding.tree_shape import TreeShape
 
 
 @dataclasses.dataclass(frozen=True)

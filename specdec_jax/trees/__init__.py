@@ -1,1 +1,0 @@
-"""Token trees' static shapes (`shape.py`); the drafter is `decoding/trees.py`."""
