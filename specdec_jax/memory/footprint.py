@@ -66,6 +66,7 @@ def _key(params: Any) -> Any:
 
 
 def _unkey(key: Any) -> Any:
+  """`_key` -> the tree of ShapeDtypeStructs it stands for."""
   treedef, leaves = key
   return jax.tree.unflatten(
       treedef, [jax.ShapeDtypeStruct(s, d) for s, d in leaves])
@@ -92,20 +93,22 @@ def cache_shapes(definition: Any, batch: int, input_len: int,
                        int(batch), int(input_len), int(positions))
 
 
+def _split(axis: Any, sizes: dict[str, int]) -> int:
+  """Devices a dimension on mesh `axis` (None, a name, a tuple) spans."""
+  names = () if axis is None else axis if isinstance(axis, tuple) else (
+      axis,)
+  return int(np.prod([sizes[a] for a in names]))
+
+
 def mesh_axes(shape: Sequence[int], logical: P, mesh_shape: MeshShape,
               rules=None) -> P:
   """The mesh axes of each dimension of a leaf of `shape` whose logical
   axes are `logical`; None where the axis does not divide the dimension
   (it then stays whole, as `sharding.batch_sharding` keeps rows)."""
   sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
-  out = []
-  for size, axis in zip(shape, tuple(sharding.logical_to_mesh(logical,
-                                                               rules))):
-    axes = () if axis is None else axis if isinstance(axis, tuple) else (
-        axis,)
-    out.append(axis if size % int(np.prod([sizes[a] for a in axes])) == 0
-               else None)
-  return P(*out)
+  return P(*[axis if size % _split(axis, sizes) == 0 else None
+             for size, axis in zip(shape, tuple(
+                 sharding.logical_to_mesh(logical, rules)))])
 
 
 def tree_bytes(shapes: Any, logical: Any = None,
@@ -118,11 +121,9 @@ def tree_bytes(shapes: Any, logical: Any = None,
   sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
   total = 0
   for leaf, spec in zip(leaves, specs):
-    parts = [int(np.prod([sizes[a] for a in (
-        () if axis is None else axis if isinstance(axis, tuple) else (axis,))]))
-             for axis in mesh_axes(leaf.shape, spec, mesh_shape, rules)]
-    share = np.prod([d // p for d, p in zip(leaf.shape, parts)]) * np.prod(
-        leaf.shape[len(parts):])
+    axes = tuple(mesh_axes(leaf.shape, spec, mesh_shape, rules))
+    axes += (None,) * (len(leaf.shape) - len(axes))
+    share = np.prod([d // _split(a, sizes) for d, a in zip(leaf.shape, axes)])
     total += int(share) * np.dtype(leaf.dtype).itemsize
   return total
 
@@ -174,6 +175,7 @@ def cache_bytes(definition: Any, batch: int, input_len: int, positions: int,
 
 
 def _subjaxprs(value: Any):
+  """The jaxprs an equation's parameter holds (a body, branches)."""
   if hasattr(value, "eqns"):
     yield value
   elif hasattr(getattr(value, "jaxpr", None), "eqns"):
@@ -184,8 +186,9 @@ def _subjaxprs(value: Any):
 
 
 def _largest(closed: Any) -> int:
-  """Bytes of the largest intermediate of a jaxpr and its sub-jaxprs, but
-  conversions of arguments and buffers the shape of an argument."""
+  """Bytes of the largest intermediate of a closed jaxpr and its
+  sub-jaxprs (loops, conditionals, nested calls), except conversions of
+  its arguments and buffers the shape of an argument."""
   top = closed.jaxpr
   args = {id(v) for v in top.invars}
   arg_shapes = {(tuple(v.aval.shape), v.aval.dtype) for v in top.invars}
@@ -243,7 +246,7 @@ class ModelBytes:
   """One model's bytes per device (see `model_bytes`)."""
 
   params: int
-  cache: int
+  cache: int  # all its leaves (keys, values, encoder output, indices)
   largest: int  # the largest intermediate of one call
 
 
