@@ -136,7 +136,9 @@ def summary(result: dict, output: str | None = None) -> str:
       f"{tuple(result['mesh_shape'])}, {result['dtype']}), figures from "
       f"{result['compiler']}, compiled in {result['compile_seconds']:.0f} s",
       f"fits: {result['fits']}: peak {result['peak_bytes_per_device'] / gb:.1f}"
-      f" GB of {result['hbm_bytes'] / gb:.1f} GB per device"]
+      f" GB of {result['hbm_bytes'] / gb:.1f} GB per device"
+      + ("" if "peak_bytes_shape_estimate" not in result else
+         f" (from shapes: {result['peak_bytes_shape_estimate'] / gb:.1f} GB)")]
   if "predicted_speedup" in result:
     def x(value):
       return "n/a" if value is None else f"{value:.2f}x"

@@ -1,7 +1,7 @@
 """The layout is the architecture: each layer imports only from layers below.
 
   core         sampling, theory, sharding, tokens, errors, versions,
-               decoding/, drafts/, models/
+               decoding/, drafts/, models/, memory/ (the memory model)
   infra        infra/                (core): paths, locks, multihost, summaries,
                                      chips
   checkpoints  checkpoints/          (core, infra)
@@ -208,6 +208,7 @@ from specdec_jax import decoding, models, checkpoints
 from specdec_jax.decoding import api, engine, protocol
 from specdec_jax.models import ngram
 from specdec_jax.models import gpt, registry, t5
+from specdec_jax.memory import footprint
 from specdec_jax.checkpoints import configs, hf, native, storage, t5x
 model = specdec_jax.load_model("t5_tiny", seed=0)
 import numpy as np

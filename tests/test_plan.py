@@ -59,6 +59,11 @@ def test_memory_figures_are_positive_and_model_axis_splits_weights(plans):
       assert memory["argument_bytes"] > 0 and memory["temp_bytes"] > 0
     assert p["target_step_seconds"] > 0 and p["c"] > 0
     assert p["verify_cost"] >= 1.0
+    # The compiler's figure and the memory model's, side by side; on CPU
+    # the verdict takes the larger.
+    assert p["compiled_peak_bytes_per_device"] > 0
+    assert p["peak_bytes_per_device"] == max(
+        p["compiled_peak_bytes_per_device"], p["peak_bytes_shape_estimate"])
   assert one["devices"] == 1 and four["devices"] == 4
   # No TPU topology: simulated CPU devices, and the plan says so.
   assert one["compiler"] == "XLA:CPU (simulated devices)"

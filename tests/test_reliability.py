@@ -18,6 +18,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax.decoding import checks
 from specdec_jax.decoding import engine
+from specdec_jax.memory import footprint
 from specdec_jax.models import ngram
 from tests import helpers
 
@@ -244,7 +245,7 @@ def test_impossible_sizes_are_refused_with_the_number_before_compiling(
   _refused(ValueError, r"max_decode_len=10000000 needs .* 4\.0 GiB is free",
            sd.generate, model=target, input_ids=ids, max_decode_len=10**7)
   # Ordinary sizes are not estimated at all (no tracing per call).
-  monkeypatch.setattr(checks, "model_bytes",
+  monkeypatch.setattr(footprint, "model_bytes",
                       lambda *a: pytest.fail("estimated an ordinary size"))
   checks.check_memory([target, draft], (8, 64), 7, 128, True, "ordinary")
 

@@ -39,6 +39,7 @@ import pytest
 from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax.decoding import engine
+from specdec_jax.memory import footprint
 from specdec_jax.decoding import stopping
 from specdec_jax.drafts.cascades import CascadeDef
 from specdec_jax.drafts.trees import TreeDef
@@ -130,13 +131,8 @@ def loops(v4):
 
 def _cache_bytes(definition, mesh_shape):
   """Bytes per device of each key and value cache of `definition`."""
-  cache = fit.cache_shapes(definition, None, 1, INPUT, DECODE + GAMMA + 1)
-  specs = jax.tree.leaves(definition.cache_logical_axes(cache),
-                          is_leaf=lambda x: isinstance(
-                              x, jax.sharding.PartitionSpec))
-  return [fit.shard_bytes(leaf, spec, mesh_shape)
-          for leaf, spec in zip(jax.tree.leaves(cache), specs)
-          if leaf.ndim >= 3]
+  return footprint.cache_bytes(definition, 1, INPUT, DECODE + GAMMA + 1,
+                            mesh_shape, min_rank=3)
 
 
 def test_every_topology_describes_its_chips():

@@ -1,15 +1,14 @@
 """Checks of everything a caller of the decoder can get wrong, run BEFORE
 anything is traced or compiled: the models and their compatibility, the
-inputs, sizes, seeds, compiler options, a memory estimate of the loop's
-buffers, and the non-finite policy. Each failure names the problem and
-its fix."""
+inputs, sizes, seeds, compiler options, the loop's buffers against the
+memory free (counted by `memory.footprint`), and the non-finite policy. Each
+failure names the problem and its fix."""
 
 from __future__ import annotations
 
 import functools
 import numbers
 import os
-import re
 from typing import Any
 import warnings
 
@@ -20,6 +19,7 @@ from specdec_jax.decoding import composite
 from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
+from specdec_jax.memory import footprint
 from specdec_jax.tokens import EOS_ID
 
 NONFINITE_CHOICES = ("error", "warn", "ignore")
@@ -245,41 +245,9 @@ def available_bytes() -> tuple[int | None, str]:
     return None, "unknown"
 
 
-def _nbytes(tree: Any) -> int:
-  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
-             for x in jax.tree.leaves(tree))
-
-
-_DTYPE_BYTES = {"i1": 1, "i8": 1, "ui8": 1, "i16": 2, "f16": 2, "bf16": 2,
-                "i32": 4, "ui32": 4, "f32": 4, "i64": 8, "ui64": 8, "f64": 8}
-_TENSOR = re.compile(r"tensor<((?:\d+x)+)([a-z]+\d+)>")
 # Below this many B x (G+1) x positions, every buffer of a sane model fits
 # (an attention score tensor of 64 heads is then 1 GiB): skip the estimate.
 _ESTIMATE_ABOVE = 1 << 22
-
-
-@functools.lru_cache(maxsize=32)
-def model_bytes(definition: Any, param_shapes: Any, ids_shape: tuple,
-                 num_positions: int, num_tokens: int) -> tuple[int, int]:
-  """(cache bytes, largest intermediate of one `extend` of num_tokens).
-
-  From shapes alone: `prefill` by `jax.eval_shape` and `extend` lowered to
-  StableHLO (traced, never compiled or run), whose largest tensor type is
-  the largest buffer one model call needs (attention scores, usually).
-  """
-  params = jax.tree.unflatten(param_shapes[0], [
-      jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in param_shapes[1]])
-  ids = jax.ShapeDtypeStruct(ids_shape, np.int32)
-  prefill = jax.eval_shape(
-      lambda p, i: definition.prefill(p, i, num_positions), params, ids)
-  tokens = jax.ShapeDtypeStruct((ids_shape[0], num_tokens), np.int32)
-  text = jax.jit(definition.extend).lower(params, prefill.cache, tokens,
-                                          tokens).as_text()
-  largest = 0
-  for dims, dtype in _TENSOR.findall(text):
-    size = int(np.prod([int(d) for d in dims[:-1].split("x")]))
-    largest = max(largest, size * _DTYPE_BYTES.get(dtype, 4))
-  return _nbytes(prefill), largest
 
 
 def check_memory(models: list[Model], ids_shape: tuple[int, int],
@@ -289,15 +257,15 @@ def check_memory(models: list[Model], ids_shape: tuple[int, int],
                   target_tokens: int | None = None) -> None:
   """Refuses, before compiling, a loop whose buffers cannot fit.
 
-  Counts each model's cache, the largest buffer of one model call (the
-  target scores gamma + 1 tokens at once, a draft 2), the float32 logits and
-  probabilities of one iteration (target [B, G+1, V], draft [B, G, V]) and
-  the token buffers; all from shapes (`model_bytes`). `call_tokens`: the
-  tokens per call of each draft model (`composite.call_sizes`: a cascade's
-  middle model verifies its inner gamma + 1 at once; default 2), and
-  `extra_width` the scratch positions a cascade or a tree adds,
-  `target_tokens` the tokens the target scores a call (default gamma + 1;
-  a tree's nodes + 1). A rough bound: it
+  Counts, per device of the models' mesh, each model's cache, the largest
+  buffer of one model call (the target scores gamma + 1 tokens at once, a
+  draft 2), the float32 logits and probabilities of one iteration and the
+  token buffers (`footprint.loop_bytes`), against the memory free beside the
+  parameters already placed. `call_tokens`: the tokens per call of each
+  draft model (`composite.call_sizes`: a cascade's middle model verifies
+  its inner gamma + 1 at once; default 2), and `extra_width` the scratch
+  positions a cascade or a tree adds, `target_tokens` the tokens the target
+  scores a call (default gamma + 1; a tree's nodes + 1). A rough bound: it
   catches the impossible (gamma=10**6, max_decode_len=10**7), not the
   tight. Skipped for sizes that always fit (`_ESTIMATE_ABOVE`).
   """
@@ -309,31 +277,30 @@ def check_memory(models: list[Model], ids_shape: tuple[int, int],
       for i in range(len(models) - 1)]
   if batch * width * max(tokens_per_call) <= _ESTIMATE_ABOVE:
     return
-  caches = largest = 0
-  for i, model in enumerate(models):
-    if not hasattr(model.definition, "prefill"):
-      continue  # a draft with no model of its own (prompt lookup)
-    leaves, treedef = jax.tree.flatten(model.params)
-    shapes = (treedef, tuple((tuple(x.shape), np.dtype(x.dtype))
-                             for x in leaves))
-    cache, peak = model_bytes(model.definition, shapes, tuple(ids_shape),
-                               width, tokens_per_call[i])
-    caches += cache
-    largest = max(largest, peak)
-  vocab = models[0].vocab_size
-  logits = 2 * 4 * batch * vocab * (target_tokens + sum(
-      max(gamma, t) for t in tokens_per_call[1:]))
-  tokens = 4 * batch * width * (1 + (gamma if record_trace else 0))
-  # The loop's carry is held twice where XLA cannot update it in place, and
-  # a model call keeps a few buffers of the largest size alive at once.
-  total = 2 * caches + 3 * largest + logits + tokens
+  counted = []
+  # A draft with no model of its own (prompt lookup) holds no cache.
+  pairs = [(m, t) for m, t in zip(models, tokens_per_call)
+           if hasattr(m.definition, "prefill")]
+  tokens_per_call = [t for _, t in pairs]
+  for model, tokens in pairs:
+    mesh_shape, replicated = footprint.placement(model.params)
+    counted.append(footprint.model_bytes(
+        model.definition, batch, ids_shape[1], width, tokens, mesh_shape,
+        replicated, params=model.params))
+  need = footprint.loop_bytes(counted, tokens_per_call, batch,
+                              models[0].vocab_size, width, gamma,
+                              record_trace)
+  # The parameters are on the device already: `available_bytes` is what
+  # is left beside them.
+  total = need["total"] - need["params"]
   free, where = available_bytes()
   if free is not None and total > free:
     raise ValueError(
         f"{what} needs at least {total / 2**30:,.1f} GiB of buffers (caches "
-        f"{caches / 2**30:,.1f} GiB for {width} positions x batch {batch}, "
-        f"the largest buffer of one model call {largest / 2**30:,.1f} GiB, "
-        f"logits/probabilities {logits / 2**30:,.1f} GiB) but only "
+        f"{need['caches'] / 2**30:,.1f} GiB for {width} positions x batch "
+        f"{batch}, the largest buffer of one model call "
+        f"{need['largest'] / 2**30:,.1f} GiB, logits/probabilities "
+        f"{need['logits'] / 2**30:,.1f} GiB) but only "
         f"{free / 2**30:,.1f} GiB is {where}: lower max_decode_len, gamma "
         f"or the batch size.")
 

@@ -2,27 +2,27 @@
 
 `run_shape` is what `experiment.run` would load (dtypes, replicated draft,
 cache lengths); `estimate` counts its bytes per device (parameters, caches,
-activations); `check_fits` refuses a run that cannot fit, with the numbers
-and the fix, before anything is loaded. `specdec_jax.planning` compiles the
-same shapes for the full memory and cost picture.
+activations) with `memory.footprint`, the memory model the decoder's input
+checks and the planner count with too; `check_fits` refuses a run that
+cannot fit, with the numbers and the fix, before anything is loaded.
+`specdec_jax.planning` compiles the same shapes for the full memory and
+cost picture, and records the compiler's figure beside this one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax import sharding
 from specdec_jax.checkpoints import configs
 from specdec_jax.infra import chips
 from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.experiment_config import ExperimentConfig
+from specdec_jax.memory import footprint
 from specdec_jax.models import registry
 
 GB = 1e9
@@ -114,83 +114,25 @@ def run_shape(config: ExperimentConfig, input_len: int | None = None
       topology=config.topology, tree=config.tree_shape())
 
 
-def _parts(logical_spec, mesh_shape) -> list[int]:
-  """How many ways each dimension is split on a (data, model) mesh."""
-  sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
-  out = []
-  for axis in tuple(sharding.logical_to_mesh(logical_spec)):
-    axes = () if axis is None else (axis if isinstance(axis, tuple) else
-                                    (axis,))
-    out.append(int(np.prod([sizes[a] for a in axes])))
-  return out
-
-
-def shard_bytes(shapes, logical_specs, mesh_shape) -> int:
-  """Bytes per device of a tree sharded by its logical axes (None: whole)."""
-  leaves = jax.tree.leaves(shapes)
-  if logical_specs is None:
-    specs = [jax.sharding.PartitionSpec()] * len(leaves)
-  else:
-    specs = jax.tree.leaves(logical_specs, is_leaf=lambda x: isinstance(
-        x, jax.sharding.PartitionSpec))
-  total = 0
-  for leaf, spec in zip(leaves, specs):
-    parts = _parts(spec, mesh_shape) if len(spec) else []
-    parts += [1] * (len(leaf.shape) - len(parts))
-    n = np.prod([math.ceil(d / p) for d, p in zip(leaf.shape, parts)])
-    total += int(n) * jnp.dtype(leaf.dtype).itemsize
-  return total
-
-
-@functools.lru_cache(maxsize=64)
-def _cache_shapes(definition, batch: int, length: int, positions: int) -> Any:
-  ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
-  return jax.eval_shape(
-      lambda p, i: definition.prefill(p, i, positions).cache,
-      definition.param_shapes(), ids)
-
-
-def cache_shapes(definition, params, batch: int, length: int,
-                 positions: int) -> Any:
-  del params  # the definition's own shapes
-  return _cache_shapes(definition, batch, length, positions)
-
-
-def decoder_weights(params) -> Any:
-  """What one decoder step reads: all but the encoder (the embedding table
-  is gathered a row at a time unless the logits are tied to it)."""
-  return {k: v for k, v in params.items() if k != "encoder"}
-
-
 def estimate(shape: RunShape) -> dict[str, Any]:
-  """Bytes per device from shapes alone: parameters, caches, activations."""
+  """Bytes per device from shapes alone (`memory.footprint`, the one
+  memory model): parameters, caches, activations, and their total."""
   mesh = shape.mesh_shape
-  positions = shape.positions
-  out = {}
-  for role, definition in (("target", shape.target), ("draft", shape.draft)):
-    params = definition.param_shapes()
+  out, counted = {}, []
+  for role, definition, tokens in (("target", shape.target, shape.verified),
+                                   ("draft", shape.draft, 2)):
     replicate = role == "draft" and shape.replicate_draft
-    specs = None if replicate else definition.param_logical_axes()
-    out[f"{role}_param_bytes"] = shard_bytes(params, specs, mesh)
-    out[f"{role}_param_bytes_total"] = shard_bytes(params, None, (1, 1))
-    cache = cache_shapes(definition, params, shape.batch, shape.input_len,
-                         positions)
-    out[f"{role}_cache_bytes"] = shard_bytes(
-        cache, definition.cache_logical_axes(cache), mesh)
-  cfg = shape.target.config
-  # Working set of the largest program (the encoder at full input length):
-  # attention scores [B, N, L, L] in float32 and the MLP hidden
-  # [B, L, F * len(activations)] in float32, a few live at once, plus the
-  # float32 logits of a verification.
-  model = mesh[1]
-  scores = shape.batch * cfg.num_heads * shape.input_len**2 * 4 / model
-  hidden = (shape.batch * shape.input_len * cfg.mlp_dim *
-            len(cfg.mlp_activations) * 4 / model)
-  logits = shape.batch * shape.verified * cfg.vocab_size * 4
-  out["activation_bytes"] = int(3 * max(scores, hidden) + 2 * logits)
-  out["total_bytes"] = (out["target_param_bytes"] + out["draft_param_bytes"]
-                        + out["target_cache_bytes"] + out["draft_cache_bytes"]
-                        + out["activation_bytes"])
+    counted.append(footprint.model_bytes(
+        definition, shape.batch, shape.input_len, shape.positions, tokens,
+        mesh, replicate))
+    out[f"{role}_param_bytes"] = counted[-1].params
+    out[f"{role}_param_bytes_total"] = footprint.param_bytes(definition)
+    out[f"{role}_cache_bytes"] = counted[-1].cache
+  need = footprint.loop_bytes(counted, (shape.verified, 2), shape.batch,
+                              shape.target.vocab_size, shape.positions,
+                              shape.gamma)
+  out["activation_bytes"] = need["activations"]
+  out["total_bytes"] = need["total"]
   return out
 
 

@@ -22,8 +22,9 @@ copies are live the whole time): the CPU's temporaries hold about twice the
 weights' bytes that a TPU or GPU never allocates, and the step programs'
 bytes accessed include the copies' writes and reads. `cpu_convert_bytes`
 finds those converts in the HLO; the figures used for fitting and for the
-roofline take them out (`*_tpu` / `bytes_accessed`), and `estimate` checks
-the remainder against a count from shapes (parameters + caches).
+roofline take them out (`*_tpu` / `bytes_accessed`), and the plan records
+the compiler's peak beside the memory model's count from shapes
+(`memory.footprint`: parameters, caches, activations per device).
 
 `check_fits` is the cheap half: shapes only, no compile. `run_experiment`
 calls it on real accelerators before loading anything.
@@ -49,7 +50,7 @@ from specdec_jax.infra import chips
 from specdec_jax.experiments import fit
 from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.experiments.fit import RunShape
-from specdec_jax.experiments.fit import cache_shapes
+from specdec_jax.memory import footprint
 from specdec_jax.planning import hlo
 from specdec_jax.planning import paper
 from specdec_jax.planning import topology
@@ -91,20 +92,18 @@ def abstract_params(definition, mesh, replicate: bool = False) -> Any:
 
 
 def _abstract_cache(definition, params, shape: RunShape, mesh) -> Any:
-  positions = shape.positions
-  cache = cache_shapes(definition, params, shape.batch, shape.input_len,
-                       positions)
+  del params  # the definition's own shapes
+  cache = footprint.cache_shapes(definition, shape.batch, shape.input_len,
+                                 shape.positions)
   specs = definition.cache_logical_axes(cache)
+  mesh_shape = (mesh.shape["data"], mesh.shape["model"])
 
   def place(leaf, spec):
     # Dimensions that do not divide stay whole (a batch of 1 on `data`), as
     # `sharding.batch_sharding` does for the inputs.
-    axes = [a if a is None or d % int(np.prod(
-        [mesh.shape[x] for x in (a if isinstance(a, tuple) else (a,))])) == 0
-            else None
-            for d, a in zip(leaf.shape, tuple(sharding.logical_to_mesh(spec)))]
     return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=(
-        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes))))
+        jax.sharding.NamedSharding(mesh, footprint.mesh_axes(
+            leaf.shape, spec, mesh_shape))))
 
   return jax.tree.map(place, cache, specs, is_leaf=lambda x: isinstance(
       x, jax.sharding.PartitionSpec))
@@ -201,15 +200,11 @@ def step_bytes_from_shapes(definition, shape: RunShape,
   decoder weights and its caches (self- and cross-attention), counted from
   shapes and the run's sharding. The roofline's numerator on every
   backend: compilers' own counts differ in what they include."""
-  mesh_shape = (1, 1) if replicated else shape.mesh_shape
-  weights = fit.decoder_weights(definition.param_shapes())
-  spec = None if replicated else fit.decoder_weights(
-      definition.param_logical_axes())
-  cache = cache_shapes(definition, None, shape.batch, shape.input_len,
-                       shape.positions)
-  return (fit.shard_bytes(weights, spec, mesh_shape) +
-          fit.shard_bytes(cache, definition.cache_logical_axes(cache),
-                          mesh_shape))
+  return (footprint.param_bytes(definition, shape.mesh_shape, replicated,
+                                decoder_only=True) +
+          sum(footprint.cache_bytes(definition, shape.batch, shape.input_len,
+                                    shape.positions, shape.mesh_shape,
+                                    replicated)))
 
 
 def _collective_seconds(collectives, chip: chips.Chip, parts: int) -> float:
@@ -274,20 +269,13 @@ def smallest_cache_leaf_bytes(shape: RunShape) -> int:
   """Bytes per device of the smallest key or value cache of either model: a
   copy this large inside a loop is a cache not updated in place."""
   out = []
-  positions = shape.positions
   for definition, replicated in ((shape.target, False),
                                  (shape.draft, shape.replicate_draft)):
-    mesh_shape = (1, 1) if replicated else shape.mesh_shape
-    cache = cache_shapes(definition, None, shape.batch, shape.input_len,
-                         positions)
-    specs = jax.tree.leaves(definition.cache_logical_axes(cache),
-                            is_leaf=lambda x: isinstance(
-                                x, jax.sharding.PartitionSpec))
     # Keys and values ([B, N, H, S] / [B, N, S, H]), not the cache's
     # per-row indices.
-    out += [fit.shard_bytes(leaf, spec, mesh_shape)
-            for leaf, spec in zip(jax.tree.leaves(cache), specs)
-            if leaf.ndim >= 3]
+    out += footprint.cache_bytes(definition, shape.batch, shape.input_len,
+                                 shape.positions, shape.mesh_shape,
+                                 replicated, min_rank=3)
   return min(out)
 
 
@@ -412,7 +400,8 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
                       programs["generate"]["memory"]["peak_bytes"])
   # Per device: the TPU compiler's own peak where it compiled the programs;
   # on simulated CPU devices the larger of the CPU's peak (float32 weight
-  # copies taken out) and the count from shapes.
+  # copies taken out) and the memory model's count from shapes
+  # (`memory.footprint`, recorded beside it either way).
   peak = compiled_peak if tpu else max(compiled_peak, est["total_bytes"])
 
   def seconds(step, collectives=None):
@@ -434,12 +423,9 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
   for name in ("target_step", "verify_step", "draft_step"):
     step = dict(programs[name])
     definition = shape.draft if name == "draft_step" else shape.target
-    spec = None if (name == "draft_step" and shape.replicate_draft) else \
-        definition.param_logical_axes()
-    weights = fit.decoder_weights(definition.param_shapes())
-    if spec is not None:
-      spec = fit.decoder_weights(spec)
-    step["weight_bytes"] = fit.shard_bytes(weights, spec, shape.mesh_shape)
+    step["weight_bytes"] = footprint.param_bytes(
+        definition, shape.mesh_shape,
+        name == "draft_step" and shape.replicate_draft, decoder_only=True)
     step["bytes_over_weights"] = step["bytes_accessed"] / step["weight_bytes"]
     # A TPU's count includes its prefetches into VMEM, several times the
     # weights by design: the flag reads a CPU's count only (the TPU's caches
@@ -468,7 +454,11 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
           "temporaries - aliased), the larger of the two loops" if tpu else
           "XLA:CPU's memory_analysis less its float32 weight copies, or the "
           "count from shapes where larger"),
+      "compiled_peak_bytes_per_device": compiled_peak,
       "peak_bytes_shape_estimate": est["total_bytes"],
+      "peak_bytes_shape_estimate_source": (
+          "memory.footprint: parameters + caches + activations per device "
+          "from shapes, the count the input and fit checks make"),
       "roofline_bytes_source": "shapes: decoder weights + caches per device",
       "memory": {"generate": programs["generate"]["memory"],
                  "speculative": spec_mem, "shape_estimate": est},
@@ -579,9 +569,7 @@ def decoder_step_bytes(shape: RunShape) -> dict[str, int]:
   compile): the roofline's numerator, for projections made before a run."""
   out = {}
   for role, definition in (("target", shape.target), ("draft", shape.draft)):
-    replicate = role == "draft" and shape.replicate_draft
-    spec = None if replicate else fit.decoder_weights(
-        definition.param_logical_axes())
-    out[role] = fit.shard_bytes(fit.decoder_weights(definition.param_shapes()), spec,
-                             shape.mesh_shape)
+    out[role] = footprint.param_bytes(
+        definition, shape.mesh_shape,
+        role == "draft" and shape.replicate_draft, decoder_only=True)
   return out
