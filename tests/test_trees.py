@@ -258,3 +258,40 @@ def test_bad_tree_settings_are_refused_before_compiling(toy):
     with pytest.raises(TypeError, match="token tree"):
       sd.horizontal(sd.tree(draft, (2,)), draft, split=1)
   assert compiles.count == 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_chains_walk_is_the_general_walk_on_a_chain(temperature):
+  """`verify.walk` takes every depth of a chain at once (`_walk_chain`);
+  on a chain it must decide exactly what the depth-by-depth walk of any
+  tree (`_walk_tree`) decides with the same uniforms: the tokens, the
+  counts and every counter the loop takes (beta, accept_prob at the
+  tested depths), for rows that accept 0..G tokens and rows that proposed
+  fewer than G (`valid`)."""
+  batch, gamma, vocab = 256, 4, 6
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(0, 1.5, (batch, gamma + 1, vocab)),
+                       jnp.float32)
+  sampler = sampling.SamplingConfig(temperature)
+  rule = acceptance.rule_for(sampler)
+  q = jax.nn.softmax(jnp.asarray(rng.normal(0, 1.5, (batch, gamma, vocab)),
+                                 jnp.float32) + logits[:, :gamma], -1)
+  tokens = jnp.asarray(np.argmax(
+      rng.gumbel(size=q.shape) + np.log(np.asarray(q)), -1), jnp.int32)
+  length = jnp.asarray(rng.integers(1, gamma + 1, batch), jnp.int32)
+  prop = protocol.chain_proposal(tokens, q if rule.uses_q else None,
+                                 jnp.zeros((batch, gamma)), length)
+  p = rule.target(sampler, logits)
+  u = jax.random.uniform(jax.random.key(3), (batch, gamma + 1))
+  fast = verify._walk_chain(rule, p, prop, u)  # pylint: disable=protected-access
+  slow = verify._walk_tree(rule, p, prop, sd.TreeShape.chain(gamma), u)  # pylint: disable=protected-access
+  assert 0 < int(jnp.sum(fast.accepted == 0)) < batch
+  assert int(jnp.sum(fast.accepted == length)) > 0
+  for name in ("accepted", "next", "count", "path", "rank", "tested"):
+    np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name),
+                                  err_msg=name)
+  tested = np.asarray(slow.tested)
+  for name in ("beta", "accept_prob"):
+    np.testing.assert_allclose(np.where(tested, getattr(fast, name), 0),
+                               np.where(tested, getattr(slow, name), 0),
+                               rtol=1e-6, err_msg=name)

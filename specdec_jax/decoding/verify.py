@@ -100,12 +100,22 @@ def walk(rule: Any, p: jax.Array, prop: Proposal, shape: TreeShape,
     shape: its `TreeShape` (a chain: `TreeShape.chain(G)`).
     key: one PRNG key per row [B].
   """
-  batch = p.shape[0]
   depth, width = shape.depth, shape.max_children
+  # One uniform per (depth, child) and one for the emitted token.
+  u = jax.vmap(lambda k: jax.random.uniform(k, (depth * width + 1,)))(key)
+  if width == 1:
+    return _walk_chain(rule, p, prop, u)
+  return _walk_tree(rule, p, prop, shape, u)
+
+
+def _walk_tree(rule: Any, p: jax.Array, prop: Proposal, shape: TreeShape,
+               u: jax.Array) -> Verdict:
+  """`walk` one depth at a time (any shape)."""
+  depth, width = shape.depth, shape.max_children
+  batch = p.shape[0]
   children = jnp.asarray(shape.children)
   num_children = jnp.asarray(shape.num_children)
   rows = jnp.arange(batch)
-  u = jax.vmap(lambda k: jax.random.uniform(k, (depth * width + 1,)))(key)
   # Node tokens with the root's slot, so node ids index them directly.
   tokens = jnp.pad(prop.tokens, ((0, 0), (1, 0)))
   valid = jnp.pad(prop.valid, ((0, 0), (1, 0)))
@@ -163,6 +173,41 @@ def walk(rule: Any, p: jax.Array, prop: Proposal, shape: TreeShape,
                   jnp.stack(probs_x, 1), p, path, jnp.stack(ranks, 1),
                   jnp.stack(tested, 1),
                   _drafted(tokens, path, accepted, shape))
+
+
+def _walk_chain(rule: Any, p: jax.Array, prop: Proposal,
+                u: jax.Array) -> Verdict:
+  """`walk` where every node has one child (a chain of G tokens), every
+  depth at once: the same rule calls on [B, G] instead of G steps on [B],
+  the same uniforms, so the same verdict (`tests/test_trees.py` checks
+  that they agree), with one residual instead of one per depth."""
+  batch, gamma = prop.tokens.shape
+  rows, depths = jnp.arange(batch), jnp.arange(gamma)[None, :]
+  per_depth = lambda f: jax.vmap(f, in_axes=1, out_axes=1)
+  x, q = prop.tokens, prop.probs
+  p_x = per_depth(rule.at)(p[:, :gamma], x)
+  q_x = None if q is None else per_depth(_at)(q, x)
+  ok = prop.valid & rule.accepts(u[:, :gamma], p_x, q_x)
+  accepted = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
+  if q is None:
+    beta = per_depth(lambda p_d, x_d: rule.overlap(p_d, None, x_d))(
+        p[:, :gamma], x)
+  else:
+    beta = per_depth(rule.overlap)(p[:, :gamma], q, x)
+  beta = jnp.where(prop.valid, beta, 0.0)
+  # Where the walk stopped: a rejection of a proposed token leaves the
+  # residual; past the proposal (or after a full accept) p itself.
+  stop = jnp.minimum(accepted, gamma - 1)
+  p_stop = p[rows, accepted]
+  rejected = (accepted < gamma) & prop.valid[rows, stop]
+  q_stop = None if q is None else q[rows, stop]
+  p_stop = _where(rejected, rule.residual(p_stop, q_stop), p_stop)
+  nxt = rule.draw(u[:, -1], p_stop)
+  hit = depths < accepted[:, None]
+  return _verdict(x, accepted, nxt, beta, rule.accept_prob(p_x, q_x), p,
+                  path=jnp.where(hit, depths + 1, accepted[:, None]),
+                  rank=jnp.where(hit, 0, 1),
+                  tested=depths <= accepted[:, None], drafted=x)
 
 
 def _at(q: Any, x: jax.Array) -> Any:
