@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -151,6 +152,43 @@ def test_a_live_lease_is_renewed_and_a_dead_one_taken_over(
     with workdir_lib.lock(workdir):
       pass
   paths.remove(paths.join(workdir, ".lock"))
+
+
+def test_a_restart_waits_out_a_dead_runs_lease_and_takes_over(
+    gcs_emulator, monkeypatch, caplog):  # noqa: F811
+  """Issue 60: a restart right after a kill -9 finds the dead run's lease
+  still live. It waits the lease out (one line: the holder, when the lease
+  ends), then takes the lock over, reporting when the holder last renewed
+  it (the lease's start, not its end). A lock renewed during the wait (a
+  live run) is refused instead (the control, in the test above)."""
+  monkeypatch.setenv(locks.LEASE_ENV, "1.5")
+  workdir = "gs://results/restarted"
+  lock = paths.join(workdir, ".lock")
+  killed = {"host": "killed-host", "pid": 7, "started": "then", "token": "k",
+            "lease_s": 2.0, "expires": time.time() + 2.0}
+  paths.write_bytes(lock, json.dumps(killed).encode())
+  start = time.monotonic()
+  with caplog.at_level(logging.WARNING):
+    with workdir_lib.lock(workdir):
+      waited = time.monotonic() - start
+      assert json.loads(paths.read_bytes(lock))["pid"] == os.getpid()
+  assert 1.5 < waited < 10, waited
+  waiting = [r.getMessage() for r in caplog.records
+             if "waiting for it" in r.getMessage()]
+  assert len(waiting) == 1, caplog.text
+  assert "killed-host" in waiting[0] and "lease runs out in 2 s" in waiting[0]
+  assert paths.read_bytes(lock) is None
+  # Taken over long after: the age is that of its last renewal (40 s), not
+  # of its lease's end (30 s).
+  dead = dict(killed, lease_s=10.0, expires=time.time() - 30)
+  paths.write_bytes(lock, json.dumps(dead).encode())
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    with workdir_lib.lock(workdir):
+      pass
+  assert re.search(r"last renewed it 4[01] s ago and its lease ran out "
+                   r"(30|31) s ago", caplog.text), caplog.text
+  assert "waiting for it" not in caplog.text
 
 
 def test_the_demo_model_loads_from_a_bucket(gcs_emulator):  # noqa: F811
