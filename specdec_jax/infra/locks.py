@@ -207,7 +207,7 @@ def _took_over(path: str, found: bytes) -> None:
 
 
 @contextlib.contextmanager
-def _remote_lock(workdir: str) -> Iterator[None]:
+def _remote_lock(workdir: str, wait: bool) -> Iterator[None]:
   path = paths.join(workdir, ".lock")
   lease = lease_seconds()
   started = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + " " +
@@ -231,7 +231,7 @@ def _remote_lock(workdir: str) -> Iterator[None]:
     if expires is None:  # from before leases: never taken over
       break
     if time.time() <= expires:
-      if waited:  # another run took the lock while this one waited
+      if waited or not wait:  # (another run took it while this one waited)
         break
       found, current, changed = _wait_out(path, found, current)
       waited = True
@@ -247,8 +247,9 @@ def _remote_lock(workdir: str) -> Iterator[None]:
     text = (found or b"?").decode(errors="replace").strip()
     expires = _expires(found)
     live = "" if expires is None else (
-        f" Its lease runs out in {max(expires - time.time(), 0):.0f} s and "
-        "its holder renewed it while this run waited, so that run is alive.")
+        f" Its lease runs out in {max(expires - time.time(), 0):.0f} s" + (
+            " and its holder renewed it while this run waited, so that run "
+            "is alive." if waited else "."))
     raise WorkdirError(
         f"workdir {workdir} is in use by another run ({path} holds {text}):"
         " two runs in one workdir would mix their results. Wait for it to "
@@ -270,11 +271,21 @@ def _remote_lock(workdir: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def lock(workdir: str) -> Iterator[None]:
+def lock(workdir: str, wait: bool = True) -> Iterator[None]:
   """Holds an exclusive lock on `<workdir>/.lock` while the block runs: an
-  OS lock locally, a lock object on gs://."""
+  OS lock locally, a lock object on gs://.
+
+  Args:
+    workdir: the directory (local or gs://).
+    wait: on gs://, wait out another run's live lease before refusing (a
+      restart right after a kill); False refuses at once. A local lock is
+      never waited for: the OS drops a dead holder's lock at once.
+
+  Raises:
+    WorkdirError: another run holds the lock.
+  """
   if paths.is_remote(workdir):
-    with _remote_lock(workdir):
+    with _remote_lock(workdir, wait):
       yield
     return
   path = os.path.join(workdir, ".lock")
