@@ -189,7 +189,7 @@ def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
   assert survivor == 1 and waited < 60, (survivor, waited, _tail(tmp_path))
   last = (tmp_path / "killed1.txt").read_text().strip().splitlines()[-1]
   assert last.startswith("PeerHostLost: process 1 of 2 was ended"), last
-  assert "taken over once its lease runs out" in last, last
+  assert "waits for a lost process 0's lock to run out" in last, last
   assert "scripts/run_experiment.py" in last and WORKDIR in last, last
   assert killed_at >= 1, "no example finished in 900 s:\n" + _tail(tmp_path)
   assert killed_at < EXAMPLES, "the kill came after the run ended"

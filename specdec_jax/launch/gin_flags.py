@@ -176,8 +176,9 @@ def _lost_peer_message() -> str:
           "kept. " if workdir else "")
   lock = ""
   if workdir and paths.is_remote(workdir):
-    lock = (" (a lost process 0's lock object is taken over once its lease "
-            f"runs out, {locks.lease_seconds():g} s after it died)")
+    lock = (" (started at once, it waits for a lost process 0's lock to "
+            f"run out, at most {locks.lease_seconds():g} s, and takes it "
+            "over)")
   command = " ".join(shlex.quote(arg) for arg in sys.argv)
   return (f"PeerHostLost: {who} was ended by JAX's distributed service: a "
           "peer host of this multi-host job was lost (killed or preempted) "
