@@ -442,7 +442,8 @@ def test_a_refused_run_leaves_no_trace_and_ctrl_c_stops_in_one_line(
        str(tmp_path / "absent")),
       ("--gin.experiment.ExperimentConfig.gamma=0", "every gamma must be")):
     result = helpers.run_script("run_experiment", *args, refused)
-    assert result.returncode == 1 and why in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 1 and why in result.stderr, (
+        result.stderr[-3000:])
     assert not workdir.exists(), sorted(os.listdir(workdir))
   # The fixed command, as a real process (a terminal's Ctrl-C is SIGINT).
   log = tmp_path / "interrupted.txt"

@@ -24,8 +24,13 @@ A workdir may be gs://bucket/run: every file goes through `specdec_jax.infra.pat
 Cloud Storage has no append, so there `append_line` rewrites the JSONL
 object whole (an atomic replace: a kill loses at most the record being
 added), and the lock is an object `.lock` created only if absent (GCS's
-`ifGenerationMatch=0`), naming its holder; nothing releases it when its
-holder dies, so the error says how to remove a stale one.
+`ifGenerationMatch=0`), naming its holder, with a lease: a restart waits
+out a dead holder's lease and takes the lock over (`infra/locks.py`).
+
+A run that stops before its first example (refused, or Ctrl-C while
+loading) leaves a workdir it found absent or empty as it found it
+(`left_as_found`), so the corrected command is not refused for results that
+do not exist.
 """
 
 from __future__ import annotations
@@ -170,7 +175,8 @@ def left_as_found(workdir: str, primary: bool = True) -> Iterator[None]:
     if not found:
       try:
         _clear(workdir, absent=found is None)
-      except Exception as e:  # pylint: disable=broad-except  (the run's error matters)
+      # The run's own error matters more than this one.
+      except Exception as e:  # pylint: disable=broad-except
         logging.warning("could not empty %s after the run stopped (%s): "
                         "delete it before running again", workdir, e)
     raise

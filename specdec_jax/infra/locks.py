@@ -14,8 +14,8 @@ line. A restart that finds a live lease waits it out (one line says whose
 lock, and when its lease ends): a run killed moments ago is then taken
 over, while a live run's next renewal shows and the restart is refused.
 The lease is $SPECDEC_LOCK_LEASE_S seconds (default 120); hosts' clocks
-must agree to well within it. Experiments (`experiments/workdir.py`) and gs:// training
-workdirs (`training/mirror.py`) take it.
+must agree to well within it. Experiments (`experiments/workdir.py`) and
+gs:// training workdirs (`training/mirror.py`) take it.
 """
 
 from __future__ import annotations
