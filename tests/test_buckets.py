@@ -191,6 +191,49 @@ def test_a_restart_waits_out_a_dead_runs_lease_and_takes_over(
   assert "waiting for it" not in caplog.text
 
 
+def test_a_run_stopped_before_its_first_example_leaves_the_bucket_as_found(
+    gcs_emulator):  # noqa: F811
+  """Issue 60: a run refused after writing config.gin, the fingerprint and
+  the lock object into a fresh gs:// workdir left them there, and the fixed
+  command was refused. Stopped before its first example, it now leaves the
+  workdir empty; a workdir with results, or one another run holds, is left
+  as it is (the controls)."""
+  fresh = "gs://results/refused_fresh"
+
+  def stopped_run(workdir, results=False):
+    with pytest.raises(FileNotFoundError, match="no such checkpoint"):
+      with workdir_lib.left_as_found(workdir):
+        paths.write_text(paths.join(workdir, "config.gin"), "gamma = 2")
+        with workdir_lib.lock(workdir):
+          paths.write_text(paths.join(workdir, "fingerprint.json"), "{}")
+          if results:
+            workdir_lib.append_line(paths.join(workdir, "examples.jsonl"),
+                                    {"id": "0"})
+          raise FileNotFoundError("no such checkpoint")
+
+  stopped_run(fresh)
+  assert paths.list_files(fresh) == []
+  stopped_run(fresh, results=True)  # the first example was written: kept
+  assert paths.list_files(fresh) == ["config.gin", "examples.jsonl",
+                                     "fingerprint.json"]
+  used = "gs://results/refused_used"
+  paths.write_text(paths.join(used, "notes.txt"), "mine")
+  stopped_run(used)
+  assert paths.list_files(used) == ["config.gin", "fingerprint.json",
+                                    "notes.txt"]
+  # Refused because another run holds the lock: that run's files stay.
+  held = "gs://results/refused_held"
+  other = {"host": "other-run", "pid": 1, "started": "now", "token": "t",
+           "lease_s": 60, "expires": time.time() + 60}
+  with pytest.raises(workdir_lib.WorkdirError):
+    with workdir_lib.left_as_found(held):
+      paths.write_bytes(paths.join(held, ".lock"), json.dumps(other).encode())
+      paths.write_text(paths.join(held, "config.gin"), "the other run's")
+      with workdir_lib.lock(held, wait=False):
+        pass
+  assert paths.list_files(held) == [".lock", "config.gin"]
+
+
 def test_the_demo_model_loads_from_a_bucket(gcs_emulator):  # noqa: F811
   paths.copy_tree(os.path.join(checkpoints.DEMO_DIR, "target"),
                   "gs://models/target")
