@@ -278,12 +278,13 @@ INTERRUPTED_STATUS = 128 + signal.SIGINT
 
 def _finished_examples(workdir: str) -> int | None:
   """The examples finished in `workdir`, its rows' included (None: it
-  could not be read)."""
+  holds no results file, e.g. a training workdir, or could not be read)."""
   try:
+    files = [name for name in paths.list_files(workdir)
+             if name.rsplit("/", 1)[-1] == workdir_lib.RESULTS]
     return sum(
         len(workdir_lib.read_done(paths.join(workdir, name), truncate=False))
-        for name in paths.list_files(workdir)
-        if name.rsplit("/", 1)[-1] == workdir_lib.RESULTS)
+        for name in files) if files else None
   except Exception:  # pylint: disable=broad-except  (a count is a courtesy)
     return None
 
