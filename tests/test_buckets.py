@@ -80,7 +80,10 @@ def test_create_exclusive_is_a_precondition_not_a_check(gcs_emulator,  # noqa: F
   assert paths.read_bytes(local) == b"first"
 
 
-def test_a_locked_bucket_workdir_names_its_holder_and_the_fix(gcs_emulator):  # noqa: F811
+def test_a_locked_bucket_workdir_names_its_holder_and_the_fix(
+    gcs_emulator, monkeypatch):  # noqa: F811
+  # A short lease: the second run waits until it sees the first renew.
+  monkeypatch.setenv(locks.LEASE_ENV, "1.5")
   workdir = "gs://results/locked"
   with workdir_lib.lock(workdir):
     with pytest.raises(workdir_lib.WorkdirError) as error:
@@ -89,6 +92,7 @@ def test_a_locked_bucket_workdir_names_its_holder_and_the_fix(gcs_emulator):  # 
     message = str(error.value)
     assert f'"pid": {os.getpid()}' in message and socket.gethostname() in message
     assert f"gcloud storage rm {workdir}/.lock" in message
+    assert "renewed it while this run waited" in message
   with workdir_lib.lock(workdir):  # released at the end of the block
     pass
 
