@@ -430,7 +430,7 @@ def test_a_refused_run_leaves_no_trace_and_ctrl_c_stops_in_one_line(
       "  max_decode_len = 6\n  cost_repeats = 1\n  trace_examples = 0\n"
       # Timed repeats slow each example down (not its compile), so the
       # Ctrl-C lands while examples remain.
-      "  gamma = 2\n  repeats = 40\n")
+      "  gamma = 2\n  repeats = 300\n")
   workdir = tmp_path / "wd"
   args = [f"--gin_file={gin_file}", f"--workdir={workdir}",
           f"--gin.TaskConfig.vocab_path='{task_config['vocab_path']}'",

@@ -299,8 +299,9 @@ def stopped_by_user_line() -> str:
   command = " ".join(shlex.quote(arg) for arg in sys.argv)
   done = _finished_examples(workdir) if workdir else None
   if done:
-    kept = (f" after {done} finished example{'s' if done != 1 else ''}: "
-            f"they are kept in {workdir}")
+    kept = (f" after {done} finished example" + (
+        f"s: they are kept in {workdir}" if done != 1 else
+        f": it is kept in {workdir}"))
   elif done == 0:
     kept = " before any example finished"
   else:
