@@ -3,10 +3,13 @@
 Invariants: everything a run writes into a `gs://` workdir lands in the
 bucket and nothing in a local `gs:` folder; a run killed midway resumes
 there without losing or repeating an example; the workdir lock is an object
-created only if absent, so a second run stops naming the first; the shipped
-demo model uploaded to a bucket loads as `gs://models/target` with the same
-parameters; and a call to an unreachable endpoint fails within the bounded
-wait with an error naming the bucket and the likely causes. Checkpoints
+created only if absent, so a second run stops naming the first, while a
+restart waits out a dead run's lease and takes it over; a run stopped before
+its first example leaves a fresh workdir empty; the shipped demo model
+uploaded to a bucket loads as `gs://models/target` with the same
+parameters; a refused connection to the endpoint fails at once, saying so,
+and a server that stalls fails within the bounded wait with an error naming
+the bucket and the likely causes. Checkpoints
 written into a bucket (`save`, `write_t5x`, `convert_checkpoint
 --output=gs://`) read back bit for bit (`hf:gs://...` too, sharded
 safetensors included), and the script against a closed
