@@ -15,6 +15,7 @@ import os
 from absl import flags
 import gin
 
+from specdec_jax.experiments import workdir
 from specdec_jax.tables import demo
 from specdec_jax.launch import gin_flags
 
@@ -31,8 +32,10 @@ def main(argv):
                   flags.FLAGS.gin_bindings)
   config = gin.get_configurable(demo.DemoConfig)()
   config = dataclasses.replace(config, overwrite=_OVERWRITE.value)
-  gin_flags.write_config(_WORKDIR.value)
-  table = demo.run(config, _WORKDIR.value)
+  # Stopped before its first example: a fresh workdir is left as found.
+  with workdir.left_as_found(_WORKDIR.value):
+    gin_flags.write_config(_WORKDIR.value)
+    table = demo.run(config, _WORKDIR.value)
   variant = None
   path = os.path.join(_WORKDIR.value, "variant.json")
   if config.variant == "fastest" and os.path.exists(path):

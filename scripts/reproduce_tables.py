@@ -30,6 +30,7 @@ import jax
 from specdec_jax.infra import paths
 from specdec_jax.infra import chips
 from specdec_jax.experiments import experiment
+from specdec_jax.experiments import workdir
 from specdec_jax.launch import gin_flags
 from specdec_jax.tables import reproduce
 from specdec_jax.data import tasks  # noqa: F401  (registers tasks and TaskConfig)
@@ -68,9 +69,11 @@ def main(argv):
   if not _ASSEMBLE_ONLY.value:
     files = reproduce.experiment_files(_EXPERIMENTS.value,
                                        gin_flags.search_paths())
-    reproduce.run_configs(files, _WORKDIR.value, flags.FLAGS.gin_file,
-                          flags.FLAGS.gin_bindings, _MAX_EXAMPLES.value,
-                          _chip())
+    # Stopped before its first example: a fresh workdir is left as found.
+    with workdir.left_as_found(_WORKDIR.value, gin_flags.is_primary()):
+      reproduce.run_configs(files, _WORKDIR.value, flags.FLAGS.gin_file,
+                            flags.FLAGS.gin_bindings, _MAX_EXAMPLES.value,
+                            _chip())
   if not gin_flags.is_primary():  # process 0 of a multi-host job writes
     return
   tables = reproduce.assemble(_WORKDIR.value, require=_ASSEMBLE_ONLY.value)

@@ -50,13 +50,16 @@ def main(argv):
     config = dataclasses.replace(config, overwrite=True)
   gin_flags.initialize_distributed(config.distributed)
   primary = gin_flags.is_primary()
-  # A refused rerun writes nothing (not even config.gin) into the workdir;
-  # process 0 decides, and every process stops with its message.
-  multihost.on_primary(
-      lambda: workdir.refuse_other_settings(_WORKDIR.value, config))
-  if primary:
-    gin_flags.write_config(_WORKDIR.value)
-  summary = experiment.run(config, _WORKDIR.value)
+  # A run refused before its first example (a missing checkpoint) leaves a
+  # fresh workdir as it found it, so the fixed command is not refused.
+  with workdir.left_as_found(_WORKDIR.value, primary):
+    # A refused rerun writes nothing (not even config.gin) into the
+    # workdir; process 0 decides, and every process stops with its message.
+    multihost.on_primary(
+        lambda: workdir.refuse_other_settings(_WORKDIR.value, config))
+    if primary:
+      gin_flags.write_config(_WORKDIR.value)
+    summary = experiment.run(config, _WORKDIR.value)
   if not primary:
     return
   gin_flags.write_operative_config(_WORKDIR.value)

@@ -12,6 +12,7 @@ every script), so a resumed run does not recompile.
 """
 
 import dataclasses
+import signal
 import sys
 
 from absl import flags
@@ -35,6 +36,8 @@ def main(argv):
   gin_flags.write_config(config.workdir)
   result = train.train(config)
   logging.info("final metrics: %s", result)
+  if result.get("signal") == signal.SIGINT:  # Ctrl-C: gin_flags.run's line
+    raise KeyboardInterrupt
   sys.exit(1 if result.get("stopped") else 0)
 
 

@@ -9,8 +9,10 @@ before any model loads.
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -405,6 +407,74 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
                            f"--workdir={tmp_path / 'bad'}",
                            "--gin.experiment.ExperimentConfig.gamma=0")
   assert bad.returncode != 0 and "every gamma must be >= 1" in bad.stderr
+
+
+def test_a_refused_run_leaves_no_trace_and_ctrl_c_stops_in_one_line(
+    setup, tmp_path):
+  """Issue 60. A run refused before its first example (a missing
+  checkpoint, gamma=0) left config.gin and fingerprint.json in the fresh
+  workdir, so the fixed command was refused for results that did not
+  exist: now the workdir is left absent, and the fixed command runs.
+  Ctrl-C during the examples printed a 65-line KeyboardInterrupt traceback
+  (status -2): now one line (the examples kept, the command that resumes)
+  and status 130, and the same command resumes, each example once."""
+  _, models, task_config = setup
+  gin_file = tmp_path / "exp.gin"
+  gin_file.write_text(
+      "from __gin__ import dynamic_registration\n"
+      "from specdec_jax.experiments import experiment\n"
+      "experiment.ExperimentConfig:\n"
+      "  task = 'wmt14_ende_local'\n"
+      f"  target = '{models['target']}'\n"
+      f"  draft = '{models['draft']}'\n"
+      "  max_decode_len = 6\n  cost_repeats = 1\n  trace_examples = 0\n"
+      # Timed repeats slow each example down (not its compile), so the
+      # Ctrl-C lands while examples remain.
+      "  gamma = 2\n  repeats = 300\n")
+  workdir = tmp_path / "wd"
+  args = [f"--gin_file={gin_file}", f"--workdir={workdir}",
+          f"--gin.TaskConfig.vocab_path='{task_config['vocab_path']}'",
+          f"--gin.TaskConfig.local_data_dir='{task_config['local_data_dir']}'",
+          "--gin.TaskConfig.wmt_ende_files={'test': 'mini'}",
+          f"--compilation_cache_dir={tmp_path / 'xla'}"]
+  for refused, why in (
+      (f"--gin.experiment.ExperimentConfig.target='{tmp_path / 'absent'}'",
+       str(tmp_path / "absent")),
+      ("--gin.experiment.ExperimentConfig.gamma=0", "every gamma must be")):
+    result = helpers.run_script("run_experiment", *args, refused)
+    assert result.returncode == 1 and why in result.stderr, (
+        result.stderr[-3000:])
+    assert not workdir.exists(), sorted(os.listdir(workdir))
+  # The fixed command, as a real process (a terminal's Ctrl-C is SIGINT).
+  log = tmp_path / "interrupted.txt"
+  with open(log, "w") as out:
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "scripts", "run_experiment.py"),
+         *args], stdout=out, stderr=subprocess.STDOUT, env=helpers.script_env())
+  try:
+    deadline = time.monotonic() + 300
+    while not (workdir / "examples.jsonl").exists() or not _lines(workdir):
+      assert proc.poll() is None and time.monotonic() < deadline, (
+          log.read_text()[-3000:])
+      time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  text = log.read_text()
+  done = len(_lines(str(workdir)))
+  assert code == 130, (code, text[-3000:])
+  assert "Traceback" not in text, text[-3000:]
+  last = text.strip().splitlines()[-1]
+  assert last.startswith(f"Stopped by the user (Ctrl-C) after {done} "
+                         f"finished example"), last
+  assert f"kept in {workdir}" in last and "run the same command" in last, last
+  assert done < len(SENTENCES), "the run ended before the Ctrl-C"
+  resumed = helpers.run_script("run_experiment", *args)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  ids = [r["id"] for r in _lines(str(workdir))]
+  assert sorted(ids) == sorted(set(ids)) and len(ids) == len(SENTENCES), ids
 
 
 # ----------------------------------------------------------------------------

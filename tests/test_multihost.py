@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -50,6 +51,8 @@ GAMMA = 4  # configs/experiments/demo/ende_sentences_draft_base_t0.gin
 # emulator (one per session).
 WORKDIR = "gs://results/two_processes"
 LEASE_S = 4
+# The killed run's: about twice what a restart takes to reach the lock.
+KILLED_LEASE_S = 40
 GCS_ENV = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
            "GOOGLE_AUTH_TOKEN_FOR_TESTING")
 
@@ -60,14 +63,14 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(cwd, cache, name, extra=()):
+def _launch(cwd, cache, name, extra=(), lease=LEASE_S):
   """Both processes of one job, started at once in `cwd` (logs there as
-  `<name><index>.txt`), the bucket's workdir and models in their flags;
-  their Popen objects."""
+  `<name><index>.txt`), the bucket's workdir and models in their flags,
+  holding the workdir's lock with a `lease` of that many seconds; their
+  Popen objects."""
   port = _free_port()
-  # One CPU device per process, not the 8 simulated ones of conftest.py;
-  # a short lease: a restart takes over a killed run's lock within seconds.
-  env = helpers.script_env(**{locks.LEASE_ENV: str(LEASE_S)})
+  # One CPU device per process, not the 8 simulated ones of conftest.py.
+  env = helpers.script_env(**{locks.LEASE_ENV: str(lease)})
   assert all(env.get(var) for var in GCS_ENV), "the emulator's environment"
   procs = []
   for index in range(2):
@@ -125,9 +128,10 @@ def _wait(procs, tmp_path):
 @pytest.fixture(scope="module")
 def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
   """A run into the bucket whose process 0 is killed after the first
-  example (the survivor exits with our one-line message), then resumed by
-  the same command, which takes over the dead run's lock once its lease
-  ran out: the processes' working directory and the examples done when
+  example (the survivor exits with our one-line message), then resumed at
+  once by the same command, which waits out the dead run's lease and takes
+  its lock over; then a restart while a live run renews the lock, which is
+  refused: the processes' working directory and the examples done when
   killed."""
   del gcs_emulator  # the environment it sets is inherited
   tmp_path = tmp_path_factory.mktemp("two_processes")
@@ -136,9 +140,13 @@ def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
     paths.copy_tree(os.path.join(checkpoints.DEMO_DIR, name),
                     f"gs://models/{name}")
   results = paths.join(WORKDIR, "examples.jsonl")
+  lock = paths.join(WORKDIR, ".lock")
+  # The killed run's lease outlasts the restart's start (imports, joining
+  # the job), so the restart meets a live lease and must wait it out.
   procs = _launch(tmp_path, cache, "killed",
                   ["--gin.ExperimentConfig.trace_examples=0",
-                   "--gin.ExperimentConfig.summary_every_examples=1"])
+                   "--gin.ExperimentConfig.summary_every_examples=1"],
+                  lease=KILLED_LEASE_S)
   try:
     # Generous: loading and compiling take ~1 min on 2 idle cores, several
     # on a machine shared with other jobs.
@@ -147,8 +155,13 @@ def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
         time.monotonic() < deadline):
       assert all(p.poll() is None for p in procs), _tail(tmp_path)
       time.sleep(0.2)
-    # The running processes hold the lock object.
-    assert paths.read_bytes(paths.join(WORKDIR, ".lock")) is not None
+    # The running processes hold the lock object. Killed right after a
+    # renewal, their lease outlasts the restart's start by about half.
+    held, generation = paths.read_generation(lock)
+    assert held is not None
+    while paths.read_generation(lock)[1] == generation:
+      assert time.monotonic() < deadline, _tail(tmp_path)
+      time.sleep(0.1)
     # Process 0's host dies (preempted): the survivor is ended by JAX's
     # distributed service within seconds and says so in one line of ours,
     # with the command that resumes (issue 47).
@@ -159,51 +172,74 @@ def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
   finally:
     for proc in procs:
       _kill(proc)
+  killed_at = len(_lines(results))
+  stale = paths.read_bytes(lock)
+  assert stale is not None  # SIGKILL released nothing
+  scalars = helpers.tensorboard_scalars(
+      lambda n: paths.read_bytes(paths.join(WORKDIR, n)), _events())
+  # Issue 60: the same command, restarted at once on both processes (as a
+  # preempted slice's startup script does), waits the dead run's lease out
+  # and completes; no second restart by hand.
+  restarted = _launch(tmp_path, cache, "resumed",
+                      ["--gin.ExperimentConfig.trace_examples=1"])
+  assert json.loads(stale)["expires"] > time.time() + 20, (
+      "the killed run's lease ran out before the restart: nothing to wait "
+      "out")
+  codes = _wait(restarted, tmp_path)
   assert survivor == 1 and waited < 60, (survivor, waited, _tail(tmp_path))
   last = (tmp_path / "killed1.txt").read_text().strip().splitlines()[-1]
   assert last.startswith("PeerHostLost: process 1 of 2 was ended"), last
-  assert "taken over once its lease runs out" in last, last
+  assert "waits for a lost process 0's lock to run out" in last, last
   assert "scripts/run_experiment.py" in last and WORKDIR in last, last
-  killed_at = len(_lines(results))
   assert killed_at >= 1, "no example finished in 900 s:\n" + _tail(tmp_path)
   assert killed_at < EXAMPLES, "the kill came after the run ended"
   # Issue 48: TensorBoard showed the run while it ran, and the killed run
-  # keeps what it showed: the examples it flushed, each at its step, with
+  # kept what it showed: the examples it flushed, each at its step, with
   # the alpha of its record (the kill may fall between a record and its
   # flush, never the other way round).
-  scalars = helpers.tensorboard_scalars(
-      lambda n: paths.read_bytes(paths.join(WORKDIR, n)), _events())
   shown = scalars[f"gamma_{GAMMA}/alpha"]
   assert 1 <= len(shown) <= killed_at and sorted(shown) == list(
       range(len(shown))), (shown, killed_at)
   done = _lines(results)
   assert [shown[i] for i in sorted(shown)] == pytest.approx(
       [done[i]["speculative"][str(GAMMA)]["alpha"] for i in sorted(shown)])
-  lock = paths.join(WORKDIR, ".lock")
-  stale = paths.read_bytes(lock)
-  assert stale is not None  # SIGKILL released nothing
-  # While another run holds a live lease, a restart is refused on both
-  # processes: process 0 names the holder and when its lease runs out,
-  # process 1 stops with process 0 (multihost.on_primary), and nothing is
-  # written. (The other run is written here; it then ends, leaving the
-  # killed run's stale lock as it was.)
+  assert codes == [0, 0], _tail(tmp_path)
+  resumed0 = (tmp_path / "resumed0.txt").read_text()
+  assert "waiting for it" in resumed0 and "took over the lock" in resumed0, (
+      resumed0[-3000:])
+  # While another run holds the lock and renews it, a restart is refused on
+  # both processes: process 0 sees a renewal while it waits and names the
+  # holder, process 1 stops with process 0 (multihost.on_primary), and
+  # nothing is written.
   live = {"host": "other-run", "pid": 1, "started": "now", "token": "t",
-          "lease_s": 600, "expires": time.time() + 600}
-  paths.write_bytes(lock, json.dumps(live).encode())
-  codes = _wait(_launch(tmp_path, cache, "refused"), tmp_path)
+          "lease_s": 3}
+  renewing = threading.Event()
+
+  def renew():  # the other run's lease thread, renewing every second
+    generation = None
+    while not renewing.wait(1.0 if generation else 0):
+      data = json.dumps(dict(live, expires=time.time() + 3)).encode()
+      if generation is None:
+        paths.write_bytes(lock, data)
+        generation = paths.read_generation(lock)[1]
+      else:
+        generation = paths.replace_if(lock, data, generation)
+    if generation:
+      paths.replace_if(lock, None, generation)
+
+  other_run = threading.Thread(target=renew)
+  other_run.start()
+  try:
+    codes = _wait(_launch(tmp_path, cache, "refused"), tmp_path)
+  finally:
+    renewing.set()
+    other_run.join()
   assert 0 not in codes, _tail(tmp_path)
   refused0 = (tmp_path / "refused0.txt").read_text()
-  assert "other-run" in refused0 and "lease runs out in" in refused0
+  assert "other-run" in refused0 and "renewed it while this run waited" in (
+      refused0), refused0[-3000:]
   assert "process 0 stopped the run" in (tmp_path / "refused1.txt").read_text()
-  assert len(_lines(results)) == killed_at
-  paths.write_bytes(lock, stale)
-  # The killed run's lease has run out: the same command, restarted on both
-  # processes with no hand step, takes its lock over (saying so) and
-  # completes (issue 48).
-  codes = _wait(_launch(tmp_path, cache, "resumed",
-                        ["--gin.ExperimentConfig.trace_examples=1"]), tmp_path)
-  assert codes == [0, 0], _tail(tmp_path)
-  assert "took over the lock" in (tmp_path / "resumed0.txt").read_text()
+  assert len(_lines(results)) == EXAMPLES
   return tmp_path, killed_at
 
 

@@ -24,18 +24,25 @@ A workdir may be gs://bucket/run: every file goes through `specdec_jax.infra.pat
 Cloud Storage has no append, so there `append_line` rewrites the JSONL
 object whole (an atomic replace: a kill loses at most the record being
 added), and the lock is an object `.lock` created only if absent (GCS's
-`ifGenerationMatch=0`), naming its holder; nothing releases it when its
-holder dies, so the error says how to remove a stale one.
+`ifGenerationMatch=0`), naming its holder, with a lease: a restart waits
+out a dead holder's lease and takes the lock over (`infra/locks.py`).
+
+A run that stops before its first example (refused, or Ctrl-C while
+loading) leaves a workdir it found absent or empty as it found it
+(`left_as_found`), so the corrected command is not refused for results that
+do not exist.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import subprocess
-from typing import Any
+from typing import Any, Iterator
 
 from absl import logging
 
@@ -88,6 +95,91 @@ def make_directory(path: str, what: str = "workdir") -> None:
   there."""
   check_directory_path(path, what)
   paths.makedirs(path)
+
+
+# The file whose presence (anywhere under a workdir: demo and table rows
+# have a workdir each) means results a user would not want lost.
+RESULTS = "examples.jsonl"
+
+
+def _entries(workdir: str) -> list[str] | None:
+  """The files under `workdir` (None: no such local directory; on gs:// an
+  absent and an empty folder are the same), lock objects left out."""
+  if paths.is_remote(workdir):
+    names = paths.list_files(workdir)
+  elif os.path.isdir(workdir):
+    names = os.listdir(workdir)
+  else:
+    return None
+  return [n for n in names if n != ".lock"]
+
+
+def _clear(workdir: str, absent: bool) -> None:
+  """Empties a workdir this process made and stopped in before any result
+  (removes it if it was `absent`), unless another run holds it now."""
+  if not paths.is_remote(workdir) and not os.path.isdir(workdir):
+    return  # nothing was made
+  if any(name.rsplit("/", 1)[-1] == RESULTS
+         for name in paths.list_files(workdir)):
+    return
+  try:
+    with lock(workdir, wait=False):
+      if paths.is_remote(workdir):
+        for name in paths.list_files(workdir):
+          if name != ".lock":  # released (deleted) by `lock` itself
+            paths.remove(paths.join(workdir, name))
+      else:
+        for name in os.listdir(workdir):
+          full = os.path.join(workdir, name)
+          if name == ".lock":
+            continue  # still held here; removed below
+          if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full)
+          else:
+            os.remove(full)
+  except WorkdirError:  # another run's now: its files are not ours
+    return
+  if not paths.is_remote(workdir):
+    if absent:
+      shutil.rmtree(workdir, ignore_errors=True)
+    else:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(workdir, ".lock"))
+
+
+@contextlib.contextmanager
+def left_as_found(workdir: str, primary: bool = True) -> Iterator[None]:
+  """A run that stops before its first result leaves a workdir it found
+  absent or empty as it found it.
+
+  Otherwise a run refused after writing `config.gin` and the fingerprint
+  (a missing checkpoint, gamma=0, Ctrl-C while loading) poisons a fresh
+  workdir: the corrected command is then refused for "results of other
+  settings" that do not exist. A workdir that held anything when the block
+  began is never touched, nor one another run holds when the block ends.
+
+  Args:
+    workdir: the run's directory (local or gs://).
+    primary: whether this process writes (only process 0 of a multi-host
+      job looks and cleans).
+
+  Yields:
+    Nothing; on an exception (KeyboardInterrupt included) leaving the block
+    with no `examples.jsonl` under the workdir, the files written into it
+    are removed, and the exception goes on.
+  """
+  found = _entries(workdir) if primary else ["not ours to clean"]
+  try:
+    yield
+  except BaseException:
+    if not found:
+      try:
+        _clear(workdir, absent=found is None)
+      # The run's own error matters more than this one.
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("could not empty %s after the run stopped (%s): "
+                        "delete it before running again", workdir, e)
+    raise
 
 
 def _code_version() -> dict:

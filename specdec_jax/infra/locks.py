@@ -10,10 +10,12 @@ every third of it, each time only if the object is still the generation it
 wrote (`paths.replace_if`), so two runs never hold it at once. Nothing
 releases the lock of a run that dies (a preempted host), but its lease
 runs out: a restart takes over a lock whose lease ended, saying so in one
-line, and refuses one whose lease is live. The lease is
-$SPECDEC_LOCK_LEASE_S seconds (default 120); hosts' clocks must agree to
-well within it. Experiments (`experiments/workdir.py`) and gs:// training
-workdirs (`training/mirror.py`) take it.
+line. A restart that finds a live lease waits it out (one line says whose
+lock, and when its lease ends): a run killed moments ago is then taken
+over, while a live run's next renewal shows and the restart is refused.
+The lease is $SPECDEC_LOCK_LEASE_S seconds (default 120); hosts' clocks
+must agree to well within it. Experiments (`experiments/workdir.py`) and
+gs:// training workdirs (`training/mirror.py`) take it.
 """
 
 from __future__ import annotations
@@ -147,15 +149,75 @@ class _Lease:
     self._thread.join(timeout=self._lease)
 
 
+def _wait_out(path: str, found: bytes, current: bytes
+              ) -> tuple[bytes | None, bytes, bool]:
+  """Waits for a held lock's lease to run out, reading the object again
+  every few seconds.
+
+  A restart right after a kill finds the dead run's lease still live; it
+  waits the lease out rather than asking the user to run it again. A live
+  run renews its lease every third of it, so a renewal shows within that
+  time, and the wait ends.
+
+  Args:
+    path: the lock object.
+    found: its contents as last read (names the holder and `expires`).
+    current: its storage generation as last read.
+
+  Returns:
+    (contents, generation, changed): the object as last read, and whether
+    it changed during the wait (renewed, replaced or deleted: the holder is
+    alive or gone), rather than its lease running out unchanged.
+  """
+  fields = _fields(found)
+  expires = float(fields["expires"])
+  holder = ", ".join(f"{k} {fields[k]}" for k in ("host", "pid", "started")
+                     if k in fields)
+  # Two reads per renewal period (a live holder renews every third of its
+  # lease), at most one every 5 s.
+  poll = min(5.0, max(0.25, float(fields.get("lease_s") or 30) / 6))
+  _LOG.warning(
+      "the lock %s is held by another run (%s) whose lease runs out in "
+      "%.0f s, at %s UTC: waiting for it. A dead run's lock (killed or "
+      "preempted) is then taken over; if that run renews it, it is alive "
+      "and this run stops.", path, holder or "?",
+      max(expires - time.time(), 0),
+      time.strftime("%H:%M:%S", time.gmtime(expires)))
+  while True:
+    left = expires - time.time()
+    if left < 0:
+      return found, current, False
+    time.sleep(min(poll, left + 0.05))
+    data, generation = paths.read_generation(path)
+    if generation != current:
+      return data, generation, True
+
+
+def _took_over(path: str, found: bytes) -> None:
+  """Logs a take-over: whose lock, when it was renewed last."""
+  fields = _fields(found)
+  expires = float(fields["expires"])
+  # The holder wrote `expires` at its last renewal, one lease ahead.
+  lease = float(fields.get("lease_s") or lease_seconds())
+  _LOG.warning(
+      "took over the lock %s: its holder %s last renewed it %.0f s ago and "
+      "its lease ran out %.0f s ago, so that run is dead", path,
+      found.decode(errors="replace").strip(),
+      time.time() - (expires - lease), time.time() - expires)
+
+
 @contextlib.contextmanager
-def _remote_lock(workdir: str) -> Iterator[None]:
+def _remote_lock(workdir: str, wait: bool) -> Iterator[None]:
   path = paths.join(workdir, ".lock")
   lease = lease_seconds()
   started = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + " " +
              uuid.uuid4().hex[:16])
   data = _holder(lease, started)
   generation = None
-  for _ in range(2):  # once more if the object vanished between two calls
+  waited = False
+  # Again if the object vanished between two calls, or its holder released
+  # it while this run waited.
+  for _ in range(3):
     if paths.create_exclusive(path, data):
       found, generation = paths.read_generation(path)
       break
@@ -166,25 +228,32 @@ def _remote_lock(workdir: str) -> Iterator[None]:
       generation = current
       break
     expires = _expires(found)
-    if expires is not None and time.time() > expires:
-      generation = paths.replace_if(path, data, current)
-      if generation is not None:
-        _LOG.warning(
-            "took over the lock %s: its holder %s stopped renewing it %.0f s "
-            "ago (its lease ran out), so that run is dead", path,
-            found.decode(errors="replace").strip(), time.time() - expires)
+    if expires is None:  # from before leases: never taken over
+      break
+    if time.time() <= expires:
+      if waited or not wait:  # (another run took it while this one waited)
+        break
+      found, current, changed = _wait_out(path, found, current)
+      waited = True
+      if changed:
+        if found is None:  # released: the workdir is free
+          continue
+        break  # renewed: its holder is alive
+    generation = paths.replace_if(path, data, current)
+    if generation is not None:
+      _took_over(path, found)
     break
   if generation is None:
     text = (found or b"?").decode(errors="replace").strip()
     expires = _expires(found)
-    wait = "" if expires is None else (
-        f" Its lease runs out in {max(expires - time.time(), 0):.0f} s: if "
-        "that run is dead (a preempted host), a restart after that takes "
-        "the lock over by itself.")
+    live = "" if expires is None else (
+        f" Its lease runs out in {max(expires - time.time(), 0):.0f} s" + (
+            " and its holder renewed it while this run waited, so that run "
+            "is alive." if waited else "."))
     raise WorkdirError(
         f"workdir {workdir} is in use by another run ({path} holds {text}):"
         " two runs in one workdir would mix their results. Wait for it to "
-        f"finish, or give this run another --workdir.{wait} To remove a "
+        f"finish, or give this run another --workdir.{live} To remove a "
         f"lock by hand: gcloud storage rm {path}")
   _LOST.discard(workdir.rstrip("/"))
   renew = _Lease(path, workdir, generation, lease, started)
@@ -202,11 +271,21 @@ def _remote_lock(workdir: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def lock(workdir: str) -> Iterator[None]:
+def lock(workdir: str, wait: bool = True) -> Iterator[None]:
   """Holds an exclusive lock on `<workdir>/.lock` while the block runs: an
-  OS lock locally, a lock object on gs://."""
+  OS lock locally, a lock object on gs://.
+
+  Args:
+    workdir: the directory (local or gs://).
+    wait: on gs://, wait out another run's live lease before refusing (a
+      restart right after a kill); False refuses at once. A local lock is
+      never waited for: the OS drops a dead holder's lock at once.
+
+  Raises:
+    WorkdirError: another run holds the lock.
+  """
   if paths.is_remote(workdir):
-    with _remote_lock(workdir):
+    with _remote_lock(workdir, wait):
       yield
     return
   path = os.path.join(workdir, ".lock")

@@ -20,8 +20,9 @@ a reader sees the old or the new contents, never half of one.
 Bounded waits: every remote call gives up after `timeout_s()` seconds
 (`SPECDEC_IO_TIMEOUT_S`, default 120) with a `RemoteStorageError` naming the
 bucket and the likely causes, instead of tensorstore's default retries
-(minutes of silence with no network). Long transfers (`copy_tree`) log their
-progress.
+(minutes of silence with no network). A server that refuses the connection
+(nothing listens at the endpoint) fails at once instead, saying so. Long
+transfers (`copy_tree`) log their progress.
 
 tensorstore is imported inside the functions that touch storage, so
 importing this module needs only the standard library.
@@ -35,8 +36,10 @@ import hashlib
 import logging
 import os
 import posixpath
+import socket
 import tempfile
 import time
+import urllib.parse
 from typing import Any
 
 from specdec_jax import errors
@@ -156,11 +159,54 @@ def _explain(path: str, what: str, error: BaseException) -> RemoteStorageError:
       f" s; set {TIMEOUT_ENV} to wait longer on a slow link.")
 
 
+# Variables that send HTTP through a proxy: then a direct connection to the
+# endpoint says nothing about tensorstore's.
+_PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+              "ALL_PROXY", "all_proxy")
+# The endpoints a connection was made to (checked once per process).
+_REACHED: set[str] = set()
+
+
+def _refuse_refused(path: str, what: str, wait: float) -> None:
+  """Raises RemoteStorageError at once when nothing listens at the
+  endpoint.
+
+  tensorstore retries a refused connection like any unavailable server,
+  for the whole bounded wait (minutes), then reports it as a timeout. A
+  refused TCP connection is known in milliseconds, and means a server that
+  is not running or a variable pointing at the wrong port. Any other
+  outcome (connected, slow, no DNS) is left to the call and its bounded
+  wait.
+  """
+  url = endpoint()
+  if url in _REACHED or any(os.environ.get(v) for v in _PROXY_ENV):
+    return
+  parts = urllib.parse.urlsplit(url)
+  port = parts.port or (443 if parts.scheme == "https" else 80)
+  try:
+    socket.create_connection((parts.hostname, port),
+                             timeout=min(5.0, wait)).close()
+  except ConnectionRefusedError:
+    named = [f"{v}={os.environ[v]}" for v in ("TENSORSTORE_GCS_HTTP_URL",
+                                              "STORAGE_EMULATOR_HOST")
+             if os.environ.get(v, "").rstrip("/") == url.rstrip("/")]
+    where = (f" {' and '.join(named)} point{'s' if len(named) == 1 else ''}"
+             " there." if named else " No variable points elsewhere: this is"
+             " Cloud Storage itself, refused on the way (a firewall).")
+    raise RemoteStorageError(
+        f"{what} {path} failed: {url}: connection refused (is the server "
+        f"running? which variable points at it?).{where}") from None
+  except OSError:  # slow, no route, no DNS: the call's bounded wait tells
+    return
+  _REACHED.add(url)
+
+
 def _remote(path: str, what: str, make_future, size: int = 0,
             timeout: float | None = None) -> Any:
   """Runs one tensorstore call on `path` within the bounded wait (or
   `timeout` seconds)."""
   wait = timeout_s() if timeout is None else timeout
+  _refuse_refused(path, what, wait)
   limit = wait + size / _MIN_RATE
   try:
     return make_future(_context(wait)).result(timeout=limit)

@@ -25,6 +25,7 @@ import importlib.util
 import logging as py_logging
 import os
 import shlex
+import signal
 import sys
 from typing import Callable, Sequence
 
@@ -175,8 +176,9 @@ def _lost_peer_message() -> str:
           "kept. " if workdir else "")
   lock = ""
   if workdir and paths.is_remote(workdir):
-    lock = (" (a lost process 0's lock object is taken over once its lease "
-            f"runs out, {locks.lease_seconds():g} s after it died)")
+    lock = (" (started at once, it waits for a lost process 0's lock to "
+            f"run out, at most {locks.lease_seconds():g} s, and takes it "
+            "over)")
   command = " ".join(shlex.quote(arg) for arg in sys.argv)
   return (f"PeerHostLost: {who} was ended by JAX's distributed service: a "
           "peer host of this multi-host job was lost (killed or preempted) "
@@ -269,12 +271,55 @@ def skip_absent_tpu() -> None:
   jax.config.update("jax_platforms", "cpu")
 
 
+# A script stopped by Ctrl-C exits as a shell reports a SIGINT death
+# (128 + 2), so callers (make, a startup script) see it was interrupted.
+INTERRUPTED_STATUS = 128 + signal.SIGINT
+
+
+def _finished_examples(workdir: str) -> int | None:
+  """The examples finished in `workdir`, its rows' included (None: it
+  holds no results file, e.g. a training workdir, or could not be read)."""
+  try:
+    files = [name for name in paths.list_files(workdir)
+             if name.rsplit("/", 1)[-1] == workdir_lib.RESULTS]
+    return sum(
+        len(workdir_lib.read_done(paths.join(workdir, name), truncate=False))
+        for name in files) if files else None
+  except Exception:  # pylint: disable=broad-except  (a count is a courtesy)
+    return None
+
+
+def stopped_by_user_line() -> str:
+  """The one line a script stopped by Ctrl-C prints instead of a traceback:
+  what the workdir keeps, and the command that resumes."""
+  try:
+    workdir = flags.FLAGS["workdir"].value if "workdir" in flags.FLAGS else None
+  except Exception:  # pylint: disable=broad-except  (flags not parsed yet)
+    workdir = None
+  command = " ".join(shlex.quote(arg) for arg in sys.argv)
+  done = _finished_examples(workdir) if workdir else None
+  if done:
+    kept = (f" after {done} finished example" + (
+        f"s: they are kept in {workdir}" if done != 1 else
+        f": it is kept in {workdir}"))
+  elif done == 0:
+    kept = " before any example finished"
+  else:
+    kept = (f": what {workdir} holds is kept" if workdir else
+            ": what its workdir holds is kept")
+  return (f"Stopped by the user (Ctrl-C){kept}. To resume, run the same "
+          f"command: {command}")
+
+
 def run(main: Callable[[Sequence[str]], None]) -> None:
   """absl `app.run` with `--gin.NAME=VALUE` support, quiet orbax logs, a
   check of the Python and jax versions (`versions.check`), the compilation
   cache of `--compilation_cache_dir` and seqio's `--tfds_data_dir`. A
   `UsageError` (a bad config, a busy workdir, a missing checkpoint, ...)
-  ends the script with its message and status 1, no traceback."""
+  ends the script with its message and status 1, no traceback. Ctrl-C
+  (KeyboardInterrupt) ends it with one line (`stopped_by_user_line`) and
+  status 130: results are written as they finish, so nothing to show but
+  how to resume."""
   logging.get_absl_logger().addFilter(_QuietOrbax())
   skip_absent_tpu()
 
@@ -287,4 +332,9 @@ def run(main: Callable[[Sequence[str]], None]) -> None:
     except errors.UsageError as e:
       raise SystemExit(f"{type(e).__name__}: {e}") from None
 
-  app.run(main_with_cache, argv=rewrite_gin_args(sys.argv))
+  try:
+    app.run(main_with_cache, argv=rewrite_gin_args(sys.argv))
+  except KeyboardInterrupt:
+    sys.stdout.flush()
+    print(stopped_by_user_line(), file=sys.stderr, flush=True)
+    raise SystemExit(INTERRUPTED_STATUS) from None

@@ -90,6 +90,7 @@ class _StopRequest:
 
   def __enter__(self):
     self.requested, self._previous = False, {}
+    self.signal = None  # the one that asked
     for sig in (signal.SIGTERM, signal.SIGINT):
       try:
         self._previous[sig] = signal.signal(sig, self._handle)
@@ -100,7 +101,7 @@ class _StopRequest:
   def _handle(self, signum, frame):
     del frame
     logging.warning("signal %d: saving a checkpoint, then stopping", signum)
-    self.requested = True
+    self.requested, self.signal = True, signum
 
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():
@@ -375,4 +376,5 @@ def _train(config: TrainConfig,
   manager.close()
   writer.close()
   return {**last, **final, "step": step, "num_params": int(num_params),
-          "seconds": time.time() - start_time, "stopped": stop.requested}
+          "seconds": time.time() - start_time, "stopped": stop.requested,
+          "signal": stop.signal}
