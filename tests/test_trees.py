@@ -106,9 +106,8 @@ def test_greedy_tree_equals_target_greedy_on_toy_models(toy, shape):
   ids = np.array([[2, 3, 1], [3, 1, 0], [1, 0, 0], [2, 2, 1]], np.int32)
   base = sd.generate(target, ids, max_decode_len=12)
   tree = sd.tree(draft, shape)
-  depth = tree.definition.tree_shape.depth
-  res = sd.speculative_generate(target, tree, ids, gamma=depth,
-                                max_decode_len=12)
+  # No gamma: a tree's is its depth.
+  res = sd.speculative_generate(target, tree, ids, max_decode_len=12)
   np.testing.assert_array_equal(res.tokens, base.tokens)
   assert res.stats.length.sum() > res.stats.target_calls.sum()
   hist = np.asarray(res.stats.rank_histogram).sum(axis=0)
@@ -116,6 +115,22 @@ def test_greedy_tree_equals_target_greedy_on_toy_models(toy, shape):
   if isinstance(shape, sd.TreeShape):
     # Depth 2 is tested only below the first child (the second has none).
     assert hist[1].sum() <= hist[0][0]
+
+
+def test_gamma_defaults_to_the_trees_depth_and_is_required_for_a_chain(toy):
+  """A tree fixes gamma (its depth): the decoder takes it from the tree and
+  refuses another; a chain draft without gamma is refused, naming gamma,
+  before anything compiles."""
+  target, draft, _, _ = toy
+  decoder = sd.SpeculativeDecoder(target, sd.tree(draft, (2, 1, 1)),
+                                  max_decode_len=8)
+  assert decoder.gamma == 3
+  with pytest.raises(ValueError, match="pass gamma=3"):
+    sd.SpeculativeDecoder(target, sd.tree(draft, (2, 1, 1)), gamma=2,
+                          max_decode_len=8)
+  with pytest.raises(ValueError, match="gamma is required"):
+    sd.speculative_generate(target, draft, np.array([[2, 3, 1]], np.int32),
+                            max_decode_len=8)
 
 
 @pytest.mark.parametrize("fast", [True, False])
