@@ -2,12 +2,13 @@
 
 With libtpu installed (the `[tpu]` extra, which `make test` installs), JAX
 tries the TPU backend first on every machine. Without a TPU, libtpu asks the
-environment for the slice's hosts, finds none and prints about six lines
+environment for the slice's hosts, finds none and prints five lines
 (`Failed to find host bounds ...`, `E0000 ... INVALID_ARGUMENT: unexpected
 worker hostname ...` and a "Source Location Trace") before JAX falls back
-to the CPU; it also takes `/tmp/libtpu_lockfile` for the life of the
-process, which is one more CPU process in the way of the next one that
-compiles for a TPU (`specdec_jax.planning.topology`).
+to the CPU; it also holds `/tmp/libtpu_lockfile` for the life of the
+process, guarding no chip (and while one process holds it, the next one's
+probe gives up early and prints nothing, so whether a run printed the
+errors depended on its neighbours).
 
 `quiet_libtpu_without_tpu` describes the machine truthfully before that
 probe: one host (`TPU_WORKER_HOSTNAMES=localhost`, `TPU_HOST_BOUNDS=1,1,1`)
