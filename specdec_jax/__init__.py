@@ -10,6 +10,12 @@ from specdec_jax import versions as _versions
 if _versions.python_problem():
   raise ImportError(_versions.python_problem())
 
+# Before anything starts JAX's backends: libtpu, installed on a machine
+# without a TPU, would otherwise print a page of errors while JAX probes it.
+from specdec_jax.infra import accelerators as _accelerators  # noqa: E402
+
+_accelerators.quiet_libtpu_without_tpu()
+
 from specdec_jax import sampling  # noqa: E402
 from specdec_jax import theory  # noqa: E402
 from specdec_jax.checkpoints import load_model  # noqa: E402

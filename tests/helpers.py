@@ -20,6 +20,7 @@ import io
 import itertools
 import logging
 import os
+import re
 import runpy
 import sys
 import traceback
@@ -329,6 +330,15 @@ def script_env(**overrides: str) -> dict[str, str]:
   flags_ = os.environ.get("XLA_FLAGS", "").replace(SIMULATED_DEVICES_FLAG, "")
   return dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS=" ".join(flags_.split()),
               **overrides)
+
+
+def library_errors(stderr: str) -> list[str]:
+  """The error lines libraries printed: absl/glog ERROR and FATAL lines
+  (`E1206 ...`, libtpu's `E0000 ...`, gin's `resource_reader.py:55] Path
+  not found`) and libtpu's "Source Location Trace" (issue 60: a run that
+  works prints none)."""
+  return [line for line in stderr.splitlines()
+          if re.match(r"[EF]\d{4} ", line) or "Source Location Trace" in line]
 
 
 # ----------------------------------------------------------------------------

@@ -75,8 +75,10 @@ def test_shared_timings_time_each_model_step_once():
                               cache_positions=8 + g + 1, repeats=1,
                               timings=timings)
           for d in (draft_a, draft_b) for g in (1, 3)]
-  # target step, verify 2 and 4 tokens, two draft steps, three prefills.
-  assert len(timings) == 8
+  # target step, verify 2 and 4 tokens, two draft steps, three prefills;
+  # each with its round spread.
+  assert len(timings) == 2 * 8
+  assert all(0 < r["round_spread"] for r in runs)
   assert len({r["target_step_s"] for r in runs}) == 1
   assert runs[0]["verify_step_s"] == runs[2]["verify_step_s"]
   assert runs[0]["draft_step_s"] == runs[1]["draft_step_s"]
@@ -135,18 +137,19 @@ def test_time_extends_times_each_step_once_and_keys_models_by_params():
   requests = (step_timers.cost_requests(target, draft, 1, 10)
               + step_timers.cost_requests(target, draft, 3, 12))
   seconds = step_timers.time_extends(requests, ids, repeats=1, timings=timings)
-  # Target and draft step, 2 and 4 tokens, target and draft prefill.
-  assert len(timings) == 6
+  # Target and draft step, 2 and 4 tokens, target and draft prefill (each
+  # with its round spread).
+  assert len(timings) == 2 * 6
   assert seconds[0] == seconds[5] and seconds[1] == seconds[6]
   assert all(s > 0 for s in seconds)
   rewrapped = Model(draft.definition, draft.params)
   again = step_timers.measure_costs(target, rewrapped, ids, gamma=3,
                               cache_positions=12, repeats=1, timings=timings)
-  assert len(timings) == 6 and again["draft_step_s"] == seconds[1]
+  assert len(timings) == 2 * 6 and again["draft_step_s"] == seconds[1]
   other = _tiny(1, 2)  # same definition as `draft`, other parameters
   step_timers.measure_costs(target, other, ids, gamma=3, cache_positions=12,
                       repeats=1, timings=timings)
-  assert len(timings) == 8  # its step and its prefill
+  assert len(timings) == 2 * 8  # its step and its prefill
 
 
 def test_round_robin_timer_times_loops_in_turn_and_tops_up_the_rest(
@@ -175,9 +178,11 @@ def test_round_robin_timer_times_loops_in_turn_and_tops_up_the_rest(
   # 16 positions: the target's and the draft's one-token loops run 15
   # steps, the 2-token verification 7; a prefill runs once.
   timed = []
-  best_times = step_timers.best_of.best_times
-  monkeypatch.setattr(step_timers.best_of, "best_times", lambda fns, repeats: (
-      timed.append(len(fns)) or best_times(fns, repeats)))
+  monkeypatch.setattr(step_timers.best_of, "best_time", lambda fn, repeats: (
+      timed.append(fn) or (None, 1.0)))
   seconds = step_timers.time_extends(requests, ids, repeats=2, timings=timings)
-  assert timed == [0] and len(timings) == 5
+  assert timed == [] and len(timings) == 2 * 5  # with the spreads
   assert seconds == [2.0 / 15, 1.0 / 15, 4.0 / 7, 4.0, 4.0]
+  # Slowest over fastest reading: 3/2, 5/1, 9/4, 6/4, 7/4.
+  assert step_timers.round_spreads(requests, ids, timings, repeats=2) == [
+      1.5, 5.0, 2.25, 1.5, 1.75]

@@ -66,6 +66,9 @@ def test_plan_run_uses_the_host_cpu_whatever_the_environment_says(tmp_path):
        f"--output={out}", "--compilation_cache_dir="],
       capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
+  # Issue 60: gin logged `Path not found: experiments/table2/ende.gin` for
+  # an include it then found.
+  assert not helpers.library_errors(proc.stderr), proc.stderr[-3000:]
   assert '"devices": 8' in out.read_text()
   # Issue 48: the verdict is the last lines, the JSON in --output only; the
   # figures say which compiler made them (issue 46: XLA:CPU without libtpu).

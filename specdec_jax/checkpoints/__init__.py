@@ -7,8 +7,9 @@
   storage  local/gs:// paths, flat parameter trees, leaf-by-leaf reading
   errors   every checkpoint error, each naming the file and the fix
 
-Imports with jax, flax and numpy alone; orbax, tensorstore, gin, seqio and
-torch are imported inside the functions that need them.
+Imports with jax, flax and numpy alone; orbax, tensorstore, gin and torch
+are imported inside the functions that need them (a model's vocabulary is
+SentencePiece's, `specdec_jax.tokens`, never seqio's TensorFlow).
 """
 
 from specdec_jax.checkpoints.configs import resolve_config

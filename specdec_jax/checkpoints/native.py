@@ -14,7 +14,7 @@
 
 The T5X format (layout, reader, writer) lives in `t5x`, the Hugging Face
 one in `hf`, config resolution (`resolve_config`) in `configs`, the shared
-storage helpers in `storage`. orbax, tensorstore, gin and seqio are imported
+storage helpers in `storage`. orbax, tensorstore and gin are imported
 inside the functions that use them, so `import specdec_jax.checkpoints`
 needs only jax, flax and numpy.
 
@@ -76,6 +76,7 @@ from specdec_jax.checkpoints.storage import write_bytes
 from specdec_jax.checkpoints.t5x import open_t5x
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.models import registry
+from specdec_jax.tokens import SentencePieceVocabulary
 
 FORMAT = "specdec_jax"
 FORMAT_VERSION = 1
@@ -216,15 +217,13 @@ def _save_orbax_then_upload(ocp: Any, params: Any, params_dir: str) -> None:
     paths.copy_tree(os.path.join(local, PARAMS_DIR), params_dir)
 
 
-def _make_vocab(path: str, extra_ids: int = 0) -> Any:
-  """A seqio SentencePiece vocabulary (seqio is imported only here)."""
-  # seqio (and TensorFlow) only when a vocabulary is attached.
-  import seqio  # pylint: disable=g-import-not-at-top
-  # seqio opens files with tf.io.gfile, whose gs:// client is not ours
-  # (other endpoint, credentials and retries): a gs:// vocabulary is fetched
-  # through the one I/O layer into a local cache first.
-  return seqio.SentencePieceVocabulary(paths.local_copy(path),
-                                       extra_ids=extra_ids)
+def _make_vocab(path: str, extra_ids: int = 0) -> SentencePieceVocabulary:
+  """The checkpoint's vocabulary: SentencePiece itself, not seqio's class,
+  whose TensorFlow import would cost a decoding user seconds and a page of
+  log lines (the seqio tasks read the same file with seqio's own)."""
+  # A gs:// vocabulary is fetched through the one I/O layer into a local
+  # cache first.
+  return SentencePieceVocabulary(paths.local_copy(path), extra_ids=extra_ids)
 
 
 def _read_manifest(directory: str) -> dict[str, Any]:

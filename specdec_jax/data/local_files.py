@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+# First: TensorFlow's import quiet on a machine without a GPU.
+from specdec_jax.data import tensorflow_env  # noqa: F401  # pylint: disable=unused-import
 import tensorflow as tf
 
 from specdec_jax.infra import paths

@@ -59,6 +59,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+# First: TensorFlow's import quiet on a machine without a GPU.
+from specdec_jax.data import tensorflow_env  # noqa: F401  # pylint: disable=unused-import
 import gin
 import seqio
 import tensorflow as tf

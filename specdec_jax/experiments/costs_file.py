@@ -18,12 +18,15 @@ import collections
 import json
 from typing import Sequence
 
+from absl import logging
+import jax
 import numpy as np
 
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax.decoding import composite
 from specdec_jax.decoding.protocol import Model
+from specdec_jax.experiments import cost_checks
 from specdec_jax.experiments import step_timers
 from specdec_jax.experiments import workdir as workdir_lib
 
@@ -110,20 +113,41 @@ def load_or_measure(config, target: Model, draft: Model, batches, gammas,
                     path: str, stored: dict | None, timings=None) -> dict:
   """The arm's costs by gamma: `stored` (costs.json's, `read_stored`) if it
   holds them all, else measured (from `timings` where it has the steps),
-  process 0's written to `path` and returned on every host."""
+  process 0's written to `path` and returned on every host.
+
+  A gamma whose costs contradict themselves (`cost_checks`) has its steps
+  timed again once, in rounds of their own; costs that still contradict
+  are kept with a `cost_warning`.
+  """
   if stored is not None:
     return stored
   verified = {g: verified_gamma(draft, g) for g in gammas}
-  measured = {
-      g: step_timers.measure_costs(target, cost_model(draft),
-                             shape_batch(batches).input_ids,
-                             gamma=verified[g],
-                             cache_positions=(config.max_decode_len
-                                              + verified[g] + 1),
-                             repeats=config.cost_repeats, timings=timings,
-                             compiler_options=config.compiler_options)
-      for g in gammas}
-  measured = multihost.broadcast({str(g): v for g, v in measured.items()})
+
+  def measure(g, timings_):
+    return step_timers.measure_costs(target, cost_model(draft),
+                               shape_batch(batches).input_ids,
+                               gamma=verified[g],
+                               cache_positions=(config.max_decode_len
+                                                + verified[g] + 1),
+                               repeats=config.cost_repeats, timings=timings_,
+                               compiler_options=config.compiler_options)
+
+  measured = multihost.broadcast(
+      {str(g): measure(g, timings) for g in gammas})
+  # Judged on process 0's numbers, which every host now holds: all hosts
+  # time the same steps again (their programs' collectives need them all).
+  platform = jax.default_backend()
+  for g in gammas:
+    found = cost_checks.contradictions(measured[str(g)], platform)
+    if found:
+      logging.warning("%s: the costs at gamma %d contradict themselves (%s); "
+                      "timing its steps again", config.name or config.draft,
+                      g, "; ".join(found))
+      measured[str(g)] = cost_checks.flagged(
+          multihost.broadcast(measure(g, {})), platform)
+      if cost_checks.WARNING in measured[str(g)]:
+        logging.warning("%s: gamma %d: %s", config.name or config.draft, g,
+                        measured[str(g)][cost_checks.WARNING])
   if multihost.is_primary():
     workdir_lib.write_json(path, measured)
   return {int(g): v for g, v in measured.items()}

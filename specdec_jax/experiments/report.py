@@ -22,6 +22,7 @@ from specdec_jax.infra import paths
 from specdec_jax import theory
 from specdec_jax.decoding import api
 from specdec_jax.infra import summaries
+from specdec_jax.experiments import cost_checks
 from specdec_jax.experiments.records import ExampleRecord
 
 
@@ -30,7 +31,8 @@ TABLE_COLUMNS = ("task", "draft", "temperature", "gamma", "alpha", "c",
                  "predicted_at_lengths", "predicted_at_lengths_with_verify_cost",
                  "predicted_with_prefill",
                  "tokens_per_call", "quality_metric", "quality_baseline",
-                 "quality_speculative", "identical", "examples")
+                 "quality_speculative", "identical", "examples",
+                 "cost_warning")
 
 
 def _row(config, records: Sequence[ExampleRecord], gamma: int, costs: dict,
@@ -85,6 +87,9 @@ def _row(config, records: Sequence[ExampleRecord], gamma: int, costs: dict,
                        for s, r in zip(spec, records)),
   }
   row["verified"] = gamma + 1
+  # Costs that contradicted themselves twice (`cost_checks`): the
+  # predictions above rest on them.
+  row["cost_warning"] = costs.get(cost_checks.WARNING)
   shape = config.tree_shape() if hasattr(config, "tree_shape") else None
   if shape is not None:
     row.update(_tree_columns(shape, spec, c, costs.get("verify_cost", 1.0)))

@@ -104,6 +104,11 @@ def _timing_key(request: Request, input_ids, steps: int, repeats: int,
           steps, repeats, options)
 
 
+def _spread_key(key) -> tuple:
+  """Where a `timings` dict keeps a step's slowest round over its fastest."""
+  return ("round_spread", key)
+
+
 def _prepare_loops(requests: Sequence[Request], input_ids: np.ndarray, *,
                    steps: int, repeats: int, options: tuple,
                    skip) -> tuple[list, dict]:
@@ -166,16 +171,32 @@ def time_extends(requests: Sequence[Request], input_ids: np.ndarray, *,
       them (`speculative_generate(compiler_options=...)`).
 
   Returns:
-    Seconds per extend call, one per request.
+    Seconds per extend call, one per request. `timings` also gets each
+    step's slowest round over its fastest (`round_spreads`).
   """
   timings = {} if timings is None else timings
   keys, loops = _prepare_loops(
       requests, input_ids, steps=steps, repeats=repeats,
       options=api.compiler_options_key(compiler_options), skip=timings)
-  seconds = best_of.best_times([run for run, _ in loops.values()], repeats)
-  for (key, (_, n)), s in zip(loops.items(), seconds):
-    timings[key] = s / n
+  # Interleaved rounds, as `best_of.best_times`, keeping every round: the
+  # spread says whether the machine held still (`cost_checks`).
+  rounds = [[best_of.best_time(run, 1)[1] for run, _ in loops.values()]
+            for _ in range(repeats)]
+  for i, (key, (_, n)) in enumerate(loops.items()):
+    times = [r[i] for r in rounds]
+    timings[key] = min(times) / n
+    timings[_spread_key(key)] = max(times) / min(times)
   return [timings[key] for key in keys]
+
+
+def round_spreads(requests: Sequence[Request], input_ids: np.ndarray,
+                  timings: dict, *, steps: int = 16, repeats: int = 5,
+                  compiler_options: Any = None) -> list[float | None]:
+  """Each timed request's slowest round over its fastest, from `timings`
+  (None where it was not recorded); arguments as `time_extends`."""
+  options = api.compiler_options_key(compiler_options)
+  return [timings.get(_spread_key(
+      _timing_key(r, input_ids, steps, repeats, options))) for r in requests]
 
 
 class RoundRobinTimer:
@@ -206,11 +227,13 @@ class RoundRobinTimer:
     self._repeats = repeats
     self._next = 0
     self._best = dict.fromkeys(self._order, float("inf"))
+    self._worst = dict.fromkeys(self._order, 0.0)
     self._count = dict.fromkeys(self._order, 0)
 
   def _time(self, key) -> None:
     _, seconds = best_of.best_time(self._loops[key][0], 1)
     self._best[key] = min(self._best[key], seconds)
+    self._worst[key] = max(self._worst[key], seconds)
     self._count[key] += 1
 
   def tick(self) -> None:
@@ -231,6 +254,7 @@ class RoundRobinTimer:
         added += 1
     for key in self._order:
       timings[key] = self._best[key] / self._loops[key][1]
+      timings[_spread_key(key)] = self._worst[key] / self._best[key]
     return added
 
 
@@ -296,11 +320,17 @@ def measure_costs(target: Model, draft: Model, input_ids: np.ndarray, *,
     c_hat: ratio of parameters touched per token (~ arithmetic per token);
     target_prefill_s, draft_prefill_s: seconds of each model's prefill of
       `input_ids` (paid once per input; for a cascade, its top model's);
-    target_prefill_cost, draft_prefill_cost: the same in target steps.
+    target_prefill_cost, draft_prefill_cost: the same in target steps;
+    round_spread: the largest slowest-over-fastest round of the three
+      steps (None where `timings` came without it).
   """
+  timings = {} if timings is None else timings
+  requests = cost_requests(target, draft, gamma, cache_positions)
   target_s, draft_s, verify_s, target_pre_s, draft_pre_s = time_extends(
-      cost_requests(target, draft, gamma, cache_positions), input_ids,
-      repeats=repeats, timings=timings, compiler_options=compiler_options)
+      requests, input_ids, repeats=repeats, timings=timings,
+      compiler_options=compiler_options)
+  spreads = round_spreads(requests[:3], input_ids, timings, repeats=repeats,
+                          compiler_options=compiler_options)
   target_ops = decode_params(target)
   return {
       "target_step_s": target_s,
@@ -314,4 +344,5 @@ def measure_costs(target: Model, draft: Model, input_ids: np.ndarray, *,
       "draft_prefill_cost": draft_pre_s / target_s,
       "c_hat": (decode_params(draft) / target_ops if target_ops
                 else float("nan")),
+      "round_spread": (None if None in spreads else max(spreads)),
   }

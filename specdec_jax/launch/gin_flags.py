@@ -122,8 +122,7 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
       first look at the run files, before the files that define them).
   """
   folders = search_paths(extra_search_paths)
-  for folder in folders:
-    gin.add_config_file_search_path(folder)
+  _search_first(folders)
   resolved = []
   for f in gin_files:
     if paths.is_remote(f):
@@ -144,7 +143,8 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
     # The path found, not the name: gin would log an error for each place
     # it looked in vain. (Includes inside the files still use the search
     # path added above.)
-    resolved.append(found[0])
+    # Absolute: gin looks an absolute path up in no search folder.
+    resolved.append(os.path.abspath(found[0]))
   gin.parse_config_files_and_bindings(resolved, [], finalize_config=False)
   for binding in bindings:
     try:
@@ -156,6 +156,21 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
           f"the name against the configs (e.g. "
           f"--gin.ExperimentConfig.max_examples=2) and the value's Python "
           f"syntax (strings in quotes: --gin.X.name=\"'a'\").") from None
+
+
+def _search_first(folders: Sequence[str]) -> None:
+  """Makes gin look for includes in `folders` first, in that order.
+
+  gin tries its search folders in turn, and each miss costs an ERROR line
+  from its Python-package reader (`resource_reader.py:55] Path not found:
+  experiments/table2/ende.gin`) even when a later folder has the file. Its
+  list starts with '' (the current directory), where the shipped configs'
+  includes are never found, and `add_config_file_search_path` can only
+  append; so `folders` (which hold the current directory) go before it.
+  """
+  # gin has no public way to order its search path.
+  prefixes = gin.config._LOCATION_PREFIXES  # pylint: disable=protected-access
+  prefixes[:] = [*folders, *(p for p in prefixes if p not in folders)]
 
 
 def use_tfds_data_dir(path: str | None) -> None:

@@ -79,7 +79,8 @@ TABLE_COLUMNS = ("task", "draft", "tree", "temperature", "gamma",
                  "predicted_at_lengths", "predicted_at_lengths_with_verify_cost",
                  "predicted_with_prefill",
                  "tokens_per_call", "mean_output_length", "quality_baseline",
-                 "quality_speculative", "identical", "examples")
+                 "quality_speculative", "identical", "examples",
+                 "cost_warning")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,18 +348,24 @@ def summary(rows: Sequence[Mapping[str, Any]],
   One line per row (task, draft, temperature, gamma, alpha, the measured
   speedup, Theorem 3.8 at the measured output lengths and verification
   cost, their ratio, BLEU of both decodes, whether greedy outputs are
-  identical), then the best greedy speedup of each task and, if given,
-  the variant that ran. Every column is in table.md and table.csv.
+  identical), then the rows whose costs contradicted themselves twice
+  (`cost_checks`: their predictions are marked "!"), the best greedy
+  speedup of each task and, if given, the variant that ran. Every column
+  is in table.md and table.csv.
   """
   header = ("task", "draft", "T", "γ", "verified", "tok/call", "α",
             "speedup", "predicted", "ratio", "BLEU target / spec",
             "identical")
-  lines = [header]
+  lines, flagged = [header], []
   for r in rows:
+    mark = "!" if r.get("cost_warning") else ""
     predicted = r.get("predicted_at_lengths_with_verify_cost")
     if r.get("tree"):  # a tree's own prediction (report._tree_columns)
       predicted = r.get("predicted_with_verify_cost")
     draft = str(r["draft"]) + (f" tree {r['tree']}" if r.get("tree") else "")
+    if mark:
+      flagged.append(f"! {str(r.get('task', SENTENCES)).replace('ende_', '')}"
+                     f" {draft} T={r['temperature']:g}: {r['cost_warning']}.")
     lines.append((
         str(r.get("task", SENTENCES)).replace("ende_", ""), draft,
         f"{r['temperature']:g}", str(r["gamma"]),
@@ -366,8 +373,8 @@ def summary(rows: Sequence[Mapping[str, Any]],
         "—" if r.get("tokens_per_call") is None
         else f"{r['tokens_per_call']:.2f}", f"{r['alpha']:.2f}",
         f"{r['speedup']:.2f}x",
-        "—" if predicted is None else f"{predicted:.2f}x",
-        "—" if not predicted else f"{r['speedup'] / predicted:.2f}",
+        "—" if predicted is None else f"{predicted:.2f}x{mark}",
+        "—" if not predicted else f"{r['speedup'] / predicted:.2f}{mark}",
         " / ".join("—" if r.get(k) is None else f"{r[k]:.1f}"
                    for k in ("quality_baseline", "quality_speculative")),
         report.identical_mark(r.get("identical"))))
@@ -377,6 +384,11 @@ def summary(rows: Sequence[Mapping[str, Any]],
   out.append("predicted: Theorem 3.8 at the measured alpha, c, output "
              "lengths and verification cost (a tree: its expected tokens "
              "per call from the measured acceptance of each child rank).")
+  if flagged:
+    out.append("!: the costs under this prediction contradicted "
+               "themselves, and again when timed a second time (a busy "
+               "machine?); rerun these rows:")
+    out.extend(flagged)
   best = {}
   for r in rows:
     if r["temperature"] == 0 and r["speedup"] > best.get(
