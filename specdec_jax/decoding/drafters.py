@@ -132,7 +132,10 @@ class ModelDrafter:
       return x, None, conf
     q = nn.with_logical_constraint(self.sampler.probs(logits),
                                    ("batch", "vocab"))
-    x = jax.vmap(self.draw)(key, q)
+    # The token too: else the partitioner may hand the draft's next step a
+    # token still summed across the target's model axis (an all-reduce per
+    # draft step, seen in the TPU compiler's HLO for top-p).
+    x = nn.with_logical_constraint(jax.vmap(self.draw)(key, q), ("batch",))
     if self.sampler.greedy:
       conf = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
     else:
