@@ -233,7 +233,11 @@ def _stack_to_hf(stack: StackConfig, vocab: int, final_cap) -> dict:
       "num_key_value_heads": stack.num_kv_heads,
       "head_dim": stack.head_dim,
       "hidden_activation": "gelu_pytorch_tanh",
-      "query_pre_attn_scalar": stack.query_pre_attn_scalar,
+      # transformers' config declares an int (and refuses a float).
+      "query_pre_attn_scalar": (int(stack.query_pre_attn_scalar)
+                                if float(stack.query_pre_attn_scalar)
+                                .is_integer()
+                                else stack.query_pre_attn_scalar),
       "attn_logit_softcapping": stack.attn_logit_softcapping,
       "final_logit_softcapping": final_cap,
       "sliding_window": stack.sliding_window,
