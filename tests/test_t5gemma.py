@@ -305,3 +305,19 @@ def test_live_against_transformers(tmp_path):
   back = sd.load_model(f"hf:{tmp_path / 'theirs'}")
   for a, b in zip(jax.tree.leaves(back.params), jax.tree.leaves(params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=0)
+
+
+def test_tokenizer_model_next_to_the_weights_is_the_vocabulary(tmp_path):
+  """A tokenizer.model in the directory becomes the Model's vocabulary
+  (SentencePiece, no sentinel ids); without one there is none. (Any
+  SentencePiece model shows it: the demo's stands in for Gemma's 4 MB.)"""
+  spiece = os.path.join(os.path.dirname(TESTDATA), os.pardir, "specdec_jax",
+                        "demo_models", "target", "vocab.model")
+  pytest.importorskip("seqio")
+  path = tmp_path / "with_tokenizer"
+  shutil.copytree(_fixture("hf_t5gemma_draft"), path)
+  shutil.copy(spiece, path / hf_t5gemma.TOKENIZER_FILE)
+  model = sd.load_model(f"hf:{path}")
+  assert model.vocab is not None and not model.vocab.extra_ids
+  assert model.vocab.decode(model.vocab.encode("a house")) == "a house"
+  assert sd.load_model(f"hf:{_fixture('hf_t5gemma_draft')}").vocab is None

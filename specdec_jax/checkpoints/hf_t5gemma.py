@@ -3,7 +3,8 @@
 `load_t5gemma` reads an HF T5Gemma directory (config.json with nested
 `encoder` and `decoder` configs; model.safetensors or sharded safetensors
 with model.safetensors.index.json; float32 or bfloat16) into our
-`models.t5gemma`; `save_t5gemma` writes one of our T5Gemma `Model`s back
+`models.t5gemma` (`load_model("hf:DIR")` also reads Gemma's
+tokenizer.model there, when there is one, as the Model's vocabulary); `save_t5gemma` writes one of our T5Gemma `Model`s back
 (its exact inverse). Files are read and gs:// directories fetched by the
 same machinery as T5's (`checkpoints.hf`): one tensor at a time, each
 transposed and cast before the next is read.
@@ -52,6 +53,7 @@ from specdec_jax.models.t5gemma import StackConfig, T5GemmaConfig, T5GemmaDef
 MODEL_TYPE = "t5gemma"
 ARCHITECTURE = "T5GemmaForConditionalGeneration"
 LM_HEAD = "lm_head.out_proj.weight"
+TOKENIZER_FILE = "tokenizer.model"  # Gemma's SentencePiece model
 # transformers' names of the tanh-approximated GELU (the GeGLU gate).
 _TANH_GELU = ("gelu_pytorch_tanh", "gelu_new")
 

@@ -449,12 +449,17 @@ def _load_model(spec: str, *, config: Any, mesh: jax.sharding.Mesh | None,
     return Model(definition, _load_checked(open_t5x(rest), definition, mesh,
                                            replicate))
   if kind == "hf":
-    load = (hf_t5gemma.load_t5gemma if hf_t5gemma.is_t5gemma(rest)
-            else hf.load_t5)
+    gemma = hf_t5gemma.is_t5gemma(rest)
+    load = hf_t5gemma.load_t5gemma if gemma else hf.load_t5
     model_config, params = load(rest, **overrides)
     definition = registry.make_def(model_config)
+    # Gemma's SentencePiece model sits next to the weights (it has no
+    # sentinel ids); T5 directories leave theirs to the task.
+    tokenizer = join_path(rest, hf_t5gemma.TOKENIZER_FILE)
+    vocab = (_make_vocab(tokenizer) if gemma and read_bytes(tokenizer)
+             is not None else None)
     return Model(definition, _to_devices(params, definition, mesh,
-                                         replicate))
+                                         replicate), vocab)
   if kind == "demo":
     shipped = sorted(list_dir(DEMO_DIR)) if os.path.isdir(DEMO_DIR) else []
     if rest not in shipped:  # also keeps demo:../x inside the shipped models
