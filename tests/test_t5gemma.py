@@ -321,3 +321,18 @@ def test_tokenizer_model_next_to_the_weights_is_the_vocabulary(tmp_path):
   assert model.vocab is not None and not model.vocab.extra_ids
   assert model.vocab.decode(model.vocab.encode("a house")) == "a house"
   assert sd.load_model(f"hf:{_fixture('hf_t5gemma_draft')}").vocab is None
+
+
+def test_convert_to_our_format_and_back(models, tmp_path):
+  """`checkpoints.convert` (scripts/convert_checkpoint.py's default) writes
+  our format, whose config.json nests the two stacks and reads back into
+  the same T5Gemma."""
+  out = checkpoints.convert(f"hf:{_fixture('hf_t5gemma_draft')}",
+                            str(tmp_path / "ours"))
+  manifest = json.loads((tmp_path / "ours" / "config.json").read_text())
+  assert manifest["family"] == "t5gemma"
+  back = sd.load_model(out)
+  assert back.config == models["hf_t5gemma_draft"].config
+  for a, b in zip(jax.tree.leaves(back.params),
+                  jax.tree.leaves(models["hf_t5gemma_draft"].params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
