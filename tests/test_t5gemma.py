@@ -94,6 +94,27 @@ def test_logits_match_hf(name):
   np.testing.assert_allclose(logits, ref["logits"], atol=1e-4, rtol=1e-5)
 
 
+def test_the_fixtures_exercise_the_windows():
+  """Control: the same weights with the encoder's, then the decoder's
+  layers all global (no window) miss HF's encoder outputs, then its logits,
+  by far more than the tolerance: the parity above checks both windows."""
+  ref = _reference("hf_t5gemma_target")
+  config, params = hf_t5gemma.load_t5gemma(_fixture("hf_t5gemma_target"))
+  def unwindowed(stack):
+    return dataclasses.replace(stack, sliding_window=None,
+                               layer_types=(t5gemma.GLOBAL,) * stack.num_layers)
+  real = ref["input_ids"] > 0
+  wide = t5gemma.T5GemmaDef(dataclasses.replace(
+      config, encoder=unwindowed(config.encoder)))
+  encoded = np.asarray(wide.encode(params, ref["input_ids"]))
+  assert np.abs(encoded[real] - ref["encoder_hidden"][real]).max() > 1e-2
+  wide = t5gemma.T5GemmaDef(dataclasses.replace(
+      config, decoder=unwindowed(config.decoder)))
+  logits = np.asarray(wide.forward(params, ref["input_ids"],
+                                   ref["decoder_input_ids"]))
+  assert np.abs(logits - ref["logits"]).max() > 1e-2
+
+
 def test_checkpoints_load_as_written(models):
   """`load_model("hf:DIR")` reads the bfloat16 checkpoints into the
   architecture their config.json states (the draft: 32-wide encoder,
