@@ -4,9 +4,10 @@
 `encoder` and `decoder` configs; model.safetensors or sharded safetensors
 with model.safetensors.index.json; float32 or bfloat16) into our
 `models.t5gemma` (`load_model("hf:DIR")` also reads Gemma's
-tokenizer.model there, when there is one, as the Model's vocabulary); `save_t5gemma` writes one of our T5Gemma `Model`s back
-(its exact inverse). Files are read and gs:// directories fetched by the
-same machinery as T5's (`checkpoints.hf`): one tensor at a time, each
+tokenizer.model there, when there is one, as the Model's vocabulary);
+`save_t5gemma` writes one of our T5Gemma `Model`s back (its exact
+inverse). Files are read and gs:// directories fetched by the same
+machinery as T5's (`checkpoints.hf`): one tensor at a time, each
 transposed and cast before the next is read.
 
 Name mapping (HF Linear weights [out, in] are transposed to [in, out]):
