@@ -8,6 +8,9 @@ r"""Converts a Hugging Face or T5X checkpoint into our format.
 
   python scripts/convert_checkpoint.py --input=demo:target --format=hf \
       --output=/tmp/demo_target_hf   # for Hugging Face transformers
+  python scripts/convert_checkpoint.py \
+      --input=hf:gs://BUCKET/t5gemma-2b-2b-prefixlm \
+      --param_dtype=bfloat16 --output=gs://BUCKET/t5gemma_2b_2b  # T5Gemma
 
 --output may be gs://BUCKET/DIR: written locally, then uploaded with
 progress logged; an unreachable bucket fails within SPECDEC_IO_TIMEOUT_S
@@ -31,6 +34,8 @@ from absl import logging
 from specdec_jax import checkpoints
 from specdec_jax.infra import paths
 from specdec_jax.checkpoints import hf
+from specdec_jax.checkpoints import hf_t5gemma
+from specdec_jax.models import t5gemma
 from specdec_jax.experiments import workdir
 
 _INPUT = flags.DEFINE_string(
@@ -46,8 +51,8 @@ _VOCAB = flags.DEFINE_string(
     "vocab", None, "SentencePiece model file to copy next to the params.")
 _FORMAT = flags.DEFINE_enum(
     "format", "specdec", ["specdec", "hf"],
-    "specdec: our orbax format; hf: a Hugging Face T5 directory "
-    "(safetensors; T5 models only).")
+    "specdec: our orbax format; hf: a Hugging Face T5 or T5Gemma "
+    "directory (safetensors).")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False,
                                "Replace an existing output directory.")
 
@@ -76,7 +81,9 @@ def _convert():
                            "export holds the weights and config only.")
     model = checkpoints.load_model(_INPUT.value, config=_CONFIG.value,
                                    param_dtype=_PARAM_DTYPE.value)
-    output = hf.save_t5(model, _OUTPUT.value, overwrite=_OVERWRITE.value)
+    save = (hf_t5gemma.save_t5gemma
+            if isinstance(model.config, t5gemma.T5GemmaConfig) else hf.save_t5)
+    output = save(model, _OUTPUT.value, overwrite=_OVERWRITE.value)
   else:
     output = checkpoints.convert(
         _INPUT.value, _OUTPUT.value, config=_CONFIG.value,

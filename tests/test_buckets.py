@@ -553,6 +553,37 @@ def test_sharded_hf_checkpoint_loads_from_a_bucket(gcs_emulator, t5_tiny,  # noq
     checkpoints.load_model("hf:gs://models/no_such_hf")
 
 
+def test_sharded_bfloat16_t5gemma_loads_from_a_bucket(gcs_emulator,  # noqa: F811
+                                                      tmp_path):
+  """`hf:gs://...` of a T5Gemma (bfloat16, sharded safetensors with an
+  index) loads through the same I/O layer as T5's, equal to the local
+  directory it was cut from."""
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  source = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        "testdata", "hf_t5gemma_draft")
+  with safe_open(os.path.join(source, "model.safetensors"), "np") as f:
+    tensors = {name: f.get_tensor(name) for name in f.keys()}
+  names = sorted(tensors)
+  shards = {"model-00001-of-00002.safetensors": names[::2],
+            "model-00002-of-00002.safetensors": names[1::2]}
+  local = tmp_path / "t5gemma_sharded"
+  local.mkdir()
+  for shard, members in shards.items():
+    save_file({n: tensors[n] for n in members}, str(local / shard),
+              metadata={"format": "pt"})
+  index = {"metadata": {}, "weight_map": {n: shard for shard, members in
+                                          shards.items() for n in members}}
+  (local / "model.safetensors.index.json").write_text(json.dumps(index))
+  (local / "config.json").write_text(
+      open(os.path.join(source, "config.json")).read())
+  paths.copy_tree(str(local), "gs://models/t5gemma_sharded")
+  from_bucket = checkpoints.load_model("hf:gs://models/t5gemma_sharded")
+  expected = checkpoints.load_model("hf:" + source)
+  assert from_bucket.config == expected.config
+  _assert_same_params(from_bucket.params, expected.params)
+
+
 def test_convert_to_an_unreachable_bucket_fails_fast_and_says_why(
     t5_tiny, tmp_path):
   """With the endpoint closed (nothing listens), the script exits non-zero

@@ -1,6 +1,7 @@
 """Every model honours the engine's contract (`decoding/protocol.py`).
 
-One test per clause, run on each family (T5 v1.0, T5 v1.1, GPT-like), with
+One test per clause, run on each family (T5 v1.0, T5 v1.1, GPT-like,
+T5Gemma with a sliding window of 4 that the 8 positions below cross), with
 logits checked against the model's own uncached, teacher-forced forward
 pass:
   - cached decoding, one token at a time, equals the uncached pass;
@@ -45,6 +46,7 @@ class Case:
   extend: Callable
   forward: Callable
   decoder_only: bool
+  start: int = 0  # decoder start id of an encoder-decoder
 
   def reference(self, row: int, continuation: np.ndarray) -> np.ndarray:
     """Uncached logits [K + 1, V] at the start token and each continuation
@@ -52,7 +54,8 @@ class Case:
     if self.decoder_only:
       seq = np.concatenate([INPUTS[row, :LENGTHS[row]], continuation])[None]
       return np.asarray(self.forward(self.params, seq))[0, LENGTHS[row] - 1:]
-    decoder = np.concatenate([[0], continuation])[None].astype(np.int32)
+    decoder = np.concatenate([[self.start], continuation])[None].astype(
+        np.int32)
     return np.asarray(self.forward(self.params, INPUTS[row:row + 1],
                                    decoder))[0]
 
@@ -65,15 +68,17 @@ class Case:
     return cache.replace(self_attention=tuple(kvs))
 
 
-@pytest.fixture(scope="module", params=["t5_tiny", "t5_1_1_tiny", "gpt_tiny"])
+@pytest.fixture(scope="module", params=["t5_tiny", "t5_1_1_tiny", "gpt_tiny",
+                                        "t5gemma_tiny"])
 def case(request):
   definition = registry.make_def(registry.get_config(request.param))
   params = definition.init_params(jax.random.PRNGKey(0))
-  return Case(definition, params,
-              prefill=jax.jit(definition.prefill, static_argnums=2),
+  prefill = jax.jit(definition.prefill, static_argnums=2)
+  return Case(definition, params, prefill=prefill,
               extend=jax.jit(definition.extend),
               forward=jax.jit(definition.forward),
-              decoder_only=isinstance(definition, gpt.GPTDef))
+              decoder_only=isinstance(definition, gpt.GPTDef),
+              start=int(prefill(params, INPUTS, 1).start_token[0]))
 
 
 def _steps(case, cache, start_token, start_pos, tokens, n):

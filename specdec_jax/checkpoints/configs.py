@@ -19,11 +19,14 @@ from specdec_jax.checkpoints.errors import SpecError
 from specdec_jax.models import registry
 from specdec_jax.models.gpt import GPTConfig
 from specdec_jax.models.t5 import T5Config
+from specdec_jax.models.t5gemma import T5GemmaConfig
 
 # T5X `T5Config` / decoder-only `TransformerConfig` fields that don't matter
 # for inference.
 _IGNORED_FIELDS = ("dropout_rate", "float32_attention_logits")
-FAMILIES = (("t5", T5Config), ("gpt", GPTConfig))
+FAMILIES = (("t5", T5Config), ("gpt", GPTConfig),
+            ("t5gemma", T5GemmaConfig))
+CONFIG_CLASSES = tuple(cls for _, cls in FAMILIES)
 
 
 # --- Configs for T5X checkpoints. ---
@@ -34,7 +37,8 @@ def config_from_fields(fields: Mapping[str, Any], family: str | None,
   """Our config from T5X-named fields (unknown ones are an error)."""
   fields = {k: v for k, v in fields.items() if k not in _IGNORED_FIELDS}
   if family is None:
-    family = ("gpt" if "num_layers" in fields
+    family = ("t5gemma" if "encoder" in fields and "decoder" in fields
+              else "gpt" if "num_layers" in fields
               and "num_encoder_layers" not in fields else "t5")
   cls = dict(FAMILIES).get(family)
   if cls is None:
@@ -86,7 +90,8 @@ def _config_from_gin(path: str) -> T5Config | GPTConfig:
         macros[statement.selector] = statement.value
         continue
       cls_name = statement.selector.rsplit(".", 1)[-1]
-      if cls_name in ("T5Config", "GPTConfig", "TransformerConfig"):
+      if cls_name in ("T5Config", "GPTConfig", "TransformerConfig",
+                      "T5GemmaConfig"):
         key = (statement.scope, statement.selector)
         bound.setdefault(key, {})[statement.arg_name] = statement.value
   if len(bound) != 1:
@@ -107,7 +112,8 @@ def _config_from_gin(path: str) -> T5Config | GPTConfig:
       return type(value)(resolve(v) for v in value)
     return value
 
-  family = "t5" if selector.endswith("T5Config") else "gpt"
+  family = {"T5Config": "t5", "T5GemmaConfig": "t5gemma"}.get(
+      selector.rsplit(".", 1)[-1], "gpt")
   return config_from_fields({k: resolve(v) for k, v in fields.items()},
                             family, path)
 
@@ -122,13 +128,14 @@ def resolve_config(config: Any) -> T5Config | GPTConfig:
       num_encoder_layers, num_decoder_layers, head_dim, mlp_dim,
       mlp_activations, logits_via_embedding, dtype; dropout_rate and
       float32_attention_logits are ignored; `num_layers` instead of the two
-      depths means decoder-only; fields not given take our defaults), or a
-      T5Config/GPTConfig.
+      depths means decoder-only; `encoder` and `decoder` dicts mean
+      T5Gemma; fields not given take our defaults), or a
+      T5Config/GPTConfig/T5GemmaConfig.
 
   Returns:
     A T5Config or GPTConfig.
   """
-  if isinstance(config, (T5Config, GPTConfig)):
+  if isinstance(config, CONFIG_CLASSES):
     return config
   if isinstance(config, Mapping):
     return config_from_fields(dict(config), None, "config dict")

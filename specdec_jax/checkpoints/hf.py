@@ -120,7 +120,9 @@ def read_hf_config(path: str) -> dict[str, Any]:
     raise UnsupportedCheckpointError(
         f"{config_file}: unsupported model_type={model_type!r}, "
         f"architectures={architectures}; only model_type 't5' with "
-        f"{ARCHITECTURE} can be loaded")
+        f"{ARCHITECTURE} (and 't5gemma' with "
+        "T5GemmaForConditionalGeneration: checkpoints.hf_t5gemma) can be "
+        "loaded")
   return hf
 
 

@@ -2,7 +2,9 @@
 
 `load_model(spec)` understands these specs:
 
-  hf:DIR       Hugging Face T5ForConditionalGeneration (`checkpoints.hf`).
+  hf:DIR       Hugging Face T5ForConditionalGeneration (`checkpoints.hf`)
+               or T5GemmaForConditionalGeneration (`checkpoints.hf_t5gemma`),
+               told apart by config.json's model_type.
   t5x:PATH     a T5X `checkpoint_<step>` directory (local or gs://). T5X does
                not record the architecture, so `config=` must say it: one of
                our config names, a gin file such as configs/models/x.gin, a
@@ -52,6 +54,7 @@ from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax import sharding as sharding_lib
 from specdec_jax.checkpoints import hf
+from specdec_jax.checkpoints import hf_t5gemma
 from specdec_jax.checkpoints.configs import FAMILIES
 from specdec_jax.checkpoints.configs import config_from_fields
 from specdec_jax.checkpoints.configs import resolve_config
@@ -129,7 +132,8 @@ def _family(config: Any) -> str:
   for family, cls in FAMILIES:
     if isinstance(config, cls):
       return family
-  raise TypeError(f"not a model config (T5Config or GPTConfig): {config!r}")
+  raise TypeError(f"not a model config (T5Config, GPTConfig or "
+                  f"T5GemmaConfig): {config!r}")
 
 
 def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
@@ -444,10 +448,17 @@ def _load_model(spec: str, *, config: Any, mesh: jax.sharding.Mesh | None,
     return Model(definition, _load_checked(open_t5x(rest), definition, mesh,
                                            replicate))
   if kind == "hf":
-    model_config, params = hf.load_t5(rest, **overrides)
+    gemma = hf_t5gemma.is_t5gemma(rest)
+    load = hf_t5gemma.load_t5gemma if gemma else hf.load_t5
+    model_config, params = load(rest, **overrides)
     definition = registry.make_def(model_config)
+    # Gemma's SentencePiece model sits next to the weights (it has no
+    # sentinel ids); T5 directories leave theirs to the task.
+    tokenizer = join_path(rest, hf_t5gemma.TOKENIZER_FILE)
+    vocab = (_make_vocab(tokenizer) if gemma and read_bytes(tokenizer)
+             is not None else None)
     return Model(definition, _to_devices(params, definition, mesh,
-                                         replicate))
+                                         replicate), vocab)
   if kind == "demo":
     shipped = sorted(list_dir(DEMO_DIR)) if os.path.isdir(DEMO_DIR) else []
     if rest not in shipped:  # also keeps demo:../x inside the shipped models

@@ -1,7 +1,9 @@
 """Model configs by name, and the `ModelDef` that runs each.
 
-Real sizes are T5X's (t5x/examples/t5/t5_1_0/*.gin and t5_1_1/*.gin) and
-the paper's GPT-like models; the `*_tiny` configs are for tests. Each name
+Real sizes are T5X's (t5x/examples/t5/t5_1_0/*.gin and t5_1_1/*.gin), the
+paper's GPT-like models and the published T5Gemma checkpoints (see
+`_t5gemma` for where each number comes from); the `*_tiny` configs are for
+tests. Each name
 also has a gin file, `configs/models/<name>.gin`, binding the same fields.
 
   >>> from specdec_jax.models import registry
@@ -15,9 +17,12 @@ import dataclasses
 
 from specdec_jax.models.gpt import GPTConfig, GPTDef
 from specdec_jax.models.t5 import T5Config, T5Def
+from specdec_jax.models.t5gemma import StackConfig
+from specdec_jax.models.t5gemma import T5GemmaConfig, T5GemmaDef
 
 T5_VOCAB = 32128  # 32000 sentencepiece pieces + 100 sentinels, padded to 128.
 GPT_VOCAB = 8192  # The paper's "8k" lm1b vocabulary.
+GEMMA_VOCAB = 256000  # Gemma's SentencePiece vocabulary.
 
 NAMES = (
     "t5_tiny", "t5_1_1_tiny", "gpt_tiny",
@@ -25,7 +30,11 @@ NAMES = (
     "t5_1_1_small", "t5_1_1_base", "t5_1_1_large", "t5_1_1_xl",
     "t5_1_1_xxl",
     "gpt_6m", "gpt_97m",
+    "t5gemma_tiny", "t5gemma_tiny_draft",
+    "t5gemma_s_s", "t5gemma_b_b", "t5gemma_l_l", "t5gemma_ml_ml",
+    "t5gemma_xl_xl", "t5gemma_2b_2b", "t5gemma_9b_2b", "t5gemma_9b_9b",
 )
+ModelConfig = T5Config | GPTConfig | T5GemmaConfig
 
 
 def _t5_1_0(emb, heads, layers, head_dim, mlp) -> T5Config:
@@ -50,7 +59,51 @@ def _gpt(emb, heads, layers, mlp, vocab=GPT_VOCAB) -> GPTConfig:
                    num_layers=layers, head_dim=emb // heads, mlp_dim=mlp)
 
 
-def _base_config(name: str) -> T5Config | GPTConfig:
+# T5Gemma stacks. No config.json could be downloaded here; the numbers are
+# these (transformers 5.24 docs and T5GemmaModuleConfig defaults, the paper
+# arXiv 2504.06225, Gemma 2's report arXiv 2408.00118):
+#  * T5 sizes (S, B, L, XL): T5 v1.1's widths, depths and MLP widths (the
+#    paper: "following T5 configuration") with 64-wide heads, as many key/
+#    value heads as query heads, query_pre_attn_scalar = 64. Checked: S-S
+#    and B-B give exactly keras-hub's published parameter counts for
+#    t5gemma_s_s_* (312,517,632) and t5gemma_b_b_* (591,490,560)
+#    (tests/test_t5gemma.py).
+#  * ML ("medium large, ~2B in total, between T5 Large and XL", transformers'
+#    docs): width 1536, MLP 4096, 24 layers, 24 heads of 64 is OUR GUESS
+#    (2.37B in total); check it against the checkpoint's config.json (a
+#    run that names t5gemma_ml_ml refuses a checkpoint that differs).
+#  * 2B and 9B: Gemma 2 2B and 9B (T5GemmaModuleConfig's defaults are 2B's):
+#    widths 2304 / 3584, MLP 9216 / 14336, 26 / 42 layers, 8 / 16 heads
+#    with 4 / 8 key/value heads of 256, query_pre_attn_scalar 256.
+#  * All: vocabulary 256000, sliding window 4096 on even layers, soft-caps
+#    50 (attention) and 30 (logits), rotary base 10000, 8192 positions.
+_GEMMA2_2B = StackConfig(emb_dim=2304, num_layers=26, num_heads=8,
+                         num_kv_heads=4, head_dim=256, mlp_dim=9216)
+_GEMMA2_9B = StackConfig(emb_dim=3584, num_layers=42, num_heads=16,
+                         num_kv_heads=8, head_dim=256, mlp_dim=14336)
+
+
+def _t5_sized(emb, layers, mlp) -> StackConfig:
+  heads = emb // 64
+  return StackConfig(emb_dim=emb, num_layers=layers, num_heads=heads,
+                     num_kv_heads=heads, head_dim=64, mlp_dim=mlp,
+                     query_pre_attn_scalar=64.0)
+
+
+def _t5gemma(encoder: StackConfig, decoder: StackConfig | None = None
+             ) -> T5GemmaConfig:
+  return T5GemmaConfig(vocab_size=GEMMA_VOCAB, encoder=encoder,
+                       decoder=decoder or encoder)
+
+
+def _t5gemma_tiny(emb, heads, kv_heads) -> StackConfig:
+  # A window of 4 so that the contract tests' 8 positions cross it.
+  return StackConfig(emb_dim=emb, num_layers=2, num_heads=heads,
+                     num_kv_heads=kv_heads, head_dim=8, mlp_dim=2 * emb,
+                     query_pre_attn_scalar=8.0, sliding_window=4)
+
+
+def _base_config(name: str) -> ModelConfig:
   match name:
     case "t5_tiny":
       return T5Config(vocab_size=128, emb_dim=32, num_heads=4,
@@ -89,10 +142,32 @@ def _base_config(name: str) -> T5Config | GPTConfig:
       return _gpt(256, 4, 2, 1024)
     case "gpt_97m":
       return _gpt(768, 12, 12, 3072)
+    case "t5gemma_tiny":
+      return T5GemmaConfig(vocab_size=128, encoder=_t5gemma_tiny(32, 4, 2),
+                           decoder=_t5gemma_tiny(32, 4, 2), max_input_len=64)
+    case "t5gemma_tiny_draft":  # 9B-2B-like: a narrower decoder, one kv head
+      return T5GemmaConfig(vocab_size=128, encoder=_t5gemma_tiny(32, 4, 2),
+                           decoder=_t5gemma_tiny(16, 2, 1), max_input_len=64)
+    case "t5gemma_s_s":
+      return _t5gemma(_t5_sized(512, 8, 1024))
+    case "t5gemma_b_b":
+      return _t5gemma(_t5_sized(768, 12, 2048))
+    case "t5gemma_l_l":
+      return _t5gemma(_t5_sized(1024, 24, 2816))
+    case "t5gemma_ml_ml":
+      return _t5gemma(_t5_sized(1536, 24, 4096))
+    case "t5gemma_xl_xl":
+      return _t5gemma(_t5_sized(2048, 24, 5120))
+    case "t5gemma_2b_2b":
+      return _t5gemma(_GEMMA2_2B)
+    case "t5gemma_9b_2b":
+      return _t5gemma(_GEMMA2_9B, _GEMMA2_2B)
+    case "t5gemma_9b_9b":
+      return _t5gemma(_GEMMA2_9B)
   raise ValueError(f"unknown model config {name!r}; known: {', '.join(NAMES)}")
 
 
-def get_config(name: str, **overrides) -> T5Config | GPTConfig:
+def get_config(name: str, **overrides) -> ModelConfig:
   """The config called `name` (see NAMES), with fields replaced by overrides.
 
   Args:
@@ -100,7 +175,7 @@ def get_config(name: str, **overrides) -> T5Config | GPTConfig:
     **overrides: config fields to change, e.g. dtype="bfloat16".
 
   Returns:
-    A `T5Config` or `GPTConfig`.
+    A `T5Config`, `GPTConfig` or `T5GemmaConfig`.
   """
   config = _base_config(name)
   try:
@@ -109,10 +184,12 @@ def get_config(name: str, **overrides) -> T5Config | GPTConfig:
     raise ValueError(f"bad override for {name!r}: {e}") from None
 
 
-def make_def(config: T5Config | GPTConfig) -> T5Def | GPTDef:
+def make_def(config: ModelConfig) -> T5Def | GPTDef | T5GemmaDef:
   """The `ModelDef` that runs `config`."""
   if isinstance(config, T5Config):
     return T5Def(config)
+  if isinstance(config, T5GemmaConfig):
+    return T5GemmaDef(config)
   if isinstance(config, GPTConfig):
     return GPTDef(config)
   raise TypeError(f"not a model config: {config!r}")
