@@ -295,12 +295,15 @@ class OnPolicyStep:
   Before each step, the first round(onpolicy_fraction * B) rows of the
   batch are replaced by sequences the current draft samples for their
   inputs (as long as the batch's targets, so the step keeps the data's
-  shapes); empty filler rows stay empty. Then `make_distill_step`'s step.
+  shapes); empty filler rows stay empty. Then `make_distill_step`'s step,
+  on the batch `place_batch` puts on the devices (`train.py`'s placement:
+  rows over `data` on a mesh; default: as given).
   """
 
   def __init__(self, student_def, teacher_def, tx, config: DistillConfig,
-               seed: int = 0):
+               seed: int = 0, place_batch=None):
     self._def, self._config, self._seed = student_def, config, seed
+    self._place = place_batch or (lambda batch: batch)
     self._step = make_distill_step(student_def, teacher_def, tx, config)
 
   def onpolicy_batch(self, params, batch: Mapping[str, Any],
@@ -322,7 +325,9 @@ class OnPolicyStep:
     return batch
 
   def __call__(self, state, batch, teacher_params, bad=None):
-    batch = self.onpolicy_batch(state.params, batch, int(state.step))
+    batch = self._place(self.onpolicy_batch(state.params, batch,
+                                            int(np.asarray(
+                                                state.step.addressable_data(0)))))
     if bad is None:
       return self._step(state, batch, teacher_params)
     return self._step(state, batch, teacher_params, bad)

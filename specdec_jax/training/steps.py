@@ -214,7 +214,7 @@ _NOT_STEP_FIELDS = frozenset({
     "log_every", "eval_every", "eval_examples", "bleu_examples",
     "eval_batch_size", "max_decode_len", "checkpoint_every",
     "keep_checkpoints", "workdir", "init_from", "teacher_config", "teacher",
-    "train_translations", "onpolicy"})
+    "train_translations", "onpolicy", "distributed", "teacher_dtype"})
 _STEPS: dict[Any, Any] = {}
 _STEPS_KEPT = 8
 
