@@ -390,11 +390,11 @@ def _train(config: TrainConfig,
     manager.wait_until_finished()
   final = {} if stop.requested else run_eval(step)
   if not stop.requested:
-    params = placement.host(state.params)
-    if primary:
-      checkpoints.save(Model(definition, params, vocab),
-                       os.path.join(config.workdir, "model"),
-                       config=model_config, vocab=vocab_path, overwrite=True)
+    # Every process: orbax writes each shard once, from the process that
+    # holds it, and process 0 the manifest.
+    checkpoints.save(Model(definition, state.params, vocab),
+                     os.path.join(config.workdir, "model"),
+                     config=model_config, vocab=vocab_path, overwrite=True)
   manager.close()
   writer.close()
   return {**last, **final, "step": step, "num_params": int(num_params),
