@@ -73,7 +73,8 @@ class DistillConfig:
       from abstract shapes (`planning/plan_training.py`); training takes
       its shapes from the data.
     replicate_student: under a mesh, keep the draft's parameters on every
-      device instead of sharding them by the logical rules.
+      device instead of sharding them by the logical rules (a plan from a
+      DistillConfig alone; training reads `TrainConfig.replicate_student`).
   """
 
   divergence: str = "tv"
@@ -301,10 +302,12 @@ class OnPolicyStep:
   """
 
   def __init__(self, student_def, teacher_def, tx, config: DistillConfig,
-               seed: int = 0, place_batch=None):
+               seed: int = 0, place_batch=None, step=None):
     self._def, self._config, self._seed = student_def, config, seed
     self._place = place_batch or (lambda batch: batch)
-    self._step = make_distill_step(student_def, teacher_def, tx, config)
+    # `step`: the jitted step `steps.step_for` built (and `plan_run` plans).
+    self._step = step or make_distill_step(student_def, teacher_def, tx,
+                                           config)
 
   def onpolicy_batch(self, params, batch: Mapping[str, Any],
                      step: int) -> dict[str, np.ndarray]:

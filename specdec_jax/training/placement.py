@@ -153,10 +153,14 @@ class Placement:
     teacher = checkpoints.load_model(
         spec, mesh=mesh, replicate=lambda d: not sharding.divides(
             d, d.param_shapes(), mesh), **kwargs)
-    shardings = sharding.param_shardings(
-        teacher.definition, teacher.params, mesh, whole_if_indivisible=True)
-    return dataclasses.replace(
-        teacher, params=jax.device_put(teacher.params, shardings))
+    return dataclasses.replace(teacher, params=jax.device_put(
+        teacher.params,
+        self.teacher_shardings(teacher.definition, teacher.params)))
+
+  def teacher_shardings(self, definition, params: Any) -> Any:
+    """The teacher's shardings on the mesh (arrays or shapes)."""
+    return sharding.param_shardings(definition, params, self.mesh,
+                                    whole_if_indivisible=True)
 
   def context(self):
     """Where the step is traced and run (`distill.mesh_context`)."""

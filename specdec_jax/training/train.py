@@ -308,7 +308,8 @@ def _train(config: TrainConfig,
     config.onpolicy.check()
     train_step = distill.OnPolicyStep(definition, teacher.definition, tx,
                                       config.onpolicy, config.seed,
-                                      place_batch=placement.put_batch)
+                                      place_batch=placement.put_batch,
+                                      step=train_step)
   metrics_path = os.path.join(config.workdir, "metrics.jsonl")
   writer = summaries.Writer(config.workdir)
 
