@@ -18,8 +18,18 @@ puts it). Evaluation and decoding run without it. The losses, the jitted
 steps and `evaluate` are in `steps.py`, `TrainConfig` in `config.py`; this
 module is the loop around them.
 
+Where it runs (`placement.py`): one device, or the (data, model) mesh a run
+file names (configs/runs/*.gin, the same files the decoding scripts take:
+`TrainConfig.mesh_shape`), the teacher sharded by the decoding's logical
+axis rules and batch rows over `data`; on several processes
+(`TrainConfig.distributed`, or the scripts' --coordinator_address flags)
+every process runs this same loop, process 0 writes the metrics,
+TensorBoard and the exported model, and every process writes its shards
+of each checkpoint.
+
 The workdir holds `checkpoints/` (orbax: params, optimizer state, step and
-data position; a restarted run resumes from the latest), `metrics.jsonl`,
+data position, saved sharded; a restarted run resumes from the latest, on
+this topology or another), `metrics.jsonl`,
 `train_config.json` and, at the end, `model/` in `specdec_jax.checkpoints`
 format: `load_model(workdir + "/model")`. A gs:// workdir holds the same,
 trained in a local mirror and uploaded (`mirror.py`).
