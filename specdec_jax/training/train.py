@@ -122,9 +122,10 @@ class _StopRequest:
       signal.signal(sig, handler)
 
 
-def _prepare(config: TrainConfig, definition, placement: Placement):
-  """Vocabulary, teacher (on `placement`) and data, all checked before
-  anything compiles."""
+def _prepare(config: TrainConfig, definition,
+             placement: Placement | None = None):
+  """Vocabulary, teacher (on `placement`; default: the config's) and data,
+  all checked before anything compiles."""
   vocab_path = (os.path.abspath(config.vocab_path) if config.vocab_path
                 else tasks.current_config().vocab_path)
   vocab = tasks.get_vocabulary(vocab_path)
@@ -136,6 +137,8 @@ def _prepare(config: TrainConfig, definition, placement: Placement):
         "model_overrides['vocab_size'].")
   teacher = None
   if config.teacher:
+    placement = placement or Placement.create(config.mesh_shape,
+                                              config.replicate_student)
     teacher = placement.load_teacher(config.teacher, config.teacher_config,
                                      config.teacher_dtype)
     if teacher.vocab_size != definition.vocab_size:
