@@ -10,8 +10,8 @@ processes, gloo collectives) logs the train losses of a one-device run,
 step by step, to 2e-3 relative; the log's first lines name the mesh and the
 bytes per device of the teacher's parameters (a quarter and the whole
 heads) and of the student's state; only process 0 writes the metrics, the
-TensorBoard events and the model; and the mesh's workdir resumes on one
-device from its last step.
+TensorBoard events and the model; the mesh's workdir resumes on one
+device from its last step; and a workdir another run holds is refused.
 """
 
 import json
@@ -27,6 +27,7 @@ import pytest
 
 from specdec_jax import checkpoints
 from specdec_jax.data import tasks
+from specdec_jax.infra import locks
 from specdec_jax.memory import footprint
 from specdec_jax.models import registry
 from specdec_jax.training import train
@@ -152,3 +153,13 @@ def test_the_mesh_workdir_resumes_on_one_device(runs, corpus, teacher,  # noqa: 
   assert [r["step"] for r in toy.rows(workdir)] == list(range(1, STEPS + 3))
   with open(workdir / "train_config.json") as f:
     assert json.load(f)["mesh_shape"] is None
+
+
+def test_a_busy_workdir_is_refused_before_anything_loads(corpus, teacher,  # noqa: F811
+                                                          tmp_path):
+  """One writer per workdir: while another run holds its lock, a run
+  there stops at once, naming the fix."""
+  with locks.lock(str(tmp_path)):
+    with pytest.raises(locks.WorkdirError, match="another --workdir"):
+      train.train(_config(tmp_path, corpus, teacher))
+  assert not (tmp_path / "metrics.jsonl").exists()

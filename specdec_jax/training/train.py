@@ -224,9 +224,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
   """Trains, resuming from the workdir's latest checkpoint if there is one.
 
   Args:
-    config: what to train; see `TrainConfig`. A gs:// workdir is trained in
-      a local mirror, uploaded after each checkpoint and at the end
-      (`mirror.py`).
+    config: what to train; see `TrainConfig`. A local workdir is locked
+      for the run (`infra.locks`: a second run there stops, naming the
+      holder); a gs:// workdir is trained in a local mirror under the
+      bucket's lease lock, uploaded after each checkpoint and at the end
+      (`mirror.py`, one process only).
 
   Returns:
     The last window's training metrics (loss, nll, kl, accuracy, lr, rates)
@@ -237,14 +239,12 @@ def train(config: TrainConfig) -> dict[str, Any]:
   config.check()
   multihost.initialize(config.distributed)
   if not paths.is_remote(config.workdir):
-    if jax.process_count() == 1:
-      return _train(config)
-    # One writer of the workdir: process 0 holds its lock for the run, and
-    # every process stops if it cannot (`multihost.on_primary`).
+    # One run, one writer: process 0 holds the workdir's lock for the run,
+    # and every process stops if it cannot (`multihost.on_primary`).
+    os.makedirs(config.workdir, exist_ok=True)
     with contextlib.ExitStack() as held:
-      os.makedirs(config.workdir, exist_ok=True)
-      multihost.on_primary(lambda: held.enter_context(
-          locks.lock(config.workdir)) and None)
+      multihost.on_primary(
+          lambda: held.enter_context(locks.lock(config.workdir)))
       return _train(config)
   if jax.process_count() > 1:
     raise multihost.MultihostError(
