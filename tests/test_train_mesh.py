@@ -11,7 +11,8 @@ step by step, to 2e-3 relative; the log's first lines name the mesh and the
 bytes per device of the teacher's parameters (a quarter and the whole
 heads) and of the student's state; only process 0 writes the metrics, the
 TensorBoard events and the model; the mesh's workdir resumes on one
-device from its last step; and a workdir another run holds is refused.
+device from its last step; a workdir another run holds is refused; and a
+run file's mesh gives a fresh process the simulated CPU devices it needs.
 """
 
 import json
@@ -28,6 +29,7 @@ import pytest
 from specdec_jax import checkpoints
 from specdec_jax.data import tasks
 from specdec_jax.infra import locks
+from specdec_jax.launch import gin_flags
 from specdec_jax.memory import footprint
 from specdec_jax.models import registry
 from specdec_jax.training import train
@@ -163,3 +165,23 @@ def test_a_busy_workdir_is_refused_before_anything_loads(corpus, teacher,  # noq
     with pytest.raises(locks.WorkdirError, match="another --workdir"):
       train.train(_config(tmp_path, corpus, teacher))
   assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_run_file_mesh_gets_its_simulated_cpu_devices():
+  """A user sets no XLA_FLAGS: a (2, 4) mesh gives a fresh process's CPU 8
+  devices, a (1, 2) mesh over two processes one each; a process whose JAX
+  has started keeps its devices (this one, 8 from conftest.py)."""
+  code = ("import sys, jax\n"
+          "from specdec_jax.launch import gin_flags\n"
+          "gin_flags.simulate_cpu_devices(eval(sys.argv[1]), "
+          "eval(sys.argv[2]))\n"
+          "print(jax.device_count())")
+  counts = [subprocess.run(
+      [sys.executable, "-c", code, shape, processes],
+      env=helpers.script_env(), capture_output=True, text=True, timeout=300,
+      check=True).stdout.split()[-1]
+            for shape, processes in (("(2, 4)", "None"), ("(1, 2)", "2"))]
+  assert counts == ["8", "1"]
+  before = os.environ.get("XLA_FLAGS")
+  gin_flags.simulate_cpu_devices((4, 4))
+  assert os.environ.get("XLA_FLAGS") == before and jax.device_count() == 8
