@@ -11,8 +11,9 @@ step by step, to 2e-3 relative; the log's first lines name the mesh and the
 bytes per device of the teacher's parameters (a quarter and the whole
 heads) and of the student's state; only process 0 writes the metrics, the
 TensorBoard events and the model; the mesh's workdir resumes on one
-device from its last step; a workdir another run holds is refused; and a
-run file's mesh gives a fresh process the simulated CPU devices it needs.
+device from its last step; on-policy distillation (the XXL recipe's) on
+the mesh equals one device's; a workdir another run holds is refused; and
+a run file's mesh gives a fresh process the simulated CPU devices it needs.
 """
 
 import json
@@ -32,6 +33,7 @@ from specdec_jax.infra import locks
 from specdec_jax.launch import gin_flags
 from specdec_jax.memory import footprint
 from specdec_jax.models import registry
+from specdec_jax.training import distill
 from specdec_jax.training import train
 from tests import helpers
 from tests import toy_training as toy
@@ -169,19 +171,31 @@ def test_a_busy_workdir_is_refused_before_anything_loads(corpus, teacher,  # noq
 
 def test_a_run_file_mesh_gets_its_simulated_cpu_devices():
   """A user sets no XLA_FLAGS: a (2, 4) mesh gives a fresh process's CPU 8
-  devices, a (1, 2) mesh over two processes one each; a process whose JAX
-  has started keeps its devices (this one, 8 from conftest.py)."""
-  code = ("import sys, jax\n"
+  devices (a (1, 2) mesh over two processes one each: the two-process test
+  above); a process whose JAX has started keeps its devices (this one, 8
+  from conftest.py)."""
+  code = ("import jax\n"
           "from specdec_jax.launch import gin_flags\n"
-          "gin_flags.simulate_cpu_devices(eval(sys.argv[1]), "
-          "eval(sys.argv[2]))\n"
+          "gin_flags.simulate_cpu_devices((2, 4))\n"
           "print(jax.device_count())")
-  counts = [subprocess.run(
-      [sys.executable, "-c", code, shape, processes],
-      env=helpers.script_env(), capture_output=True, text=True, timeout=300,
-      check=True).stdout.split()[-1]
-            for shape, processes in (("(2, 4)", "None"), ("(1, 2)", "2"))]
-  assert counts == ["8", "1"]
+  out = subprocess.run([sys.executable, "-c", code], env=helpers.script_env(),
+                       capture_output=True, text=True, timeout=300,
+                       check=True).stdout
+  assert out.split()[-1] == "8"
   before = os.environ.get("XLA_FLAGS")
   gin_flags.simulate_cpu_devices((4, 4))
   assert os.environ.get("XLA_FLAGS") == before and jax.device_count() == 8
+
+
+def test_onpolicy_distillation_on_the_mesh_is_one_devices(corpus, teacher,  # noqa: F811
+                                                           tmp_path):
+  """The XXL recipe's objective (training/distill_t5_1_1_small_from_xxl.gin):
+  half of each batch sampled from the draft, then total variation to the
+  teacher; on the (2, 4) mesh the same rows and losses as on one device."""
+  onpolicy = distill.DistillConfig(onpolicy_fraction=0.5, divergence="tv")
+  settings = dict(num_steps=2, onpolicy=onpolicy, batch_size=8)
+  train.train(_config(tmp_path / "one", corpus, teacher, **settings))
+  train.train(_config(tmp_path / "mesh", corpus, teacher, mesh_shape=(2, 4),
+                      **settings))
+  np.testing.assert_allclose(_losses(tmp_path / "mesh"),
+                             _losses(tmp_path / "one"), rtol=RTOL)
