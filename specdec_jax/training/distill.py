@@ -24,11 +24,13 @@ Zhou et al. 2024, reached the same conclusions):
 The teacher is frozen (its logits pass through `stop_gradient`, and only the
 student's parameters are differentiated). `make_distill_step` is the jitted
 step; it runs on one device or, traced inside `mesh_context(mesh)`, under the
-same mesh and logical axis rules as decoding (`specdec_jax.sharding`): the
+same mesh and logical axis rules as decoding (`specdec_jax.sharding`,
+`placement.Placement`): the
 teacher's parameters sharded over `model`, the batch over `data`, the draft
 replicated or sharded by the same rules (tests/test_distill_sharded.py).
 `OnPolicyStep` wraps it for `train.train`: it samples the draft's rows with
-the current parameters, then takes the step.
+the current parameters, then takes the step. Where the arrays go is
+`placement.py`'s (what train.py and the planner both use).
 
 Dimension letters: B batch rows, L input width, T target width, V vocabulary.
 """
@@ -229,29 +231,6 @@ def mesh_context(mesh: jax.sharding.Mesh | None):
   with jax.set_mesh(mesh), nn.logical_axis_rules(
       sharding.logical_axis_rules()):
     yield
-
-
-def place_for_step(mesh, student_def, teacher_def, state, batch,
-                   teacher_params, replicate_student: bool = True):
-  """(state, batch, teacher_params) placed on `mesh` as the step expects.
-
-  The teacher's parameters are sharded by the logical rules (over `model`);
-  the student's parameters and optimizer state are replicated, or sharded
-  by the same rules (`replicate_student=False`, optimizer state then
-  replicated too); batch rows go over `data`.
-  """
-  shardings = sharding.param_shardings(student_def, state.params, mesh,
-                                       replicate=replicate_student)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  state = state.replace(
-      step=sharding.put(state.step, replicated),
-      params=jax.tree.map(sharding.put, state.params, shardings),
-      opt_state=jax.tree.map(lambda x: sharding.put(x, replicated),
-                             state.opt_state))
-  rows = sharding.batch_sharding(mesh, batch["inputs"].shape[0])
-  batch = {k: sharding.put(v, rows) for k, v in batch.items()}
-  teacher_params = sharding.shard_params(teacher_def, teacher_params, mesh)
-  return state, batch, teacher_params
 
 
 def rows_from_tokens(tokens: np.ndarray) -> dict[str, np.ndarray]:
