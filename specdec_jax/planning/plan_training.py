@@ -4,12 +4,12 @@
 gin files (`steps.step_for` of the `TrainConfig`: `distill.make_distill_step`
 with its optimizer and its non-finite guard), placed as `train.py` places
 it on the run's mesh (`training/placement.py`): the teacher
-(`ExperimentConfig.target_config`, in the run's dtype) sharded over `model`
-by the logical rules and frozen, the student (`TrainConfig.model`)
-replicated or sharded (`TrainConfig.replicate_student`) with its optimizer
-state, batch rows (`DistillConfig.batch_size` x input_len / target_len) over
-`data`. From abstract parameters: no weight is allocated, no checkpoint
-read. It reports the compiled program's memory per device against the
+(`TrainConfig.teacher_config`, else `ExperimentConfig.target_config`; in
+the run's dtype) sharded over `model` by the logical rules and frozen, the
+student (`TrainConfig.model`) replicated or sharded
+(`TrainConfig.replicate_student`) with its optimizer state, batch rows
+(`DistillConfig.batch_size` x input_len / target_len) over `data`. From
+abstract parameters: no weight is allocated, no checkpoint read. It reports the compiled program's memory per device against the
 chip's HBM: the TPU compiler's own where the run names a TPU topology and
 libtpu is installed, else XLA:CPU's with its float32 copies of bfloat16
 weights taken out (`plan.memory_summary`).
@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checkpoints
 from specdec_jax import sharding
 from specdec_jax.experiments import fit
 from specdec_jax.infra import chips
@@ -72,7 +73,13 @@ def abstract_step_args(config: ExperimentConfig, train_config: TrainConfig):
   shape = fit.run_shape(config, distill_config.input_len)
   mesh = plan.mesh_for(shape)
   student = registry.make_def(train_config.model_config())
-  teacher = shape.target  # the run's dtype, as TrainConfig.teacher_dtype
+  teacher = shape.target
+  if train_config.teacher_config is not None:
+    # The teacher train.py loads: the TrainConfig's architecture in the
+    # run's dtype (`TrainConfig.on_run`).
+    teacher = registry.make_def(dataclasses.replace(
+        checkpoints.resolve_config(train_config.teacher_config),
+        **fit.dtype_overrides(config)))
   total = train_config.num_steps or 1
   _, tx, step = steps.step_for(train_config, student, total, teacher)
   placement = Placement(None, mesh, train_config.replicate_student)
@@ -91,7 +98,7 @@ def abstract_step_args(config: ExperimentConfig, train_config: TrainConfig):
       jnp.float32 if k == "weights" else jnp.int32, sharding=rows)
            for k in ("inputs", "decoder_inputs", "targets", "weights")}
   bad = jax.ShapeDtypeStruct((), jnp.int32, sharding=state.step.sharding)
-  return dataclasses.replace(shape, draft=student), step, (
+  return dataclasses.replace(shape, target=teacher, draft=student), step, (
       state, batch, teacher_params, bad)
 
 
@@ -137,7 +144,7 @@ def plan_distill_step(config: ExperimentConfig,
       "chip": chip.name,
       "devices": int(np.prod(shape.mesh_shape)),
       "mesh_shape": list(shape.mesh_shape),
-      "teacher": repr(config.target_config),
+      "teacher": repr(train_config.teacher_config or config.target_config),
       "student": repr(train_config.model),
       "optimizer": train_config.optimizer,
       "dtype": shape.target.config.param_dtype,
