@@ -39,7 +39,7 @@ import numpy as np
 
 from specdec_jax import errors
 from specdec_jax import versions
-from specdec_jax.experiments import experiment
+from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.infra import locks
 from specdec_jax.infra import multihost
@@ -219,7 +219,7 @@ def run_settings() -> dict:
   """The machine the parsed run file describes (configs/runs/*.gin bind
   `ExperimentConfig`'s mesh_shape, distributed, topology and dtype): those
   fields, for a script that is not an experiment (scripts/train.py)."""
-  config = gin.get_configurable(experiment.ExperimentConfig)()
+  config = gin.get_configurable(ExperimentConfig)()
   out = {name: getattr(config, name) for name in RUN_FIELDS}
   if out["mesh_shape"] is not None:
     out["mesh_shape"] = tuple(int(n) for n in out["mesh_shape"])
