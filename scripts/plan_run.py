@@ -20,7 +20,8 @@ parallel) and one H100 and H200, and writes the Markdown tables
 
 A gin file that binds `distill.DistillConfig` (e.g.
 training/distill_t5_1_1_small_from_xxl.gin) plans one distillation step
-of the draft beside the sharded target instead of decoding
+of the draft beside the sharded target instead of decoding: the step
+scripts/train.py runs with the same gin files
 (specdec_jax/planning/plan_training.py).
 """
 
@@ -50,6 +51,7 @@ from specdec_jax.planning import plan  # noqa: E402
 from specdec_jax.planning import plan_table  # noqa: E402
 from specdec_jax.planning import plan_training  # noqa: E402
 from specdec_jax.training import distill  # noqa: E402
+from specdec_jax.training import train  # noqa: E402
 
 _CHIP = flags.DEFINE_enum("chip", None, list(chips.CHIPS),
                           "Chip to project on (default: the chip of the "
@@ -105,8 +107,12 @@ def main(argv):
       chips.get_topology(config.topology).chip if config.topology
       else "tpu_v4"))
   if "DistillConfig" in gin.config_str():
-    result = plan_training.plan_distill_step(
-        config, gin.get_configurable(distill.DistillConfig)(), chip)
+    # The step scripts/train.py runs for the same files (its TrainConfig),
+    # else a DistillConfig's alone.
+    training = gin.get_configurable(train.TrainConfig)()
+    if training.onpolicy is None:
+      training = gin.get_configurable(distill.DistillConfig)()
+    result = plan_training.plan_distill_step(config, training, chip)
   else:
     try:
       result = plan.plan(config, chip, _INPUT_LEN.value)

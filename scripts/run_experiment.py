@@ -48,6 +48,7 @@ def main(argv):
   config = gin.get_configurable(experiment.ExperimentConfig)()
   if _OVERWRITE.value:
     config = dataclasses.replace(config, overwrite=True)
+  gin_flags.simulate_cpu_devices(config.mesh_shape, flags.FLAGS.process_count)
   gin_flags.initialize_distributed(config.distributed)
   primary = gin_flags.is_primary()
   # A run refused before its first example (a missing checkpoint) leaves a

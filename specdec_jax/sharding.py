@@ -126,20 +126,53 @@ def check_divisible(shapes: Any, logical_specs: Any, mesh: Mesh,
             f"Choose a mesh whose {axis!r} size divides {size}.")
 
 
+def divides(definition: Any, params: Any, mesh: Mesh, rules=None) -> bool:
+  """Whether every sharded dimension of `params` divides its mesh axes."""
+  if not hasattr(definition, "param_logical_axes"):
+    return True
+  try:
+    check_divisible(params, definition.param_logical_axes(), mesh, rules)
+  except ValueError:
+    return False
+  return True
+
+
+def _whole_where_indivisible(shape: Sequence[int], spec: P, mesh: Mesh) -> P:
+  """`spec` (mesh axes) with None where its axes do not divide the
+  dimension: that dimension stays whole on every device."""
+  def parts(axis):
+    axes = () if axis is None else axis if isinstance(axis, tuple) else (
+        axis,)
+    return int(np.prod([mesh.shape[a] for a in axes]))
+  return P(*[axis if size % parts(axis) == 0 else None
+             for size, axis in zip(shape, tuple(spec))])
+
+
 def param_shardings(definition: Any, params: Any, mesh: Mesh, *,
-                    replicate: bool = False, rules=None) -> Any:
+                    replicate: bool = False, rules=None,
+                    whole_if_indivisible: bool = False) -> Any:
   """NamedShardings for `params` of `definition` (checked for divisibility).
 
   Definitions without `param_logical_axes` (n-gram and table models) and
-  `replicate=True` give fully replicated shardings.
+  `replicate=True` give fully replicated shardings. `whole_if_indivisible`:
+  instead of raising, a dimension its mesh axes do not divide stays whole
+  (the demo target's 6 heads on 4 devices; its MLP and vocabulary are
+  still split), as `memory.footprint` counts it.
   """
   if replicate or not hasattr(definition, "param_logical_axes"):
     return jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
   specs = definition.param_logical_axes()
-  check_divisible(params, specs, mesh, rules)
-  return jax.tree.map(
-      lambda spec: NamedSharding(mesh, logical_to_mesh(spec, rules)), specs,
-      is_leaf=lambda x: isinstance(x, P))
+  if not whole_if_indivisible:
+    check_divisible(params, specs, mesh, rules)
+    return jax.tree.map(
+        lambda spec: NamedSharding(mesh, logical_to_mesh(spec, rules)), specs,
+        is_leaf=lambda x: isinstance(x, P))
+  flat_specs = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))
+  leaves, treedef = jax.tree.flatten(params)
+  return jax.tree.unflatten(treedef, [
+      NamedSharding(mesh, _whole_where_indivisible(
+          leaf.shape, logical_to_mesh(spec, rules), mesh))
+      for leaf, spec in zip(leaves, flat_specs)])
 
 
 def put(value: Any, sharding: NamedSharding) -> jax.Array:

@@ -1,4 +1,5 @@
-"""The distillation step on 8 simulated CPU devices (see conftest.py).
+"""The distillation step on 8 simulated CPU devices (see conftest.py),
+placed by training/placement.py as scripts/train.py places it.
 
 Invariant: under the decoding's mesh and logical axis rules (a 2x4 data x
 model mesh: the frozen teacher's heads, MLP and vocabulary split over
@@ -18,6 +19,7 @@ import pytest
 from specdec_jax import sharding
 from specdec_jax.models import registry
 from specdec_jax.training import distill
+from specdec_jax.training import placement
 from specdec_jax.training import steps
 
 
@@ -51,14 +53,17 @@ def test_sharded_step_equals_one_device_step():
   one = distill.make_distill_step(student_def, teacher_def, tx, config)
   state_1, sums_1 = one(fresh_state(), batch, teacher_params)
 
-  mesh = sharding.make_mesh(data=2, model=4)
-  placed = distill.place_for_step(mesh, student_def, teacher_def,
-                                  fresh_state(), batch, teacher_params,
-                                  replicate_student=False)
+  # Placed as train.py places a run on runs/cpu_8_model_parallel.gin.
+  on_mesh = placement.Placement(None, sharding.make_mesh(data=2, model=4),
+                                replicate_student=False)
+  placed = (on_mesh.put_state(student_def, fresh_state()),
+            on_mesh.put_batch(batch),
+            jax.device_put(teacher_params, on_mesh.teacher_shardings(
+                teacher_def, teacher_params)))
   kernel = placed[2]["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
   assert kernel.addressable_shards[0].data.shape[-1] == kernel.shape[-1] // 4
   sharded = distill.make_distill_step(student_def, teacher_def, tx, config)
-  with distill.mesh_context(mesh):
+  with on_mesh.context():
     state_8, sums_8 = sharded(*placed)
   for key in ("loss", "tv", "forward_kl", "reverse_kl", "tokens", "correct"):
     np.testing.assert_allclose(float(sums_8[key]), float(sums_1[key]),

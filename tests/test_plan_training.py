@@ -6,7 +6,8 @@ device; the teacher's parameters per device are a quarter of the
 one-device figure (plus the whole layer-norm scales) (it is sharded over `model`), the replicated student's
 are the same on both; the peak per device is positive, at least the
 arguments it holds, and fits a v4 chip for tiny models; the shipped
-T5-small-from-XXL plan config parses into that planner's inputs.
+T5-small-from-XXL config parses into that planner's inputs and into the
+TrainConfig scripts/train.py runs on the same mesh.
 """
 
 import os
@@ -20,6 +21,7 @@ from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
 from specdec_jax.planning import plan_training
 from specdec_jax.training import distill
+from specdec_jax.training import train
 
 V4 = chips.get_chip("tpu_v4")
 
@@ -48,7 +50,11 @@ def test_distill_step_plan_shards_the_teacher():
     assert p["fits"] and p["kind"] == "distill_step"
 
 
-def test_the_xxl_plan_config_parses():
+def test_the_xxl_plan_config_parses_into_what_train_runs():
+  """The files plan_run plans are the files train.py trains with: its
+  TrainConfig distils the plan's draft from the plan's target with the
+  plan's DistillConfig, on the run file's (1, 4) mesh, teacher in
+  bfloat16."""
   gin.clear_config()
   try:
     gin_flags.parse([os.path.join("training",
@@ -56,9 +62,18 @@ def test_the_xxl_plan_config_parses():
                      os.path.join("runs", "tpu_v4_8_model_parallel.gin")], [])
     config = gin.get_configurable(experiment.ExperimentConfig)()
     distill_config = gin.get_configurable(distill.DistillConfig)()
+    training = gin.get_configurable(train.TrainConfig)().on_run(
+        **gin_flags.run_settings())
   finally:
     gin.clear_config()
   assert (config.target_config, config.draft_config) == ("t5_1_1_xxl",
                                                          "t5_1_1_small")
   assert tuple(config.mesh_shape) == (1, 4) and config.dtype == "bfloat16"
   distill_config.check()
+  assert training.onpolicy == distill_config
+  assert (training.teacher_config, training.model) == (
+      config.target_config, config.draft_config)
+  assert training.mesh_shape == (1, 4)
+  assert training.teacher_dtype == "bfloat16"
+  assert training.batch_size == distill_config.batch_size
+  assert training.length_buckets == (distill_config.input_len,)

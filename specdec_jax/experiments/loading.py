@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax import sharding
 from specdec_jax.data import readers
 from specdec_jax.data import tasks
 from specdec_jax.drafts import cascades
@@ -28,8 +29,13 @@ def load_models(config: ExperimentConfig, mesh=None,
   """(target, draft) of a config; `target` given: only the draft loads."""
   overrides = fit.dtype_overrides(config)
   if target is None:
+    # A target whose heads, MLP or vocabulary the model axis does not
+    # divide (the demo target's 6 heads on runs/cpu_8_model_parallel.gin's
+    # 4) is replicated, not refused.
+    replicate = None if mesh is None else (
+        lambda d: not sharding.divides(d, d.param_shapes(), mesh))
     target = _load_model("target", config.target, config.target_config, mesh,
-                         overrides)
+                         overrides, replicate)
 
   def load(spec, model_config):
     if spec in ("unigram", "bigram"):

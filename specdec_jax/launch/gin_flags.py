@@ -35,8 +35,12 @@ from absl import logging
 import gin
 import jax
 
+from jax._src import xla_bridge  # pylint: disable=g-direct-jax-src-import
+import numpy as np
+
 from specdec_jax import errors
 from specdec_jax import versions
+from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.infra import locks
 from specdec_jax.infra import multihost
@@ -221,6 +225,46 @@ def initialize_distributed(distributed: bool = False) -> bool:
     # others would repeat it line for line.
     logging.set_verbosity(logging.WARNING)
   return joined
+
+
+# The fields of `ExperimentConfig` that describe the machine, not the
+# experiment: what configs/runs/*.gin bind, for every script.
+RUN_FIELDS = ("mesh_shape", "distributed", "topology", "dtype")
+
+
+def run_settings() -> dict:
+  """The machine the parsed run file describes (configs/runs/*.gin bind
+  `ExperimentConfig`'s mesh_shape, distributed, topology and dtype): those
+  fields, for a script that is not an experiment (scripts/train.py)."""
+  config = gin.get_configurable(ExperimentConfig)()
+  out = {name: getattr(config, name) for name in RUN_FIELDS}
+  if out["mesh_shape"] is not None:
+    out["mesh_shape"] = tuple(int(n) for n in out["mesh_shape"])
+  return out
+
+
+def simulate_cpu_devices(mesh_shape, process_count: int | None = None) -> None:
+  """Gives the CPU the devices a mesh needs, before JAX starts it.
+
+  A run file with a mesh (runs/cpu_8_model_parallel.gin's (2, 4)) runs on a
+  laptop or CI as on the slice it mirrors: the CPU platform is given
+  mesh size / `process_count` simulated devices
+  (--xla_force_host_platform_device_count), so the user sets no XLA_FLAGS.
+  Only the CPU platform reads the flag: on a TPU or GPU machine the mesh
+  takes the accelerator's devices as before. Nothing happens when XLA_FLAGS
+  already names a count, or once JAX has started (a notebook, a test
+  process: its devices are what they are).
+  """
+  if mesh_shape is None:
+    return
+  flag = "--xla_force_host_platform_device_count"
+  if flag in os.environ.get("XLA_FLAGS", "") or (
+      xla_bridge.backends_are_initialized()):
+    return
+  count = -(-int(np.prod(mesh_shape)) // max(process_count or 1, 1))
+  if count > 1:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" {flag}={count}").strip()
 
 
 def is_primary() -> bool:

@@ -65,6 +65,21 @@ class TrainConfig:
     distill_alpha: weight of the KL term; the cross-entropy gets 1 - alpha.
     distill_temperature: divides both logits in the KL, which is multiplied
       by its square so the gradients keep their scale (Hinton et al.).
+    train_translations: a prefix of `.en`/`.de` files replacing the train
+      split (a teacher's outputs, `teacher.py`).
+    onpolicy: a `distill.DistillConfig`: on-policy distillation.
+    mesh_shape: (data, model) devices to train on, or None for one device.
+      The run files (configs/runs/*.gin) set it with the decoding's
+      `ExperimentConfig.mesh_shape` (`launch.gin_flags.train_config`): the
+      teacher is sharded by the decoding's logical axis rules, batch rows
+      go over `data`.
+    replicate_student: on a mesh, keep the student's parameters whole on
+      every device instead of sharding them by the same rules (its
+      optimizer state is replicated either way).
+    distributed: join a multi-host job (`ExperimentConfig.distributed`).
+    teacher_dtype: the teacher's compute and parameter dtype (None: as
+      stored); the run files' `ExperimentConfig.dtype`. The student trains
+      in its own config's dtypes.
   """
 
   task: str = "multi30k_ende_local"
@@ -107,12 +122,29 @@ class TrainConfig:
   distill_temperature: float = 1.0
   train_translations: str | None = None
   onpolicy: Any = None
+  mesh_shape: Sequence[int] | None = None
+  replicate_student: bool = True
+  distributed: bool = False
+  teacher_dtype: str | None = None
 
   def model_config(self) -> Any:
     """The architecture: `model` with `model_overrides` applied."""
     if isinstance(self.model, str):
       return registry.get_config(self.model, **self.model_overrides)
     return dataclasses.replace(self.model, **self.model_overrides)
+
+  def on_run(self, mesh_shape=None, distributed: bool = False,
+             dtype: str | None = None, **unused) -> "TrainConfig":
+    """This config on the machine a run file describes (configs/runs/*.gin:
+    `launch.gin_flags.run_settings()`): its mesh, multi-host job and dtype
+    (the teacher's) fill the fields this config leaves at their defaults."""
+    del unused  # topology: for plan_run, which compiles for it
+    return dataclasses.replace(
+        self,
+        mesh_shape=(self.mesh_shape if self.mesh_shape is not None else
+                    None if mesh_shape is None else tuple(mesh_shape)),
+        distributed=self.distributed or bool(distributed),
+        teacher_dtype=self.teacher_dtype or dtype)
 
   def max_lengths(self) -> tuple[int, int]:
     lengths = tasks.feature_lengths(self.task)
@@ -146,7 +178,11 @@ class TrainConfig:
          "file, not a directory: give a directory path, or move the file "
          "away"),
         (self.onpolicy is not None and not self.teacher,
-         "onpolicy distillation needs a teacher (a load_model spec)"))
+         "onpolicy distillation needs a teacher (a load_model spec)"),
+        (self.mesh_shape is not None and (
+            len(self.mesh_shape) != 2 or min(self.mesh_shape) < 1),
+         f"mesh_shape={self.mesh_shape!r}: give (data, model) sizes >= 1, "
+         "e.g. with --gin_file=runs/cpu_8_model_parallel.gin"))
                 if bad]
     if problems:
       raise ValueError("Bad TrainConfig: " + "; ".join(problems) + ".")

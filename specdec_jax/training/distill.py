@@ -24,11 +24,13 @@ Zhou et al. 2024, reached the same conclusions):
 The teacher is frozen (its logits pass through `stop_gradient`, and only the
 student's parameters are differentiated). `make_distill_step` is the jitted
 step; it runs on one device or, traced inside `mesh_context(mesh)`, under the
-same mesh and logical axis rules as decoding (`specdec_jax.sharding`): the
+same mesh and logical axis rules as decoding (`specdec_jax.sharding`,
+`placement.Placement`): the
 teacher's parameters sharded over `model`, the batch over `data`, the draft
 replicated or sharded by the same rules (tests/test_distill_sharded.py).
 `OnPolicyStep` wraps it for `train.train`: it samples the draft's rows with
-the current parameters, then takes the step.
+the current parameters, then takes the step. Where the arrays go is
+`placement.py`'s (what train.py and the planner both use).
 
 Dimension letters: B batch rows, L input width, T target width, V vocabulary.
 """
@@ -73,7 +75,8 @@ class DistillConfig:
       from abstract shapes (`planning/plan_training.py`); training takes
       its shapes from the data.
     replicate_student: under a mesh, keep the draft's parameters on every
-      device instead of sharding them by the logical rules.
+      device instead of sharding them by the logical rules (a plan from a
+      DistillConfig alone; training reads `TrainConfig.replicate_student`).
   """
 
   divergence: str = "tv"
@@ -230,29 +233,6 @@ def mesh_context(mesh: jax.sharding.Mesh | None):
     yield
 
 
-def place_for_step(mesh, student_def, teacher_def, state, batch,
-                   teacher_params, replicate_student: bool = True):
-  """(state, batch, teacher_params) placed on `mesh` as the step expects.
-
-  The teacher's parameters are sharded by the logical rules (over `model`);
-  the student's parameters and optimizer state are replicated, or sharded
-  by the same rules (`replicate_student=False`, optimizer state then
-  replicated too); batch rows go over `data`.
-  """
-  shardings = sharding.param_shardings(student_def, state.params, mesh,
-                                       replicate=replicate_student)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  state = state.replace(
-      step=sharding.put(state.step, replicated),
-      params=jax.tree.map(sharding.put, state.params, shardings),
-      opt_state=jax.tree.map(lambda x: sharding.put(x, replicated),
-                             state.opt_state))
-  rows = sharding.batch_sharding(mesh, batch["inputs"].shape[0])
-  batch = {k: sharding.put(v, rows) for k, v in batch.items()}
-  teacher_params = sharding.shard_params(teacher_def, teacher_params, mesh)
-  return state, batch, teacher_params
-
-
 def rows_from_tokens(tokens: np.ndarray) -> dict[str, np.ndarray]:
   """decoder_inputs, targets and weights of T5 rows of decoded tokens.
 
@@ -295,13 +275,18 @@ class OnPolicyStep:
   Before each step, the first round(onpolicy_fraction * B) rows of the
   batch are replaced by sequences the current draft samples for their
   inputs (as long as the batch's targets, so the step keeps the data's
-  shapes); empty filler rows stay empty. Then `make_distill_step`'s step.
+  shapes); empty filler rows stay empty. Then `make_distill_step`'s step,
+  on the batch `place_batch` puts on the devices (`train.py`'s placement:
+  rows over `data` on a mesh; default: as given).
   """
 
   def __init__(self, student_def, teacher_def, tx, config: DistillConfig,
-               seed: int = 0):
+               seed: int = 0, place_batch=None, step=None):
     self._def, self._config, self._seed = student_def, config, seed
-    self._step = make_distill_step(student_def, teacher_def, tx, config)
+    self._place = place_batch or (lambda batch: batch)
+    # `step`: the jitted step `steps.step_for` built (and `plan_run` plans).
+    self._step = step or make_distill_step(student_def, teacher_def, tx,
+                                           config)
 
   def onpolicy_batch(self, params, batch: Mapping[str, Any],
                      step: int) -> dict[str, np.ndarray]:
@@ -322,7 +307,9 @@ class OnPolicyStep:
     return batch
 
   def __call__(self, state, batch, teacher_params, bad=None):
-    batch = self.onpolicy_batch(state.params, batch, int(state.step))
+    batch = self._place(self.onpolicy_batch(state.params, batch,
+                                            int(np.asarray(
+                                                state.step.addressable_data(0)))))
     if bad is None:
       return self._step(state, batch, teacher_params)
     return self._step(state, batch, teacher_params, bad)

@@ -18,8 +18,9 @@ a local directory and keeps the bucket a copy of it:
 What a kill loses is what a local run loses: the steps since the last
 checkpoint (their metrics rows are dropped on resume). The mirror is
 `$TMPDIR/specdec_jax_train/<digest of the workdir>`, emptied on entry: the
-bucket is the workdir, the mirror only its working copy. One process only
-(train.py is single-host).
+bucket is the workdir, the mirror only its working copy. One process only:
+a multi-host run writes its sharded checkpoints from every process into one
+directory, which per-host mirrors are not (`train.train` refuses it).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -66,7 +67,8 @@ def restore_latest_intact(make_manager: Callable[[], Any],
     workdir: the training workdir.
     sharding: where the restored arrays go (the devices training runs on
       now, not the ones the checkpoint recorded: a run resumes on another
-      machine or topology).
+      machine or topology): one sharding for every leaf, or a tree of them
+      shaped like the state (a mesh's, `placement.Placement`).
 
   Returns:
     (restored Composite or None when no checkpoint exists, the manager to
@@ -77,9 +79,12 @@ def restore_latest_intact(make_manager: Callable[[], Any],
   """
   manager = make_manager()
   directory = str(manager.directory)
+  shapes = jax.eval_shape(init)
+  if isinstance(sharding, jax.sharding.Sharding):
+    sharding = jax.tree.map(lambda _: sharding, shapes)
   target = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-      jax.eval_shape(init))
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      shapes, sharding)
   saved = sorted(manager.all_steps(), reverse=True)
   skipped = []
   absl_logger, quiet = logging.get_absl_logger(), _QuietOrbaxErrors()
@@ -97,17 +102,19 @@ def restore_latest_intact(make_manager: Callable[[], Any],
       continue
     finally:
       absl_logger.removeFilter(quiet)
-    if not all(np.isfinite(np.asarray(x)).all()
+    # Reduced on the devices: no process holds all of a sharded leaf.
+    if not all(np.asarray(jnp.isfinite(x).all().addressable_data(0))
                for x in jax.tree.leaves(restored.state.params)):
       # Saved before training checked every step (steps.make_train_step).
       skipped.append(f"step {step} (non-finite parameters)")
       continue
     if skipped:
       aside = os.path.join(workdir, "damaged_checkpoints")
-      os.makedirs(aside, exist_ok=True)
-      for bad in saved[:len(skipped)]:
-        os.replace(os.path.join(directory, str(bad)),
-                   os.path.join(aside, f"{bad}.{int(time.time())}"))
+      if jax.process_index() == 0:  # the one writer of the workdir
+        os.makedirs(aside, exist_ok=True)
+        for bad in saved[:len(skipped)]:
+          os.replace(os.path.join(directory, str(bad)),
+                     os.path.join(aside, f"{bad}.{int(time.time())}"))
       manager.close()
       manager = make_manager()  # forgets the steps moved aside
       logging.warning(

@@ -34,6 +34,7 @@ from specdec_jax.decoding.api import generate
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.models import gpt
 from specdec_jax.models import layers
+from specdec_jax.training import distill
 from specdec_jax.training.batches import BucketedData
 from specdec_jax.training.config import TrainConfig
 
@@ -214,7 +215,7 @@ _NOT_STEP_FIELDS = frozenset({
     "log_every", "eval_every", "eval_examples", "bleu_examples",
     "eval_batch_size", "max_decode_len", "checkpoint_every",
     "keep_checkpoints", "workdir", "init_from", "teacher_config", "teacher",
-    "train_translations", "onpolicy"})
+    "train_translations", "onpolicy", "distributed", "teacher_dtype"})
 _STEPS: dict[Any, Any] = {}
 _STEPS_KEPT = 8
 
@@ -223,11 +224,20 @@ def step_for(config: TrainConfig, definition, total_steps: int,
              teacher_def=None):
   """(schedule, optimizer, jitted step) of a run of `config`.
 
-  Built once per process for equal settings, model and length: a second
+  With `config.onpolicy`, the step is `distill.make_distill_step`'s (the
+  one `planning/plan_training.py` compiles for a slice). Built once per
+  process for equal settings, model and length: a second
   run in the same process (resuming after an error in a notebook, a sweep
   over data or workdirs) reuses the compiled step instead of compiling it
   again.
   """
+  if config.onpolicy is not None:
+    # On-policy distillation's step (`distill.OnPolicyStep` samples the
+    # rows, then runs it): `plan_run` compiles this very function.
+    schedule = make_schedule(config, total_steps)
+    tx = make_optimizer(config, schedule)
+    return schedule, tx, distill.make_distill_step(definition, teacher_def,
+                                                   tx, config.onpolicy)
   # Only the cosine schedule depends on the run's length.
   length = total_steps if config.schedule == "cosine" else None
   key = (tuple((f.name, getattr(config, f.name))

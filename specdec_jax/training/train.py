@@ -18,8 +18,18 @@ puts it). Evaluation and decoding run without it. The losses, the jitted
 steps and `evaluate` are in `steps.py`, `TrainConfig` in `config.py`; this
 module is the loop around them.
 
+Where it runs (`placement.py`): one device, or the (data, model) mesh a run
+file names (configs/runs/*.gin, the same files the decoding scripts take:
+`TrainConfig.mesh_shape`), the teacher sharded by the decoding's logical
+axis rules and batch rows over `data`; on several processes
+(`TrainConfig.distributed`, or the scripts' --coordinator_address flags)
+every process runs this same loop, process 0 writes the metrics,
+TensorBoard and the exported model, and every process writes its shards
+of each checkpoint.
+
 The workdir holds `checkpoints/` (orbax: params, optimizer state, step and
-data position; a restarted run resumes from the latest), `metrics.jsonl`,
+data position, saved sharded; a restarted run resumes from the latest, on
+this topology or another), `metrics.jsonl`,
 `train_config.json` and, at the end, `model/` in `specdec_jax.checkpoints`
 format: `load_model(workdir + "/model")`. A gs:// workdir holds the same,
 trained in a local mirror and uploaded (`mirror.py`).
@@ -30,6 +40,7 @@ Dimension letters: B batch rows, L input width, T target width, V vocabulary.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -44,6 +55,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from specdec_jax import checkpoints
+from specdec_jax.infra import locks
+from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax.infra import summaries
 from specdec_jax.data import tasks
@@ -52,6 +65,8 @@ from specdec_jax.training import mirror
 from specdec_jax.training import resume
 from specdec_jax.training import steps
 from specdec_jax.training.batches import load_split
+from specdec_jax.training.placement import local
+from specdec_jax.training.placement import Placement
 # Gin files bind TrainConfig as train.TrainConfig: imported here for them.
 from specdec_jax.training.config import TrainConfig
 from specdec_jax.decoding.protocol import Model
@@ -108,8 +123,10 @@ class _StopRequest:
       signal.signal(sig, handler)
 
 
-def _prepare(config: TrainConfig, definition):
-  """Vocabulary, teacher and data, all checked before anything compiles."""
+def _prepare(config: TrainConfig, definition,
+             placement: Placement | None = None):
+  """Vocabulary, teacher (on `placement`; default: the config's) and data,
+  all checked before anything compiles."""
   vocab_path = (os.path.abspath(config.vocab_path) if config.vocab_path
                 else tasks.current_config().vocab_path)
   vocab = tasks.get_vocabulary(vocab_path)
@@ -121,8 +138,10 @@ def _prepare(config: TrainConfig, definition):
         "model_overrides['vocab_size'].")
   teacher = None
   if config.teacher:
-    teacher = checkpoints.load_model(config.teacher,
-                                     config=config.teacher_config)
+    placement = placement or Placement.create(config.mesh_shape,
+                                              config.replicate_student)
+    teacher = placement.load_teacher(config.teacher, config.teacher_config,
+                                     config.teacher_dtype)
     if teacher.vocab_size != definition.vocab_size:
       raise ValueError(
           f"the teacher {config.teacher!r} has vocab_size "
@@ -202,26 +221,15 @@ def _log_window(last: dict[str, float], total: int) -> None:
       last["step_s"] * (total - last["step"]))
 
 
-def _device() -> jax.Device:
-  """The one device training runs on: JAX's default device when one is set
-  (`jax.default_device(...)` or `jax.config.update("jax_default_device",
-  ...)`: a device, or a platform whose first local device is taken), else
-  this process's first."""
-  chosen = jax.config.jax_default_device
-  if chosen is None:
-    return jax.local_devices()[0]
-  if isinstance(chosen, str):
-    return jax.local_devices(backend=chosen)[0]
-  return chosen
-
-
 def train(config: TrainConfig) -> dict[str, Any]:
   """Trains, resuming from the workdir's latest checkpoint if there is one.
 
   Args:
-    config: what to train; see `TrainConfig`. A gs:// workdir is trained in
-      a local mirror, uploaded after each checkpoint and at the end
-      (`mirror.py`).
+    config: what to train; see `TrainConfig`. A local workdir is locked
+      for the run (`infra.locks`: a second run there stops, naming the
+      holder); a gs:// workdir is trained in a local mirror under the
+      bucket's lease lock, uploaded after each checkpoint and at the end
+      (`mirror.py`, one process only).
 
   Returns:
     The last window's training metrics (loss, nll, kl, accuracy, lr, rates)
@@ -230,8 +238,22 @@ def train(config: TrainConfig) -> dict[str, Any]:
     checkpoint and returns what it has with stopped=True.
   """
   config.check()
+  multihost.initialize(config.distributed)
   if not paths.is_remote(config.workdir):
-    return _train(config)
+    # One run, one writer: process 0 holds the workdir's lock for the run,
+    # and every process stops if it cannot (`multihost.on_primary`).
+    os.makedirs(config.workdir, exist_ok=True)
+    with contextlib.ExitStack() as held:
+      multihost.on_primary(
+          lambda: held.enter_context(locks.lock(config.workdir)))
+      return _train(config)
+  if jax.process_count() > 1:
+    raise multihost.MultihostError(
+        f"workdir {config.workdir}: a multi-host run writes its sharded "
+        "checkpoints from every process into one directory, which a gs:// "
+        "workdir's local mirror (mirror.py) is not. Give every process the "
+        "same shared directory (a mounted bucket or NFS path) as --workdir, "
+        "or train on one host.")
   with mirror.bucket_mirror(config.workdir) as copy:
     logging.info("training %s in its local mirror %s", config.workdir,
                  copy.local)
@@ -244,21 +266,24 @@ def _train(config: TrainConfig,
            recorded: TrainConfig | None = None) -> dict[str, Any]:
   """`train` in a local workdir; `after_checkpoint` runs once each
   periodic checkpoint is written; train_config.json records `recorded`
-  (default: `config`)."""
+  (default: `config`). On several processes every one runs this; process 0
+  alone writes the metrics, TensorBoard, train_config.json and the model,
+  and every process writes its shards of each checkpoint (orbax)."""
+  placement = Placement.create(config.mesh_shape, config.replicate_student)
+  logging.info("%s", placement.describe())
+  primary = multihost.is_primary()
   model_config = config.model_config()
   definition = registry.make_def(model_config)
   vocab_path, vocab, teacher, train_data, eval_data, examples = _prepare(
-      config, definition)
+      config, definition, placement)
   os.makedirs(config.workdir, exist_ok=True)
-  with open(os.path.join(config.workdir, "train_config.json"), "w") as f:
-    json.dump(dataclasses.asdict(recorded or config), f, indent=2,
-              default=lambda v: (dataclasses.asdict(v) if
-                                 dataclasses.is_dataclass(v) else str(v)))
+  if primary:
+    with open(os.path.join(config.workdir, "train_config.json"), "w") as f:
+      json.dump(dataclasses.asdict(recorded or config), f, indent=2,
+                default=lambda v: (dataclasses.asdict(v) if
+                                   dataclasses.is_dataclass(v) else str(v)))
   per_epoch = train_data.batches_per_epoch
   total = config.num_steps or int(np.ceil(config.num_epochs * per_epoch))
-  logging.info("%d examples, %d batches an epoch, %d steps; batch shapes "
-               "(rows, widths): %s", len(train_data.inputs), per_epoch, total,
-               train_data.shapes())
   schedule, tx, train_step = steps.step_for(
       config, definition, total, teacher.definition if teacher else None)
 
@@ -274,14 +299,13 @@ def _train(config: TrainConfig,
             max_to_keep=config.keep_checkpoints, create=True),
         item_names=("state", "meta"))
 
-  device = _device()
-  logging.info("training on %s", device)
-  if teacher is not None:  # loaded onto the process's first device
-    teacher = dataclasses.replace(
-        teacher, params=jax.device_put(teacher.params, device))
+  placement.log_bytes(teacher, definition, jax.eval_shape(init))
+  logging.info("%d examples, %d batches an epoch, %d steps; batch shapes "
+               "(rows, widths): %s", len(train_data.inputs), per_epoch, total,
+               train_data.shapes())
   restored, manager = resume.restore_latest_intact(
       make_manager, init, config.workdir,
-      jax.sharding.SingleDeviceSharding(device))
+      placement.state_shardings(definition, jax.eval_shape(init)))
   if restored is None:
     state = init(_initial_params(config, definition) if config.init_from
                  else None)
@@ -291,53 +315,63 @@ def _train(config: TrainConfig,
       logging.warning("the data changed since the checkpoint: %s batches an "
                       "epoch then, %d now", restored.meta.get(
                           "batches_per_epoch"), per_epoch)
-    logging.info("resumed from step %d", int(state.step))
+    logging.info("resumed from step %d", int(local(state.step)))
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("%s: %.3fM parameters", model_config, num_params / 1e6)
   if config.onpolicy is not None:
     config.onpolicy.check()
     train_step = distill.OnPolicyStep(definition, teacher.definition, tx,
-                                      config.onpolicy, config.seed)
+                                      config.onpolicy, config.seed,
+                                      place_batch=placement.put_batch,
+                                      step=train_step)
   metrics_path = os.path.join(config.workdir, "metrics.jsonl")
   writer = summaries.Writer(config.workdir)
 
-  resume.forget_metrics_after(metrics_path, int(state.step))
+  if primary:
+    resume.forget_metrics_after(metrics_path, int(local(state.step)))
 
   def record(row):
+    if not primary:
+      return
     with open(metrics_path, "a") as f:  # a line survives a kill right after
       f.write(json.dumps(row) + "\n")
     writer.scalars(row["kind"], row, row["step"])
 
   def run_eval(step):
-    result = steps.evaluate(Model(definition, state.params, vocab),
-                            eval_data, examples, config)
+    # On the host's first device, from gathered parameters: decoding and
+    # BLEU need no mesh, and only process 0 reports them.
+    params = placement.host(state.params)
+    if not primary:
+      return {}
+    result = steps.evaluate(Model(definition, params, vocab), eval_data,
+                            examples, config)
     logging.info("eval at step %d: %s", step, result)
     record({"kind": "eval", "step": step, **result})
     return result
 
-  step = int(state.step)
+  step = int(local(state.step))
   start_time = window_start = time.time()
   window, last, order = collections.Counter(), {}, (-1, None)
-  # `bad`: the first non-finite step, on device (steps.py). The state and
-  # `bad` are committed to the device whether the state is fresh or was
-  # restored (orbax's arrays are committed): committed and uncommitted
-  # inputs make different programs, and a resumed run compiled its step
-  # twice (restored state, then `bad` from the step) besides a fresh one's.
-  state, bad = jax.device_put((state, jnp.int32(0)), device)
+  # `bad`: the first non-finite step, on device (steps.py).
+  state, bad = placement.put_state(definition, state), placement.put_scalar(0)
+  teacher_params = teacher.params if teacher else None
 
   def check_finite():  # before anything is logged or saved
-    if int(bad):
+    if int(local(bad)):
       manager.wait_until_finished()
-      _raise_nonfinite(int(bad), manager, config)
+      _raise_nonfinite(int(local(bad)), manager, config)
 
   with _StopRequest() as stop:
-    while step < total and not stop.requested:
+    while step < total and not _stopping(stop):
       epoch, position = divmod(step, per_epoch)
       if order[0] != epoch:
         order = (epoch, train_data.epoch(epoch))
       key, indices = order[1][position]
-      state, sums, bad = train_step(state, train_data.batch(key, indices),
-                                    teacher.params if teacher else None, bad)
+      batch = train_data.batch(key, indices)
+      if config.onpolicy is None:
+        batch = placement.put_batch(batch)
+      with placement.context():
+        state, sums, bad = train_step(state, batch, teacher_params, bad)
       step += 1
       # Sums stay on the device until log time, so that the host cuts the
       # next batch while this step runs.
@@ -348,7 +382,8 @@ def _train(config: TrainConfig,
         check_finite()
         last = {"step": step, "epoch": step / per_epoch,
                 "lr": float(schedule(step - 1)),
-                **_window_metrics({k: float(v) for k, v in window.items()},
+                **_window_metrics({k: float(local(v))
+                                   for k, v in window.items()},
                                   time.time() - window_start)}
         _log_window(last, total)
         record({"kind": "train", **last})
@@ -370,6 +405,8 @@ def _train(config: TrainConfig,
     manager.wait_until_finished()
   final = {} if stop.requested else run_eval(step)
   if not stop.requested:
+    # Every process: orbax writes each shard once, from the process that
+    # holds it, and process 0 the manifest.
     checkpoints.save(Model(definition, state.params, vocab),
                      os.path.join(config.workdir, "model"),
                      config=model_config, vocab=vocab_path, overwrite=True)
@@ -378,3 +415,13 @@ def _train(config: TrainConfig,
   return {**last, **final, "step": step, "num_params": int(num_params),
           "seconds": time.time() - start_time, "stopped": stop.requested,
           "signal": stop.signal}
+
+
+def _stopping(stop: "_StopRequest") -> bool:
+  """Whether to stop before the next step. A signal reaches one process
+  of a multi-host job (a preempted host's): process 0's answer is every
+  process's, so all stop at the same step instead of one waiting in a
+  collective the others never join."""
+  if jax.process_count() == 1:
+    return stop.requested
+  return bool(multihost.broadcast(stop.requested))
