@@ -40,7 +40,7 @@ Cache logical axes (`cache_logical_axes`): keys [B, N, H, S or L] are
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import flax
 import flax.linen as nn
@@ -339,18 +339,21 @@ class T5Transformer(nn.Module):
     return logits
 
 
-@dataclasses.dataclass(frozen=True)
-class T5Def(base.FlaxModelDef):
-  """`ModelDef` for T5: a hashable definition; parameters travel separately.
-
-  Attributes:
-    config: the architecture.
-  """
+class EncoderDecoderDef(base.FlaxModelDef):
+  """The `ModelDef` half every encoder-decoder here shares (T5, and T5Gemma
+  in `t5gemma.py`): its module has `encode`, `cross_kv`, `decode` and
+  `__call__`, and its cache is a `T5Cache`. A subclass is a frozen dataclass
+  with a `config` that sets `module_class`, `start_id` (the decoder's first
+  token) and `decoder_kv_shape`."""
 
   family = protocol.ENCODER_DECODER
-  module_class = T5Transformer
   num_init_inputs = 2
-  config: T5Config
+  start_id: ClassVar[int] = 0
+
+  def decoder_kv_shape(self) -> tuple[int, int, int]:
+    """(decoder layers, key/value heads, head dim) of the self-attention
+    cache."""
+    raise NotImplementedError
 
   @property
   def max_input_len(self) -> int | None:
@@ -361,13 +364,13 @@ class T5Def(base.FlaxModelDef):
 
   def encode(self, params: Any, input_ids: jax.Array) -> jax.Array:
     """int [B, L] -> encoder output [B, L, D] (compute dtype)."""
-    return self._apply(params, input_ids, method=T5Transformer.encode)
+    return self._apply(params, input_ids, method=self.module_class.encode)
 
   def forward(self, params: Any, input_ids: jax.Array,
               decoder_input_ids: jax.Array) -> jax.Array:
     """Uncached teacher-forced pass: float32 logits [B, T, V]."""
     return self._apply(params, input_ids, decoder_input_ids,
-                       method=T5Transformer.__call__)
+                       method=self.module_class.__call__)
 
   def prefill(self, params: Any, input_ids: jax.Array,
               num_decode_positions: int) -> Prefill:
@@ -379,27 +382,28 @@ class T5Def(base.FlaxModelDef):
       num_decode_positions: decoder positions after the start token.
 
     Returns:
-      `Prefill` with start_token 0 (decoder start id) at start_pos 0.
+      `Prefill` with start_token `start_id` at start_pos 0.
     """
     cfg = self.config
     batch, length = input_ids.shape
     if length > cfg.max_input_len:
       raise ValueError(
           f"input length {length} exceeds max_input_len={cfg.max_input_len}; "
-          "truncate the inputs or raise T5Config.max_input_len")
+          f"truncate the inputs or raise {type(cfg).__name__}.max_input_len")
     encoded = self.encode(params, input_ids)
-    cross = self._apply(params, encoded, method=T5Transformer.cross_kv)
-    slots = num_decode_positions + 1
+    cross = self._apply(params, encoded, method=self.module_class.cross_kv)
+    num_layers, heads, head_dim = self.decoder_kv_shape()
     cache = T5Cache(
         self_attention=tuple(
-            layers.KVCache.zeros(batch, slots, cfg.num_heads, cfg.head_dim,
-                                 cfg.dtype)
-            for _ in range(cfg.num_decoder_layers)),
+            layers.KVCache.zeros(batch, num_decode_positions + 1, heads,
+                                 head_dim, cfg.dtype)
+            for _ in range(num_layers)),
         cross_attention=cross,
         encoder_mask=input_ids > 0)
-    zeros = jnp.zeros((batch,), jnp.int32)
     cache = base.constrain_cache(cache, cache_logical_axes(cache))
-    return Prefill(cache=cache, start_token=zeros, start_pos=zeros)
+    return Prefill(cache=cache,
+                   start_token=jnp.full((batch,), self.start_id, jnp.int32),
+                   start_pos=jnp.zeros((batch,), jnp.int32))
 
   def extend(self, params: Any, cache: T5Cache, tokens: jax.Array,
              positions: jax.Array,
@@ -407,14 +411,31 @@ class T5Def(base.FlaxModelDef):
     """Feeds tokens [B, K] at positions [B, K]; see `ModelDef.extend`."""
     logits, self_cache = self._apply(
         params, tokens, positions, cache.cross_attention, cache.encoder_mask,
-        cache.self_attention, tree, method=T5Transformer.decode)
+        cache.self_attention, tree, method=self.module_class.decode)
     cache = cache.replace(self_attention=self_cache)
     return logits, base.constrain_cache(cache, cache_logical_axes(cache))
 
   def copy_slots(self, cache: T5Cache, src: jax.Array,
                  dst: jax.Array) -> T5Cache:
     """The decoder self-attention entries of slots `src` [B, D] copied to
-    `dst` [B, D] (see `protocol`: a token tree's accepted path)."""
+    `dst` [B, D] (see `protocol`: a token tree's accepted path; a rotary
+    key was rotated by its node's position, the one it moves to)."""
     cache = cache.replace(self_attention=tuple(
         kv.copy_slots(src, dst) for kv in cache.self_attention))
     return base.constrain_cache(cache, cache_logical_axes(cache))
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Def(EncoderDecoderDef):
+  """`ModelDef` for T5: a hashable definition; parameters travel separately.
+
+  Attributes:
+    config: the architecture.
+  """
+
+  module_class = T5Transformer
+  config: T5Config
+
+  def decoder_kv_shape(self) -> tuple[int, int, int]:
+    cfg = self.config
+    return cfg.num_decoder_layers, cfg.num_heads, cfg.head_dim

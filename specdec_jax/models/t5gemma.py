@@ -58,12 +58,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.decoding import protocol
-from specdec_jax.decoding.protocol import Prefill
-from specdec_jax.models import base
 from specdec_jax.models import layers
-from specdec_jax.models.t5 import T5Cache
-from specdec_jax.models.t5 import cache_logical_axes
+from specdec_jax.models.t5 import EncoderDecoderDef
 
 PAD_ID, EOS_ID, BOS_ID = 0, 1, 2
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
@@ -487,7 +483,7 @@ class T5GemmaTransformer(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class T5GemmaDef(base.FlaxModelDef):
+class T5GemmaDef(EncoderDecoderDef):
   """`ModelDef` for T5Gemma: a hashable definition; parameters travel
   separately.
 
@@ -495,76 +491,10 @@ class T5GemmaDef(base.FlaxModelDef):
     config: the architecture.
   """
 
-  family = protocol.ENCODER_DECODER
   module_class = T5GemmaTransformer
-  num_init_inputs = 2
+  start_id = BOS_ID
   config: T5GemmaConfig
 
-  @property
-  def max_input_len(self) -> int | None:
-    return self.config.max_input_len
-
-  def cache_logical_axes(self, cache: T5Cache) -> T5Cache:
-    return cache_logical_axes(cache)
-
-  def encode(self, params: Any, input_ids: jax.Array) -> jax.Array:
-    """int [B, L] -> encoder output [B, L, E] (compute dtype)."""
-    return self._apply(params, input_ids, method=T5GemmaTransformer.encode)
-
-  def forward(self, params: Any, input_ids: jax.Array,
-              decoder_input_ids: jax.Array) -> jax.Array:
-    """Uncached teacher-forced pass: float32 logits [B, T, V]."""
-    return self._apply(params, input_ids, decoder_input_ids,
-                       method=T5GemmaTransformer.__call__)
-
-  def prefill(self, params: Any, input_ids: jax.Array,
-              num_decode_positions: int) -> Prefill:
-    """Encodes the inputs and allocates a cache of num_decode_positions + 1.
-
-    Args:
-      params: the parameter tree.
-      input_ids: int [B, L], 0-padded on the right.
-      num_decode_positions: decoder positions after the start token.
-
-    Returns:
-      `Prefill` with start_token BOS (2) at start_pos 0.
-    """
-    cfg = self.config
-    batch, length = input_ids.shape
-    if length > cfg.max_input_len:
-      raise ValueError(
-          f"input length {length} exceeds max_input_len={cfg.max_input_len}; "
-          "truncate the inputs or raise T5GemmaConfig.max_input_len")
-    encoded = self.encode(params, input_ids)
-    cross = self._apply(params, encoded, method=T5GemmaTransformer.cross_kv)
-    s = cfg.decoder
-    cache = T5Cache(
-        self_attention=tuple(
-            layers.KVCache.zeros(batch, num_decode_positions + 1,
-                                 s.num_kv_heads, s.head_dim, cfg.dtype)
-            for _ in range(s.num_layers)),
-        cross_attention=cross,
-        encoder_mask=input_ids != PAD_ID)
-    cache = base.constrain_cache(cache, cache_logical_axes(cache))
-    return Prefill(cache=cache,
-                   start_token=jnp.full((batch,), BOS_ID, jnp.int32),
-                   start_pos=jnp.zeros((batch,), jnp.int32))
-
-  def extend(self, params: Any, cache: T5Cache, tokens: jax.Array,
-             positions: jax.Array,
-             tree: Any = None) -> tuple[jax.Array, T5Cache]:
-    """Feeds tokens [B, K] at positions [B, K]; see `ModelDef.extend`."""
-    logits, self_cache = self._apply(
-        params, tokens, positions, cache.cross_attention, cache.encoder_mask,
-        cache.self_attention, tree, method=T5GemmaTransformer.decode)
-    cache = cache.replace(self_attention=self_cache)
-    return logits, base.constrain_cache(cache, cache_logical_axes(cache))
-
-  def copy_slots(self, cache: T5Cache, src: jax.Array,
-                 dst: jax.Array) -> T5Cache:
-    """The decoder self-attention entries of slots `src` [B, D] copied to
-    `dst` [B, D] (see `protocol`: a token tree's accepted path). Keys were
-    rotated by their node's position, which is the position they move to."""
-    cache = cache.replace(self_attention=tuple(
-        kv.copy_slots(src, dst) for kv in cache.self_attention))
-    return base.constrain_cache(cache, cache_logical_axes(cache))
+  def decoder_kv_shape(self) -> tuple[int, int, int]:
+    s = self.config.decoder
+    return s.num_layers, s.num_kv_heads, s.head_dim
