@@ -9,11 +9,9 @@ its first example leaves a fresh workdir empty; the shipped demo model
 uploaded to a bucket loads as `gs://models/target` with the same
 parameters; a refused connection to the endpoint fails at once, saying so,
 and a server that stalls fails within the bounded wait with an error naming
-the bucket and the likely causes. Checkpoints
-written into a bucket (`save`, `write_t5x`, `convert_checkpoint
---output=gs://`) read back bit for bit (`hf:gs://...` too, sharded
-safetensors included), and the script against a closed
-endpoint exits within the bounded wait with that message, no traceback.
+the bucket and the likely causes; a gs:// vocabulary, data file and gin
+file load as their local copies. Checkpoints written into and read from
+buckets: tests/test_bucket_checkpoints.py.
 
 The emulator (tests/gcs_emulator.py) runs in a subprocess on a free port;
 these tests skip, saying so, only when it cannot start.
@@ -25,8 +23,6 @@ import logging
 import os
 import re
 import socket
-import subprocess
-import sys
 import time
 
 import gin
@@ -35,9 +31,7 @@ import numpy as np
 import pytest
 
 import specdec_jax
-from specdec_jax import Model
 from specdec_jax import checkpoints
-from specdec_jax.checkpoints import hf
 from specdec_jax.infra import locks
 from specdec_jax.infra import paths
 from specdec_jax.data import readers
@@ -46,7 +40,6 @@ from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
 from specdec_jax.experiments import workdir as workdir_lib
 from tests import helpers
-from tests import gcs_emulator as gcs_emulator_lib
 from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
 SENTENCES = ["the cat sat on the mat", "the house is wonderful",
@@ -383,233 +376,6 @@ def test_a_stalled_server_fails_within_the_bounded_wait(monkeypatch):
   assert "gs://stalled-bucket" in message
   assert f"localhost:{port}" in message
   assert "no network" in message and "credentials" in message
-
-
-# --- Writing checkpoints into buckets (issue 34; issue 38 item 5). ---
-
-
-def _assert_same_params(a, b):
-  flat_a = jax.tree_util.tree_leaves_with_path(a)
-  flat_b = dict(jax.tree_util.tree_leaves_with_path(b))
-  assert len(flat_a) == len(flat_b)
-  for name, value in flat_a:
-    assert np.asarray(value).dtype == np.asarray(flat_b[name]).dtype, name
-    np.testing.assert_array_equal(np.asarray(value),
-                                  np.asarray(flat_b[name]))
-
-
-@pytest.fixture(scope="module")
-def t5_tiny():
-  model = checkpoints.load_model("t5_tiny", seed=3)
-  return Model(model.definition, jax.tree.map(np.asarray, model.params))
-
-
-def test_save_into_a_bucket_round_trips_exactly(gcs_emulator, t5_tiny,  # noqa: F811
-                                                tmp_path, monkeypatch):
-  """checkpoints.save(model, gs://...) then load_model(gs://...) gives the
-  same parameters bit for bit; overwrite=True replaces them (no stale
-  orbax files mixed in); nothing lands in a local `gs:` folder."""
-  monkeypatch.chdir(tmp_path)
-  directory = "gs://models/saved_tiny"
-  checkpoints.save(t5_tiny, directory)
-  assert "config.json" in paths.list_files(directory)
-  loaded = checkpoints.load_model(directory)
-  assert loaded.config == t5_tiny.config
-  _assert_same_params(loaded.params, t5_tiny.params)
-  with pytest.raises(FileExistsError):
-    checkpoints.save(t5_tiny, directory)
-  doubled = jax.tree.map(lambda x: x * 2, t5_tiny.params)
-  checkpoints.save(Model(t5_tiny.definition, doubled), directory,
-                   overwrite=True)
-  _assert_same_params(checkpoints.load_model(directory).params, doubled)
-  assert not os.path.exists(tmp_path / "gs:"), os.listdir(tmp_path)
-
-
-def test_a_server_without_generation_headers_is_named_not_damaged(
-    gcs_emulator, t5_tiny, monkeypatch):  # noqa: F811
-  """Issue 47: the stock gcp-storage-emulator sends no x-goog-generation
-  header with a download, which tensorstore's OCDBT reader refuses. The
-  checkpoint (written through the project's emulator, where it loads) is
-  fine: the error names the server and the missing header, and never says
-  "damaged". Control: the same files load from the project's emulator."""
-  directory = "gs://models/generation_tiny"
-  checkpoints.save(t5_tiny, directory)
-  port = gcs_emulator_lib.free_port()
-  stock = gcs_emulator_lib.start(port, stock=True)
-  try:
-    env = gcs_emulator_lib.environment(port)
-    gcs_emulator_lib.create_bucket(env["TENSORSTORE_GCS_HTTP_URL"], "models")
-    with monkeypatch.context() as patched:
-      for key, value in env.items():
-        patched.setenv(key, value)
-      checkpoints.save(t5_tiny, directory)
-      with pytest.raises(paths.RemoteStorageError) as error:
-        checkpoints.load_model(directory)
-  finally:
-    stock.terminate()
-    stock.wait(timeout=10)
-  message = str(error.value)
-  assert "x-goog-generation" in message and f"localhost:{port}" in message
-  assert "damaged" not in message.replace("not found damaged", "")
-  assert "scripts/gcs_emulator.py" in message
-  _assert_same_params(checkpoints.load_model(directory).params,
-                      t5_tiny.params)
-
-
-def test_server_answers_are_told_from_data_errors():
-  """What decides between the two messages: a storage server's answer
-  (missing generation, refused, unreachable) versus anything else."""
-  assert "x-goog-generation" in paths.server_answer(
-      ValueError("Error reading x: Malformed StorageGeneration"))
-  assert paths.server_answer(RuntimeError("UNAVAILABLE: HTTP 503"))
-  assert paths.server_answer(ValueError("Error decoding chunk: checksum "
-                                        "mismatch")) is None
-
-
-def test_t5x_written_to_a_bucket_reads_as_the_local_copy(gcs_emulator,  # noqa: F811
-                                                         t5_tiny, tmp_path):
-  """write_t5x to gs:// (tensorstore leaves, inline leaves, and the orbax
-  layout) reads back through `t5x:gs://...` exactly as the same checkpoint
-  written locally does."""
-  for layout, kwargs in (("msgpack", {"inline_below": 200}),
-                         ("orbax", {"use_orbax": True})):
-    local = checkpoints.write_t5x(t5_tiny.params, str(tmp_path / layout), 7,
-                                  **kwargs)
-    remote = checkpoints.write_t5x(t5_tiny.params, f"gs://models/t5x_{layout}",
-                                   7, **kwargs)
-    assert remote == f"gs://models/t5x_{layout}/checkpoint_7"
-    from_bucket = checkpoints.load_model("t5x:" + remote, config="t5_tiny")
-    from_disk = checkpoints.load_model("t5x:" + local, config="t5_tiny")
-    _assert_same_params(from_bucket.params, from_disk.params)
-    _assert_same_params(from_bucket.params, t5_tiny.params)
-
-
-def _convert(*args, timeout=240):
-  root = os.path.join(os.path.dirname(__file__), os.pardir)
-  return subprocess.run(
-      [sys.executable, os.path.join(root, "scripts", "convert_checkpoint.py"),
-       *args], cwd=root, capture_output=True, text=True, timeout=timeout,
-      env=dict(os.environ, JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.path.abspath(root)))
-
-
-def test_convert_script_writes_into_a_bucket(gcs_emulator, t5_tiny,  # noqa: F811
-                                             tmp_path):
-  """convert_checkpoint --output=gs://... (our format and --format=hf)
-  writes into the bucket, logging the upload, and the result loads back
-  (both straight from the bucket) with the input's parameters."""
-  source = checkpoints.save(t5_tiny, str(tmp_path / "source"))
-  for fmt, spec in (("specdec", "gs://models/converted"),
-                    ("hf", "gs://models/converted_hf")):
-    # In this process (test_checkpoints.py launches the script).
-    result = helpers.run_script("convert_checkpoint", "--input=" + source,
-                                "--output=" + spec, "--format=" + fmt)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == spec
-    # The upload is logged (file by file, or as each file starts).
-    logged = "copied" if fmt == "specdec" else "uploading model.safetensors"
-    assert logged in result.stderr and spec in result.stderr, result.stderr
-    loaded = checkpoints.load_model(("hf:" if fmt == "hf" else "") + spec)
-    _assert_same_params(loaded.params, t5_tiny.params)
-  assert sorted(paths.list_files("gs://models/converted_hf")) == [
-      "config.json", "model.safetensors"]
-
-
-def test_sharded_hf_checkpoint_loads_from_a_bucket(gcs_emulator, t5_tiny,  # noqa: F811
-                                                  tmp_path):
-  """`hf:gs://...` with sharded safetensors (an index and two shards, as
-  `save_pretrained` writes large models) loads the same parameters as the
-  local directory; a shard the index lists but the bucket lacks, or no
-  config.json, is a CheckpointNotFoundError naming the gs:// path."""
-  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
-  single = hf.save_t5(t5_tiny, str(tmp_path / "single"))
-  tensors = load_file(os.path.join(single, "model.safetensors"))
-  names = sorted(tensors)
-  shards = {"model-00001-of-00002.safetensors": names[::2],
-            "model-00002-of-00002.safetensors": names[1::2]}
-  local = tmp_path / "sharded"
-  local.mkdir()
-  for shard, members in shards.items():
-    save_file({n: tensors[n] for n in members}, str(local / shard),
-              metadata={"format": "pt"})
-  index = {"metadata": {}, "weight_map": {n: shard for shard, members in
-                                          shards.items() for n in members}}
-  (local / "model.safetensors.index.json").write_text(json.dumps(index))
-  (local / "config.json").write_text(
-      open(os.path.join(single, "config.json")).read())
-  paths.copy_tree(str(local), "gs://models/sharded_hf")
-  from_bucket = checkpoints.load_model("hf:gs://models/sharded_hf")
-  assert from_bucket.config == checkpoints.load_model("hf:" + str(local)).config
-  _assert_same_params(from_bucket.params, t5_tiny.params)
-
-  paths.copy_tree(str(local), "gs://models/sharded_hf_short")
-  paths.remove("gs://models/sharded_hf_short/"
-               "model-00002-of-00002.safetensors")
-  with pytest.raises(checkpoints.CheckpointNotFoundError,
-                     match="gs://models/sharded_hf_short.*index.json"):
-    checkpoints.load_model("hf:gs://models/sharded_hf_short")
-  with pytest.raises(checkpoints.CheckpointNotFoundError,
-                     match="directory not found: 'gs://models/no_such_hf'"):
-    checkpoints.load_model("hf:gs://models/no_such_hf")
-
-
-def test_sharded_bfloat16_t5gemma_loads_from_a_bucket(gcs_emulator,  # noqa: F811
-                                                      tmp_path):
-  """`hf:gs://...` of a T5Gemma (bfloat16, sharded safetensors with an
-  index) loads through the same I/O layer as T5's, equal to the local
-  directory it was cut from."""
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  source = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                        "testdata", "hf_t5gemma_draft")
-  with safe_open(os.path.join(source, "model.safetensors"), "np") as f:
-    tensors = {name: f.get_tensor(name) for name in f.keys()}
-  names = sorted(tensors)
-  shards = {"model-00001-of-00002.safetensors": names[::2],
-            "model-00002-of-00002.safetensors": names[1::2]}
-  local = tmp_path / "t5gemma_sharded"
-  local.mkdir()
-  for shard, members in shards.items():
-    save_file({n: tensors[n] for n in members}, str(local / shard),
-              metadata={"format": "pt"})
-  index = {"metadata": {}, "weight_map": {n: shard for shard, members in
-                                          shards.items() for n in members}}
-  (local / "model.safetensors.index.json").write_text(json.dumps(index))
-  (local / "config.json").write_text(
-      open(os.path.join(source, "config.json")).read())
-  paths.copy_tree(str(local), "gs://models/t5gemma_sharded")
-  from_bucket = checkpoints.load_model("hf:gs://models/t5gemma_sharded")
-  expected = checkpoints.load_model("hf:" + source)
-  assert from_bucket.config == expected.config
-  _assert_same_params(from_bucket.params, expected.params)
-
-
-def test_convert_to_an_unreachable_bucket_fails_fast_and_says_why(
-    t5_tiny, tmp_path):
-  """With the endpoint closed (nothing listens), the script exits non-zero
-  at once, before loading the input, with one message naming the bucket
-  and the refused connection (not a traceback)."""
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]  # closed once the block ends
-  source = checkpoints.save(t5_tiny, str(tmp_path / "source"))
-  env = {"TENSORSTORE_GCS_HTTP_URL": f"http://localhost:{port}",
-         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test", paths.TIMEOUT_ENV: "4"}
-  saved = {k: os.environ.get(k) for k in env}
-  os.environ.update(env)
-  try:
-    result = _convert("--input=" + source,
-                      "--output=gs://unreachable-bucket/model", timeout=120)
-  finally:
-    for k, v in saved.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
-  assert result.returncode != 0
-  assert "Traceback" not in result.stderr, result.stderr[-3000:]
-  assert "gs://unreachable-bucket" in result.stderr
-  assert "connection refused (is the server running?" in result.stderr
 
 
 def test_a_bucket_vocabulary_data_file_and_gin_file_load(

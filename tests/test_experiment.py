@@ -357,13 +357,9 @@ def test_token_tree_rows(setup, tmp_path):
   assert costs["2"]["verify_step_s"] > 0
 
 
-def test_run_experiment_script_with_gin(setup, tmp_path):
-  """The absl script parses --gin_file and --gin.X=... overrides, writes the
-  config into the workdir and the table, and keeps its compiled decoding
-  loops in --compilation_cache_dir (what a rerun loads instead of
-  compiling); a bad gin value fails clearly, and a refused rerun with its
-  message alone."""
-  _, models, task_config = setup
+def _experiment_gin(tmp_path, models, extra=""):
+  """A gin file of a small local EnDe experiment of `models` (`setup`'s),
+  with `extra` lines in its ExperimentConfig block."""
   gin_file = tmp_path / "exp.gin"
   gin_file.write_text(
       "from __gin__ import dynamic_registration\n"
@@ -372,7 +368,19 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
       "  task = 'wmt14_ende_local'\n"
       f"  target = '{models['target']}'\n"
       f"  draft = '{models['draft']}'\n"
-      "  max_decode_len = 6\n  cost_repeats = 1\n  trace_examples = 0\n")
+      "  max_decode_len = 6\n  cost_repeats = 1\n  trace_examples = 0\n"
+      + extra)
+  return gin_file
+
+
+def test_run_experiment_script_with_gin(setup, tmp_path):
+  """The absl script parses --gin_file and --gin.X=... overrides, writes the
+  config into the workdir and the table, and keeps its compiled decoding
+  loops in --compilation_cache_dir (what a rerun loads instead of
+  compiling); a bad gin value fails clearly, and a refused rerun with its
+  message alone."""
+  _, models, task_config = setup
+  gin_file = _experiment_gin(tmp_path, models)
   workdir = tmp_path / "wd"
   cmd = [sys.executable, os.path.join(REPO, "scripts", "run_experiment.py"),
          f"--gin_file={gin_file}", f"--workdir={workdir}",
@@ -422,18 +430,10 @@ def test_a_refused_run_leaves_no_trace_and_ctrl_c_stops_in_one_line(
   (status -2): now one line (the examples kept, the command that resumes)
   and status 130, and the same command resumes, each example once."""
   _, models, task_config = setup
-  gin_file = tmp_path / "exp.gin"
-  gin_file.write_text(
-      "from __gin__ import dynamic_registration\n"
-      "from specdec_jax.experiments import experiment\n"
-      "experiment.ExperimentConfig:\n"
-      "  task = 'wmt14_ende_local'\n"
-      f"  target = '{models['target']}'\n"
-      f"  draft = '{models['draft']}'\n"
-      "  max_decode_len = 6\n  cost_repeats = 1\n  trace_examples = 0\n"
-      # Timed repeats slow each example down (not its compile), so the
-      # Ctrl-C lands while examples remain.
-      "  gamma = 2\n  repeats = 300\n")
+  # Timed repeats slow each example down (not its compile), so the Ctrl-C
+  # lands while examples remain.
+  gin_file = _experiment_gin(tmp_path, models,
+                             "  gamma = 2\n  repeats = 300\n")
   workdir = tmp_path / "wd"
   args = [f"--gin_file={gin_file}", f"--workdir={workdir}",
           f"--gin.TaskConfig.vocab_path='{task_config['vocab_path']}'",

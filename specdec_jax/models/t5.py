@@ -344,16 +344,12 @@ class EncoderDecoderDef(base.FlaxModelDef):
   in `t5gemma.py`): its module has `encode`, `cross_kv`, `decode` and
   `__call__`, and its cache is a `T5Cache`. A subclass is a frozen dataclass
   with a `config` that sets `module_class`, `start_id` (the decoder's first
-  token) and `decoder_kv_shape`."""
+  token) and defines `decoder_kv_shape() -> (decoder layers, key/value
+  heads, head dim)`, the shape of its self-attention cache."""
 
   family = protocol.ENCODER_DECODER
   num_init_inputs = 2
   start_id: ClassVar[int] = 0
-
-  def decoder_kv_shape(self) -> tuple[int, int, int]:
-    """(decoder layers, key/value heads, head dim) of the self-attention
-    cache."""
-    raise NotImplementedError
 
   @property
   def max_input_len(self) -> int | None:
@@ -437,5 +433,6 @@ class T5Def(EncoderDecoderDef):
   config: T5Config
 
   def decoder_kv_shape(self) -> tuple[int, int, int]:
+    """(decoder layers, heads, head dim) of the self-attention cache."""
     cfg = self.config
     return cfg.num_decoder_layers, cfg.num_heads, cfg.head_dim

@@ -496,5 +496,6 @@ class T5GemmaDef(EncoderDecoderDef):
   config: T5GemmaConfig
 
   def decoder_kv_shape(self) -> tuple[int, int, int]:
+    """(decoder layers, key/value heads, head dim): GQA's cache."""
     s = self.config.decoder
     return s.num_layers, s.num_kv_heads, s.head_dim
