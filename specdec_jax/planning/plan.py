@@ -59,6 +59,10 @@ from specdec_jax.planning import topology
 # A step that accesses more than this many times its weights' bytes is
 # flagged (e.g. a cache copied instead of updated in place).
 BYTES_RATIO_FLAG = 2.0
+# Where no alpha is published for a pair (T5Gemma), the plan projects the
+# speedup over this range instead: the paper's T5-XXL pairs had 0.62-0.82
+# (Table 3), its LaMDA pairs 0.57-0.75.
+SWEEP_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 # ----------------------------------------------------------------------------
@@ -498,6 +502,11 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
       "predicted_speedup_v1": None if alpha is None else float(
           theory.walltime_improvement(alpha, shape.gamma, c)),
       "paper_speedup": row[2] if row else None,
+      # Theorem 3.8 at each alpha of SWEEP_ALPHAS, and the alpha above
+      # which the pair beats the target alone (None: it never does).
+      "alpha_sweep": {f"{a:.2f}": float(theory.walltime_improvement_measured(
+          a, shape.gamma, c, verify_cost)) for a in SWEEP_ALPHAS},
+      "break_even_alpha": break_even_alpha(shape.gamma, c, verify_cost),
       "compile_seconds": programs["compile_seconds"],
       "verified": shape.verified,
   }
@@ -513,6 +522,27 @@ def project(config: ExperimentConfig, shape: RunShape, programs: dict,
         predicted_speedup=expected / (shape.gamma * c + verify_cost),
         predicted_speedup_v1=expected / (shape.gamma * c + 1.0))
   return out
+
+
+def break_even_alpha(gamma: int, c: float, verify_cost: float) -> float | None:
+  """The alpha at which Theorem 3.8's speedup is 1, or None if none is.
+
+  E[tokens] = (1 - alpha^(gamma+1)) / (1 - alpha) rises from 1 (alpha 0)
+  to gamma + 1 (alpha -> 1); an iteration costs gamma c + v target steps.
+  """
+  cost = gamma * c + verify_cost
+  if cost <= 1.0:
+    return 0.0
+  if cost >= gamma + 1:
+    return None
+  lo, hi = 0.0, 1.0
+  for _ in range(60):
+    mid = (lo + hi) / 2
+    if theory.expected_tokens(mid, gamma) < cost:
+      lo = mid
+    else:
+      hi = mid
+  return hi
 
 
 def _grouped(copies: list[dict]) -> list[dict]:
