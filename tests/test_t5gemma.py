@@ -283,10 +283,15 @@ def test_a_t5_loader_error_names_t5gemma(tmp_path):
     sd.load_model(f"hf:{path}")
 
 
-@pytest.mark.parametrize("name,count", [("t5gemma_s_s", 312_517_632),
-                                        ("t5gemma_b_b", 591_490_560)])
+# keras-hub's `params` of each size's t5gemma_*_prefixlm preset
+# (keras_hub/src/models/t5gemma/t5gemma_presets.py).
+@pytest.mark.parametrize("name,count", [
+    ("t5gemma_s_s", 312_517_632), ("t5gemma_b_b", 591_490_560),
+    ("t5gemma_l_l", 1_241_761_792), ("t5gemma_ml_ml", 2_200_345_344),
+    ("t5gemma_xl_xl", 3_766_980_608), ("t5gemma_2b_2b", 5_596_853_760),
+    ("t5gemma_9b_2b", 12_292_375_296), ("t5gemma_9b_9b", 20_333_401_088)])
 def test_registry_sizes_match_published_parameter_counts(name, count):
-  """S-S and B-B give keras-hub's published parameter counts exactly."""
+  """Every registered size has exactly its published parameter count."""
   definition = registry.make_def(registry.get_config(name))
   shapes = definition.param_shapes()
   assert sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes)) == count

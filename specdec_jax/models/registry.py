@@ -64,14 +64,16 @@ def _gpt(emb, heads, layers, mlp, vocab=GPT_VOCAB) -> GPTConfig:
 # arXiv 2504.06225, Gemma 2's report arXiv 2408.00118):
 #  * T5 sizes (S, B, L, XL): T5 v1.1's widths, depths and MLP widths (the
 #    paper: "following T5 configuration") with 64-wide heads, as many key/
-#    value heads as query heads, query_pre_attn_scalar = 64. Checked: S-S
-#    and B-B give exactly keras-hub's published parameter counts for
-#    t5gemma_s_s_* (312,517,632) and t5gemma_b_b_* (591,490,560)
-#    (tests/test_t5gemma.py).
+#    value heads as query heads, query_pre_attn_scalar = 64.
 #  * ML ("medium large, ~2B in total, between T5 Large and XL", transformers'
-#    docs): width 1536, MLP 4096, 24 layers, 24 heads of 64 is OUR GUESS
-#    (2.37B in total); check it against the checkpoint's config.json (a
-#    run that names t5gemma_ml_ml refuses a checkpoint that differs).
+#    docs): Gemma 3 1B's width (1152), depth (26) and MLP (6912), attention
+#    1024 wide. keras-hub's published count (2,200,345,344) pins the width
+#    and depth (no other width and depth with this structure gives it) but
+#    not how the attention splits into heads: 4 heads of 256, as Gemma 3 1B,
+#    is our choice (8 of 128 or 16 of 64 count the same; a run that names
+#    t5gemma_ml_ml refuses a checkpoint whose config.json differs).
+#  * Every size gives exactly keras-hub's published parameter count for its
+#    t5gemma_*_prefixlm preset (tests/test_t5gemma.py).
 #  * 2B and 9B: Gemma 2 2B and 9B (T5GemmaModuleConfig's defaults are 2B's):
 #    widths 2304 / 3584, MLP 9216 / 14336, 26 / 42 layers, 8 / 16 heads
 #    with 4 / 8 key/value heads of 256, query_pre_attn_scalar 256.
@@ -155,7 +157,8 @@ def _base_config(name: str) -> ModelConfig:
     case "t5gemma_l_l":
       return _t5gemma(_t5_sized(1024, 24, 2816))
     case "t5gemma_ml_ml":
-      return _t5gemma(_t5_sized(1536, 24, 4096))
+      return _t5gemma(StackConfig(emb_dim=1152, num_layers=26, num_heads=4,
+                                  num_kv_heads=4, head_dim=256, mlp_dim=6912))
     case "t5gemma_xl_xl":
       return _t5gemma(_t5_sized(2048, 24, 5120))
     case "t5gemma_2b_2b":
