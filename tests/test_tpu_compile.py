@@ -265,6 +265,33 @@ def test_no_weight_is_all_gathered_in_a_loop(v4, loops):
   assert _weight_gathers(text, TARGET)
 
 
+_SORT = re.compile(r"\bsort\(")
+
+
+def test_top_p_over_gemmas_vocabulary_compiles_without_a_sort(v4, loops):
+  """Top-p over T5Gemma's 256,000 ids (logits split over the model axis, as
+  a T5Gemma's are on a v4-8) compiles for TPU v4 to a program with no sort
+  (`sampling.nucleus_threshold` bisects on the probabilities), and so does
+  the tiny pair's top-p loop. The control: a sort-and-cumsum nucleus over
+  the same logits compiles to a sort, which the check finds."""
+  spec = jax.sharding.NamedSharding(
+      v4["mesh"], jax.sharding.PartitionSpec(None, "model"))
+  logits = jax.ShapeDtypeStruct((1, 256_000), jnp.float32, sharding=spec)
+
+  def sorted_nucleus(z):
+    p = jax.nn.softmax(z)
+    desc = -jnp.sort(-p, axis=-1)
+    cut = jnp.take_along_axis(
+        desc, jnp.argmax(jnp.cumsum(desc, -1) >= 0.9, -1)[:, None], -1)
+    return jnp.where(p >= cut, p, 0.0)
+
+  ours = _compile(jax.jit(TOP_P.probs), logits).as_text()
+  control = _compile(jax.jit(sorted_nucleus), logits).as_text()
+  assert not _SORT.search(ours)
+  assert not _SORT.search(loops["top_p"])
+  assert _SORT.search(control)
+
+
 def test_no_program_calls_the_host(v4, loops):
   for name, text in loops.items():
     assert hlo.host_callbacks(text) == [], name
