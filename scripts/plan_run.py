@@ -65,6 +65,10 @@ _SETUPS = flags.DEFINE_string(
     "setups", None, "With --experiments: only the setups whose run config "
     "contains one of these comma-separated strings (default all of "
     "plan_table.SETUPS).")
+_FIGURE = flags.DEFINE_string(
+    "figure", None, "With --experiments: also draw Theorem 3.8's speedup "
+    "against alpha for every planned row (PNG, local or gs://), one panel "
+    "per setup.")
 _VERIFY_WIDTHS = flags.DEFINE_list(
     "verify_widths", None, "Also compile the target's call on each of these "
     "numbers of tokens (a chain's gamma + 1, a token tree's nodes + 1) and "
@@ -100,6 +104,8 @@ def main(argv):
     if _OUTPUT.value:
       with open(_OUTPUT.value, "w") as f:
         f.write(text)
+    if _FIGURE.value:
+      plan_table.plot_alpha_sweep(_FIGURE.value, plan_table.read_rows(text))
     print(text)
     return
   config = _config(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import sharding
+from specdec_jax import theory
 from specdec_jax.decoding import api
 from specdec_jax.experiments import fit
 from specdec_jax.infra import chips
@@ -28,6 +29,7 @@ from specdec_jax.experiments import loading
 from specdec_jax.experiments import workdir
 from specdec_jax.planning import hlo
 from specdec_jax.planning import plan
+from specdec_jax.planning import plan_table
 from specdec_jax.models import registry
 
 V4 = chips.get_chip("tpu_v4")
@@ -272,3 +274,41 @@ def test_a_topology_does_not_change_what_a_workdir_holds():
       dataclasses.replace(base, topology="v4:2x2x1"))
   assert workdir.fingerprint(base) != workdir.fingerprint(
       dataclasses.replace(base, mesh_shape=(1, 2)))
+
+
+def test_the_alpha_sweep_is_theorem_3_8_and_breaks_even_at_speedup_one(plans):
+  """Where no alpha is published (T5Gemma), a plan reports Theorem 3.8's
+  speedup at each alpha of the sweep from its own c and v, and the alpha
+  at which that speedup is exactly 1; a pair whose iteration costs no more
+  than a target step breaks even at 0, one that costs gamma + 1 steps or
+  more never does."""
+  p = plans[(1, 4)]
+  for alpha, speedup in p["alpha_sweep"].items():
+    assert speedup == pytest.approx(theory.walltime_improvement_measured(
+        float(alpha), p["gamma"], p["c"], p["verify_cost"]), rel=1e-9)
+  # The tiny pair's draft is its target: c is about 1 and it never pays.
+  assert p["break_even_alpha"] == plan.break_even_alpha(
+      p["gamma"], p["c"], p["verify_cost"])
+  even = plan.break_even_alpha(p["gamma"], 0.1, p["verify_cost"])
+  assert 0.0 < even < 1.0
+  assert theory.walltime_improvement_measured(
+      even, p["gamma"], 0.1, p["verify_cost"]) == pytest.approx(1.0, 1e-9)
+  assert plan.break_even_alpha(3, 0.0, 1.0) == 0.0
+  assert plan.break_even_alpha(3, 1.0, 1.0) is None
+
+
+def test_a_projection_table_reads_back_and_plots(tmp_path):
+  """`plan_run --experiments ... --figure` draws from the table it wrote:
+  the rows read back give each planned row's gamma, c and v as printed,
+  and the figure is a PNG."""
+  text = plan_table.project_table(
+      ["experiments/x/ende_tiny_t0.gin"], lambda f, run: _config((1, 1)),
+      input_len=8, setups=[("One device", "runs/cpu.gin", "tpu_v4")],
+      log=lambda *_: None)
+  rows = plan_table.read_rows(text)
+  assert [(r["setup"], r["row"], r["gamma"]) for r in rows] == [
+      ("One device", "ende_tiny_t0", 3)]
+  line = next(l for l in text.splitlines() if l.startswith("| ende_tiny_t0"))
+  assert f"| {rows[0]['c']:.4f} | {rows[0]['verify_cost']:.2f} |" in line
+  plan_table.plot_alpha_sweep(str(tmp_path / "sweep.png"), rows)
+  assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
