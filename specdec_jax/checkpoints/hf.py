@@ -167,7 +167,7 @@ def t5_config_from_hf(hf: dict[str, Any], *, logits_via_embedding: bool,
       layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6))
 
 
-class _Tensors:
+class Tensors:
   """Reads named tensors of a checkpoint one at a time, as numpy arrays."""
 
   def __init__(self, path: str):
@@ -316,19 +316,21 @@ def _hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
   return f"{block}.layer.{index}.{module}.{leaf}.weight", True
 
 
-def _paths(tree: Any) -> Iterator[tuple[tuple[str, ...], Any]]:
+def tree_paths(tree: Any) -> Iterator[tuple[tuple[str, ...], Any]]:
+  """(key path, leaf) of every leaf of a nested dict of parameters."""
   for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     yield tuple(k.key for k in keypath), leaf
 
 
-def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
+def set_path(tree: dict, path: tuple[str, ...], value: Any) -> None:
+  """`tree[path[0]][path[1]]... = value`, making the dicts on the way."""
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
   tree[path[-1]] = value
 
 
 @contextlib.contextmanager
-def _local_directory(path: str) -> Iterator[str]:
+def local_directory(path: str) -> Iterator[str]:
   """`path` itself, or for gs:// a temporary local copy of the files
   `load_t5` reads (config.json and the weights its directory has); safetensors
   and torch open local files only. Errors raised inside name `path`."""
@@ -348,7 +350,7 @@ def _local_directory(path: str) -> Iterator[str]:
   if names[-1] == SAFETENSORS_INDEX:
     index = json.loads(paths.read_text(paths.join(path, SAFETENSORS_INDEX)))
     # A shard the index lists but the bucket lacks stays missing, for
-    # `_Tensors` to name.
+    # `Tensors` to name.
     names += sorted(set(index["weight_map"].values()) & present)
   with tempfile.TemporaryDirectory(prefix="specdec_jax_hf.") as local:
     for i, name in enumerate(names, start=1):
@@ -389,14 +391,14 @@ def load_t5(path: str, *, dtype: str = "float32",
     ParameterShapeError: a tensor has the wrong shape for the config.
     ImportError: a pytorch_model.bin without torch installed.
   """
-  with _local_directory(path) as local:
+  with local_directory(path) as local:
     return _load_local(local, dtype, param_dtype)
 
 
 def _load_local(path: str, dtype: str,
                 param_dtype: str) -> tuple[T5Config, Any]:
   hf = read_hf_config(path)
-  tensors = _Tensors(path)
+  tensors = Tensors(path)
   if "shared.weight" not in tensors:
     raise MissingParameterError(
         f"missing parameter 'shared.weight' (token_embedder/embedding) in "
@@ -415,20 +417,20 @@ def _load_local(path: str, dtype: str,
 
   shapes = T5Def(config).param_shapes()
   params: dict[str, Any] = {}
-  for ours, shape_dtype in _paths(shapes):
+  for ours, shape_dtype in tree_paths(shapes):
     name, transpose = _hf_name(ours)
     if ours[-2:] == ("logits_dense", "kernel"):
       name = logits_source
-      value = _convert(tensors, name, ours, shape_dtype.shape, transpose,
+      value = convert_tensor(tensors, name, ours, shape_dtype.shape, transpose,
                        param_dtype, logits_scale)
     else:
-      value = _convert(tensors, name, ours, shape_dtype.shape, transpose,
+      value = convert_tensor(tensors, name, ours, shape_dtype.shape, transpose,
                        param_dtype, None)
-    _set(params, ours, value)
+    set_path(params, ours, value)
   return config, params
 
 
-def _convert(tensors: _Tensors, name: str, ours: tuple[str, ...],
+def convert_tensor(tensors: Tensors, name: str, ours: tuple[str, ...],
              shape: tuple[int, ...], transpose: bool, param_dtype: str,
              scale: float | None) -> np.ndarray:
   """Reads one HF tensor and returns it in our layout and dtype."""
@@ -575,8 +577,8 @@ def save_t5(model: Any, directory: str, *, overwrite: bool = False) -> str:
 def _hf_tensors(config: T5Config, params: Any) -> dict[str, np.ndarray]:
   """HF name -> tensor in HF's layout, for every parameter of `config`."""
   shapes = T5Def(config).param_shapes()
-  expected = dict(_paths(shapes))
-  found = dict(_paths(params))
+  expected = dict(tree_paths(shapes))
+  found = dict(tree_paths(params))
   extra = sorted("/".join(p) for p in set(found) - set(expected))
   if extra:
     raise CheckpointError(

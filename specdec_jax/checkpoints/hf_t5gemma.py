@@ -177,7 +177,7 @@ def load_t5gemma(path: str, *, dtype: str = "float32",
       (another activation or rotary scheme, an untied output layer).
     MissingParameterError, ParameterShapeError: the weights do not fit.
   """
-  with hf._local_directory(path) as local:  # pylint: disable=protected-access
+  with hf.local_directory(path) as local:
     return _load_local(local, dtype, param_dtype)
 
 
@@ -205,7 +205,7 @@ def _load_local(path: str, dtype: str,
         f"HF checkpoint directory not found: {path!r}")
   config = t5gemma_config_from_hf(_read_config(path), dtype=dtype,
                                   param_dtype=param_dtype)
-  tensors = hf._Tensors(path)  # pylint: disable=protected-access
+  tensors = hf.Tensors(path)
   embedding = "model.decoder.embed_tokens.weight"
   if LM_HEAD in tensors and embedding in tensors and not np.array_equal(
       tensors.get(LM_HEAD), tensors.get(embedding)):
@@ -213,12 +213,12 @@ def _load_local(path: str, dtype: str,
         f"{path}: {LM_HEAD} differs from {embedding}; T5Gemma ties them "
         "(tie_word_embeddings) and an untied output layer is not supported")
   params: dict[str, Any] = {}
-  for ours, shape_dtype in hf._paths(  # pylint: disable=protected-access
+  for ours, shape_dtype in hf.tree_paths(
       T5GemmaDef(config).param_shapes()):
     name, transpose = _hf_name(ours)
-    value = hf._convert(  # pylint: disable=protected-access
+    value = hf.convert_tensor(
         tensors, name, ours, shape_dtype.shape, transpose, param_dtype, None)
-    hf._set(params, ours, value)  # pylint: disable=protected-access
+    hf.set_path(params, ours, value)
   return config, params
 
 
@@ -294,9 +294,9 @@ def save_t5gemma(model: Any, directory: str, *,
   if not isinstance(config, T5GemmaConfig):
     raise TypeError(f"save_t5gemma exports T5Gemma models only; got config "
                     f"{type(config).__name__} (hf.save_t5 exports T5)")
-  found = dict(hf._paths(model.params))  # pylint: disable=protected-access
+  found = dict(hf.tree_paths(model.params))
   tensors = {}
-  for ours, shape in hf._paths(  # pylint: disable=protected-access
+  for ours, shape in hf.tree_paths(
       T5GemmaDef(config).param_shapes()):
     if ours not in found:
       raise MissingParameterError(f"missing parameter {'/'.join(ours)}")
