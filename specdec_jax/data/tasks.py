@@ -39,7 +39,7 @@ used); the raw strings stay in `inputs_pretokenized`/`targets_pretokenized`
 (seqio's convention), and an `id` feature is kept where the source has one.
 
 Three settings fit the pipeline to a vocabulary other than T5's (Gemma's, for
-T5Gemma: configs/experiments/t5gemma/checkpoints.gin sets them):
+T5Gemma: configs/experiments/t5gemma/ende.gin and cnndm.gin set them):
 `TaskConfig.vocab_extra_ids` (0: the SentencePiece model's ids alone),
 `TaskConfig.inputs_bos` (each input starts with the model's BOS id, before its
 tokens and EOS) and `TaskConfig.prompt_template` (the input text placed in a
