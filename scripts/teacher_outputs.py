@@ -58,7 +58,10 @@ def main(argv):
               "max_decode_len": args.max_decode_len,
               "max_examples": args.max_examples}
   model = sd.load_model(args.model, config=args.model_config)
-  with tasks.override_config(vocab_path=model.vocab.sentencepiece_model_file):
+  # The model's own vocabulary, with the sentinel ids it was saved with.
+  with tasks.override_config(
+      vocab_path=model.vocab.sentencepiece_model_file,
+      vocab_extra_ids=int(model.vocab.extra_ids or 0)):
     examples = readers.load_examples(args.task, args.split,
                                       max_examples=args.max_examples or None)
   try:

@@ -454,3 +454,133 @@ def test_shared_cnndm_dev100_truncates_long_articles():
   for b in out:
     rows = b.input_ids[b.truncated]
     assert rows.shape[1] == 512 and (rows[:, -1] == 1).all()
+
+
+# --------------------- Gemma's tokenizer (T5Gemma's rows) ---------------------
+
+GEMMA_SETTINGS = dict(vocab_extra_ids=0, inputs_bos=True)
+
+
+def test_gemma_settings_give_bos_tokens_eos_and_no_sentinels(tmp_path,
+                                                             gemma_vocab):
+  """With Gemma's settings every input is [BOS] + the SentencePiece model's
+  ids + [EOS] and every target its ids + [EOS] (no BOS: the decoder starts
+  from the model's start id); the vocabulary has exactly the model's pieces.
+  Truncation keeps BOS first and EOS last. Negative control: T5's defaults
+  on the same model give no BOS and 100 more ids."""
+  en = ["A man in a hat.", " ".join(["Two dogs play on the grass"] * 4)]
+  de = ["Ein Mann mit Hut.", "Zwei Hunde"]
+  prefix = _write_parallel(tmp_path, en, de)
+  sp = spm.SentencePieceProcessor(model_file=gemma_vocab)
+  bos, eos = sp.bos_id(), sp.eos_id()
+  assert (bos, eos, sp.pad_id()) == (2, 1, 0)  # Gemma's ids
+  expected_inputs = [sp.encode(tasks.TRANSLATE_PREFIX + s) for s in en]
+  expected_targets = [sp.encode(s) + [eos] for s in de]
+  with tasks.override_config(vocab_path=gemma_vocab,
+                             wmt_ende_files={"test": prefix},
+                             **GEMMA_SETTINGS):
+    examples = readers.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    vocab = tasks.get_vocabulary()
+    assert (vocab.vocab_size, vocab.extra_ids) == (sp.get_piece_size(), 0)
+  assert [e.inputs.tolist() for e in examples] == [
+      [bos] + ids + [eos] for ids in expected_inputs]
+  assert [e.targets.tolist() for e in examples] == expected_targets
+  (batch,) = batching.batches(examples, batch_size=2, max_length=8,
+                              buckets=(8,))
+  assert batch.input_ids[1].tolist() == (
+      [bos] + expected_inputs[1][:6] + [eos])
+  assert batch.truncated.tolist() == [len(expected_inputs[0]) + 2 > 8, True]
+  with tasks.override_config(vocab_path=gemma_vocab,
+                             wmt_ende_files={"test": prefix}):
+    t5_way = readers.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+    assert tasks.get_vocabulary().vocab_size == sp.get_piece_size() + 100
+  assert [e.inputs.tolist() for e in t5_way] == [
+      ids + [eos] for ids in expected_inputs]
+
+
+def test_gemma_chat_template_wraps_the_input(gemma_vocab):
+  """`GEMMA_CHAT_TEMPLATE` puts the task's input, stripped as Gemma's chat
+  template trims a message, in one user turn followed by the model's turn;
+  `<start_of_turn>` and `<end_of_turn>` are single pieces (tokenized by the
+  SentencePiece model itself). The plain default leaves the text as it is."""
+  features = {"en": ["the house is wonderful  "], "de": ["das Haus"]}
+  sp = spm.SentencePieceProcessor(model_file=gemma_vocab)
+  start, end = (sp.piece_to_id(p) for p in ("<start_of_turn>",
+                                             "<end_of_turn>"))
+  text = tasks.TRANSLATE_PREFIX + "the house is wonderful"
+  chat = f"<start_of_turn>user\n{text}<end_of_turn>\n<start_of_turn>model\n"
+  assert tasks.GEMMA_CHAT_TEMPLATE.replace("{input}", text) == chat
+  with tasks.override_config(vocab_path=gemma_vocab,
+                             prompt_template=tasks.GEMMA_CHAT_TEMPLATE,
+                             **GEMMA_SETTINGS):
+    (out,) = _preprocess(tasks.WMT14_ENDE, features, None)
+  assert out["inputs_pretokenized"].decode() == chat
+  ids = out["inputs"].tolist()
+  assert ids == [sp.bos_id()] + sp.encode(chat) + [sp.eos_id()]
+  assert ids[:2] == [sp.bos_id(), start]
+  assert ids.count(start) == 2 and ids.count(end) == 1
+  assert sp.decode(ids[ids.index(start) + 1:ids.index(end)]) == "user\n" + text
+  with tasks.override_config(vocab_path=gemma_vocab, **GEMMA_SETTINGS):
+    (plain,) = _preprocess(tasks.WMT14_ENDE, features, None)
+  assert plain["inputs_pretokenized"].decode() == (
+      tasks.TRANSLATE_PREFIX + features["en"][0])
+  assert start not in plain["inputs"].tolist()
+
+
+def test_bos_needs_a_vocabulary_with_one(tmp_path, tiny_vocab):
+  """inputs_bos with a SentencePiece model that defines no BOS (T5's, the
+  tiny one here) is refused, naming the setting; bad values of the three
+  settings are refused when the config is made."""
+  prefix = _write_parallel(tmp_path, ["a house"], ["ein Haus"])
+  with tasks.override_config(vocab_path=tiny_vocab, inputs_bos=True,
+                             wmt_ende_files={"test": prefix}):
+    with pytest.raises(ValueError, match="defines no BOS id.*inputs_bos"):
+      readers.load_examples(tasks.WMT14_ENDE_LOCAL, "test")
+  for bad, match in ((dict(vocab_extra_ids=-1), "vocab_extra_ids"),
+                     (dict(vocab_extra_ids=True), "vocab_extra_ids"),
+                     (dict(inputs_bos="yes"), "inputs_bos"),
+                     (dict(prompt_template="Q: {input} {input}"), "exactly"),
+                     (dict(prompt_template="no placeholder"), "exactly")):
+    with pytest.raises(ValueError, match=match):
+      tasks.TaskConfig(**bad)
+
+
+def test_the_task_vocabulary_follows_the_configured_sentinels(gemma_vocab):
+  """The vocabulary the tasks registered at import hold reloads when
+  vocab_extra_ids changes after import, as it does for vocab_path: 0 gives
+  the model's size, 100 (the default) 100 more; a fixed-path vocabulary
+  (training's) follows it too."""
+  size = spm.SentencePieceProcessor(model_file=gemma_vocab).get_piece_size()
+  vocab = tasks.get_task(tasks.WMT14_ENDE_LOCAL).output_features[
+      "inputs"].vocabulary
+  fixed = tasks.get_vocabulary(gemma_vocab)
+  with tasks.override_config(vocab_path=gemma_vocab):
+    assert (vocab.vocab_size, fixed.vocab_size) == (size + 100, size + 100)
+    with tasks.override_config(vocab_extra_ids=0):
+      assert (vocab.vocab_size, fixed.vocab_size) == (size, size)
+      assert (vocab.extra_ids, fixed.extra_ids) == (0, 0)
+    assert vocab.vocab_size == size + 100 and vocab.extra_ids == 100
+
+
+def test_t5gemma_rows_bind_gemmas_settings():
+  """Every T5Gemma row sets Gemma's tokenizer settings (no sentinels, BOS,
+  plain prompts); the one-flag override of checkpoints.gin switches to the
+  chat template, which equals `tasks.GEMMA_CHAT_TEMPLATE`."""
+  from specdec_jax.launch import gin_flags  # pylint: disable=g-import-not-at-top
+  rows = sorted((Path(gin_flags.CONFIGS_DIR) / "experiments" / "t5gemma"
+                 ).glob("*_t[01].gin"))
+  assert len(rows) == 16
+  try:
+    for row in rows:
+      gin.clear_config()
+      gin_flags.parse([str(row)], [], extra_search_paths=[])
+      config = tasks.current_config()
+      assert (config.vocab_extra_ids, config.inputs_bos,
+              config.prompt_template) == (0, True, tasks.PLAIN_PROMPT), row
+    gin_flags.parse([str(rows[0])],
+                    ["T5GEMMA_PROMPT_TEMPLATE = %T5GEMMA_CHAT_TEMPLATE"],
+                    extra_search_paths=[])
+    assert tasks.current_config().prompt_template == tasks.GEMMA_CHAT_TEMPLATE
+  finally:
+    gin.clear_config()
+  assert tasks.current_config().vocab_extra_ids == tasks.NUM_EXTRA_IDS

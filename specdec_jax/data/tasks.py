@@ -33,10 +33,19 @@ sentence, WITHOUT EOS (the model continues it), and `targets` the rest of the
 sentence (possibly empty), ending in EOS; sentences without a word are
 dropped, and lm1b has no metric (Table 3 reports only alpha). Every task is
 tokenized with the vocabulary `TaskConfig.vocab_path` names (by default T5's,
-32000 pieces + 100 extra ids; pad 0, EOS 1; for lm1b point it at an 8k
-SentencePiece model, as the paper's GPT-like models used); the raw strings
-stay in `inputs_pretokenized`/`targets_pretokenized` (seqio's convention), and
-an `id` feature is kept where the source has one.
+32000 pieces + `TaskConfig.vocab_extra_ids` = 100 sentinel ids; pad 0, EOS 1;
+for lm1b point it at an 8k SentencePiece model, as the paper's GPT-like models
+used); the raw strings stay in `inputs_pretokenized`/`targets_pretokenized`
+(seqio's convention), and an `id` feature is kept where the source has one.
+
+Three settings fit the pipeline to a vocabulary other than T5's (Gemma's, for
+T5Gemma: configs/experiments/t5gemma/ende.gin and cnndm.gin set them):
+`TaskConfig.vocab_extra_ids` (0: the SentencePiece model's ids alone),
+`TaskConfig.inputs_bos` (each input starts with the model's BOS id, before its
+tokens and EOS) and `TaskConfig.prompt_template` (the input text placed in a
+template, e.g. `GEMMA_CHAT_TEMPLATE` for instruction-tuned checkpoints; the
+default `PLAIN_PROMPT` leaves it as it is). `inputs_pretokenized` holds the
+text after the template.
 
 Where the data and the vocabulary live is a `TaskConfig`, bound with gin
 (`TaskConfig.vocab_path = '...'`) or set from Python (`set_config`,
@@ -72,7 +81,19 @@ from specdec_jax.data import text
 
 DEFAULT_VOCAB_PATH = (
     "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model")
+# T5's sentinel ids: the default of `TaskConfig.vocab_extra_ids`. What a run
+# uses is `current_config().vocab_extra_ids` (`get_vocabulary().extra_ids`).
 NUM_EXTRA_IDS = 100
+# `TaskConfig.prompt_template`'s placeholder for the task's input text, and
+# the default template: the input as it is.
+INPUT_PLACEHOLDER = "{input}"
+PLAIN_PROMPT = INPUT_PLACEHOLDER
+# The user turn and generation prompt of Gemma's chat template (Hugging
+# Face's for Gemma and T5Gemma -it checkpoints) without its leading `<bos>`,
+# which `TaskConfig.inputs_bos` adds as an id. `<start_of_turn>` (106) and
+# `<end_of_turn>` (107) are single pieces of Gemma's SentencePiece model.
+GEMMA_CHAT_TEMPLATE = ("<start_of_turn>user\n" + INPUT_PLACEHOLDER +
+                       "<end_of_turn>\n<start_of_turn>model\n")
 TRANSLATE_PREFIX = text.TRANSLATE_PREFIX
 SUMMARIZE_PREFIX = text.SUMMARIZE_PREFIX
 SHARED_DATA_ENV = local_files.SHARED_DATA_ENV
@@ -161,8 +182,26 @@ class TaskConfig:
   the package (`resolve_package_path`), e.g. the demo's data and vocabulary.
 
   Attributes:
-    vocab_path: the T5 SentencePiece model (cc_all.32000; the 100 extra ids
-      are added on load).
+    vocab_path: the SentencePiece model every task tokenizes with (default
+      T5's cc_all.32000; Gemma's tokenizer.model for T5Gemma).
+    vocab_extra_ids: sentinel ids appended to the SentencePiece model's
+      pieces on load (`<extra_id_0>` the highest, seqio's order): T5's 100
+      by default, 0 for a vocabulary without sentinels (Gemma's). The
+      vocabulary's `vocab_size` counts them, and the target's must be at
+      least that (`check_vocabulary_fits`).
+    inputs_bos: whether each task's inputs start with the SentencePiece
+      model's BOS id, before the tokens (and the EOS that ends encoder
+      inputs): False for T5 (its vocabulary has no BOS), True for Gemma's
+      (BOS 2, as Hugging Face's GemmaTokenizer adds it). A vocabulary
+      without a BOS id is then an error. Targets never get one (the
+      decoder starts from the model's start id).
+    prompt_template: the text each task's input (the preprocessed text, task
+      prefix included) is placed in; it holds `{input}` exactly once, and
+      everything else is literal. The default `PLAIN_PROMPT` ("{input}")
+      leaves the input as it is; any other template gets the input with
+      leading and trailing whitespace stripped, as Gemma's chat template
+      trims a message. `GEMMA_CHAT_TEMPLATE` is the format of T5Gemma's
+      instruction-tuned (-it) checkpoints.
     tfds_data_dir: the TFDS data dir holding prepared datasets. None: seqio's
       override (t5x's --tfds_data_dir) or TFDS's default ($TFDS_DATA_DIR or
       ~/tensorflow_datasets).
@@ -181,6 +220,9 @@ class TaskConfig:
   """
 
   vocab_path: str = DEFAULT_VOCAB_PATH
+  vocab_extra_ids: int = NUM_EXTRA_IDS
+  inputs_bos: bool = False
+  prompt_template: str = PLAIN_PROMPT
   tfds_data_dir: str | None = None
   local_data_dir: str | None = None
   wmt_ende_files: Mapping[str, str] = dataclasses.field(
@@ -192,6 +234,23 @@ class TaskConfig:
       default_factory=lambda: {"test": "cnndm_test_frank250.dev100.jsonl"})
   lm1b_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
   lm1b_prompt_words: int = 4
+
+  def __post_init__(self):
+    extra = self.vocab_extra_ids
+    if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
+      raise ValueError(
+          f"TaskConfig.vocab_extra_ids must be an int >= 0 (T5's vocabulary "
+          f"takes 100 sentinel ids, Gemma's 0), got {extra!r}.")
+    if not isinstance(self.inputs_bos, bool):
+      raise ValueError(f"TaskConfig.inputs_bos must be True or False, got "
+                       f"{self.inputs_bos!r}.")
+    template = self.prompt_template
+    if (not isinstance(template, str)
+        or template.count(INPUT_PLACEHOLDER) != 1):
+      raise ValueError(
+          f"TaskConfig.prompt_template must be a string holding "
+          f"{INPUT_PLACEHOLDER!r} exactly once (where the input text goes), "
+          f"got {template!r}; the input as it is: {PLAIN_PROMPT!r}.")
 
   def resolve(self, path: str) -> str:
     """`path` made absolute against `local_data_dir` unless it already is."""
@@ -248,13 +307,15 @@ def _vocabulary_error(path: str, error: Exception) -> VocabularyError:
       f"`tasks.get_vocabulary(path)`.{hint}")
 
 
-class _T5Vocabulary(seqio.SentencePieceVocabulary):
-  """A SentencePieceVocabulary whose file is looked up when it first loads.
+class _TaskVocabulary(seqio.SentencePieceVocabulary):
+  """A SentencePieceVocabulary whose file and sentinels are looked up when it
+  loads.
 
-  With no fixed path it follows `current_config().vocab_path`, so the tasks
-  registered at import honour a vocabulary configured afterwards; if the
-  configured path changes, the next use loads the new file. A file that does
-  not load raises `VocabularyError` naming the path and the fix.
+  Its sentinel count is always `current_config().vocab_extra_ids`; with no
+  fixed path its file is `current_config().vocab_path`. So the tasks
+  registered at import honour a vocabulary configured afterwards: if either
+  setting changes, the next use loads anew. A file that does not load raises
+  `VocabularyError` naming the path and the fix.
   """
 
   def __init__(self, path: str | None):
@@ -267,11 +328,16 @@ class _T5Vocabulary(seqio.SentencePieceVocabulary):
     return resolve_package_path(self._fixed_path or
                                 current_config().vocab_path)
 
+  @property
+  def extra_ids(self) -> int:
+    return current_config().vocab_extra_ids
+
   def _model_context(self):
-    path = self.sentencepiece_model_file
-    if self._model is None or self._loaded_from != path:
+    path, extra_ids = self.sentencepiece_model_file, self.extra_ids
+    if self._model is None or self._loaded_from != (path, extra_ids):
       self._model = None
-      self._loaded_from = path
+      self._loaded_from = (path, extra_ids)
+      self._extra_ids = extra_ids  # what seqio's loader appends
       try:
         # A gs:// file comes through the one I/O layer (its endpoint,
         # bounded waits), not TensorFlow's own client: seqio reads the
@@ -283,21 +349,23 @@ class _T5Vocabulary(seqio.SentencePieceVocabulary):
     return self._model
 
 
-_CONFIGURED_VOCABULARY = _T5Vocabulary(None)
+_CONFIGURED_VOCABULARY = _TaskVocabulary(None)
 
 
 def get_vocabulary(path: str | None = None) -> seqio.SentencePieceVocabulary:
-  """The T5 vocabulary (100 extra ids), loaded lazily on first use.
+  """The task vocabulary, loaded lazily on first use.
 
   Args:
     path: a SentencePiece model file. None: `current_config().vocab_path`,
       looked up at each load (the vocabulary every task here uses).
 
   Returns:
-    A seqio vocabulary: pad 0, EOS 1, UNK 2, `vocab_size` 32100 for T5. Its
-    first use raises `VocabularyError` if the file does not load.
+    A seqio vocabulary with `current_config().vocab_extra_ids` sentinels
+    (looked up at each load): pad 0, EOS 1, `vocab_size` 32100 for T5's
+    (UNK 2, 100 sentinels), 256000 for Gemma's (BOS 2, none). Its first use
+    raises `VocabularyError` if the file does not load.
   """
-  return _CONFIGURED_VOCABULARY if path is None else _T5Vocabulary(path)
+  return _CONFIGURED_VOCABULARY if path is None else _TaskVocabulary(path)
 
 
 def _output_features(inputs_eos: bool = True) -> dict[str, seqio.Feature]:
@@ -372,8 +440,74 @@ def lm1b_prompt_and_continuation(dataset: tf.data.Dataset) -> tf.data.Dataset:
   return dataset.map(split, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-_TOKENIZE_AND_EOS = (seqio.preprocessors.tokenize,
-                     seqio.preprocessors.append_eos_after_trim)
+def apply_prompt_template(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """Places each example's `inputs` text in `TaskConfig.prompt_template`.
+
+  The template is read when the pipeline is built. `PLAIN_PROMPT` returns
+  the dataset as it is; another template gets the input stripped of
+  leading and trailing whitespace in place of its `{input}`.
+
+  Args:
+    dataset: examples with a string `inputs`.
+
+  Returns:
+    The examples, `inputs` templated.
+  """
+  template = current_config().prompt_template
+  if template == PLAIN_PROMPT:
+    return dataset
+  before, after = template.split(INPUT_PLACEHOLDER)
+
+  def wrap(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    return {**example, "inputs": tf.strings.join(
+        [before, tf.strings.strip(example["inputs"]), after])}
+
+  return dataset.map(wrap, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def prepend_bos_to_inputs(
+    dataset: tf.data.Dataset,
+    output_features: Mapping[str, seqio.Feature]) -> tf.data.Dataset:
+  """With `TaskConfig.inputs_bos`, tokenized `inputs` start with BOS.
+
+  Read when the pipeline is built; without the setting the dataset is
+  returned as it is.
+
+  Args:
+    dataset: tokenized examples (int `inputs`).
+    output_features: the task's; `inputs`' vocabulary gives the BOS id.
+
+  Returns:
+    The examples, `inputs` = [BOS] + tokens.
+
+  Raises:
+    ValueError: the SentencePiece model defines no BOS id.
+  """
+  if not current_config().inputs_bos:
+    return dataset
+  vocab = output_features["inputs"].vocabulary
+  bos = vocab.bos_id
+  if bos is None or bos < 0:
+    raise ValueError(
+        f"TaskConfig.inputs_bos is True but the SentencePiece model "
+        f"{vocab.sentencepiece_model_file!r} defines no BOS id (T5's and the "
+        "demo's have none): set TaskConfig.inputs_bos = False, or point "
+        "TaskConfig.vocab_path at the model's own tokenizer (Gemma's "
+        "tokenizer.model has BOS 2).")
+
+  def prepend(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    inputs = example["inputs"]
+    return {**example, "inputs": tf.concat(
+        [tf.constant([bos], dtype=inputs.dtype), inputs], axis=0)}
+
+  return dataset.map(prepend, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+# After the task's text preprocessor: the template, tokens, BOS, EOS.
+_TOKENIZE_BOS_AND_EOS = (apply_prompt_template,
+                         seqio.preprocessors.tokenize,
+                         prepend_bos_to_inputs,
+                         seqio.preprocessors.append_eos_after_trim)
 
 # ------------------------------- TFDS sources --------------------------------
 
@@ -499,14 +633,15 @@ def _split_paths(task: str, field: str) -> local_files.SplitPath:
 
 def _register(name: str, source: seqio.DataSource, text_preprocessor,
               metric_fn, *, inputs_eos: bool = True) -> None:
-  """Adds a task: text preprocessor, tokenize, EOS; no metric if None."""
+  """Adds a task: text preprocessor, prompt template, tokenize, BOS, EOS;
+  no metric if None."""
   # Re-importing (e.g. importlib.reload in a notebook) must not fail on the
   # duplicate name.
   if name in seqio.TaskRegistry.names():
     seqio.TaskRegistry.remove(name)
   seqio.TaskRegistry.add(
       name, source=source, output_features=_output_features(inputs_eos),
-      preprocessors=[text_preprocessor, *_TOKENIZE_AND_EOS],
+      preprocessors=[text_preprocessor, *_TOKENIZE_BOS_AND_EOS],
       metric_fns=[] if metric_fn is None else [metric_fn])
 
 

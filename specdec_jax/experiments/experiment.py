@@ -198,6 +198,9 @@ def _run_locked(configs: Sequence[ExperimentConfig],
 def _prepare_arms(configs, workdirs) -> _Arms:
   """Loads the models and the task's batches; fixes each arm's gammas."""
   first = configs[0]
+  # The task's vocabulary against the architecture the row names, before
+  # any checkpoint is read (again below against the loaded target).
+  loading.check_vocabulary_fits(first)
   mesh = sharding.make_mesh(*first.mesh_shape) if first.mesh_shape else None
   with _logged_time(f"loading {first.target} and the drafts"):
     target, draft = loading.load_models(first, mesh)

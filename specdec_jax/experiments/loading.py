@@ -123,17 +123,40 @@ def fit_ngram_draft(config: ExperimentConfig, target: Model,
                          decoder_only=decoder_only)
 
 
-def check_vocabulary_fits(config: ExperimentConfig, target: Model) -> None:
-  """Task token ids past the target's embedding would decode as garbage."""
-  size = tasks.get_task(config.task).output_features["inputs"].vocabulary
-  size = size.vocab_size
-  if size > target.vocab_size:
+def check_vocabulary_fits(config: ExperimentConfig,
+                          target: Model | None = None) -> None:
+  """Refuses a task vocabulary with more ids than the target's embedding.
+
+  Task token ids past the target's embedding would decode as garbage. The
+  vocabulary's size counts `TaskConfig.vocab_extra_ids` sentinels on top of
+  the SentencePiece model's pieces (T5's 100; Gemma's vocabulary has none).
+
+  Args:
+    config: the experiment (its task, and `target_config`).
+    target: the loaded target. None: the architecture `config.target_config`
+      names, checked before anything loads (nothing is checked without one;
+      the check then runs once the target has loaded).
+
+  Raises:
+    ConfigError: naming both sizes and the settings that fix it.
+  """
+  if target is not None:
+    target_size = target.vocab_size
+  elif config.target_config is not None:
+    target_size = checkpoints.resolve_config(config.target_config).vocab_size
+  else:
+    return
+  vocab = tasks.get_task(config.task).output_features["inputs"].vocabulary
+  size, extra = vocab.vocab_size, vocab.extra_ids
+  if size > target_size:
+    settings = tasks.current_config()
     raise ConfigError(
-        f"the task {config.task!r} tokenizes with "
-        f"{tasks.current_config().vocab_path!r} ({size} ids, extra ids "
-        f"included) but the target has vocab_size {target.vocab_size}: set "
-        "TaskConfig.vocab_path to the vocabulary the target was trained "
-        "with.")
+        f"the task {config.task!r} tokenizes with {settings.vocab_path!r} "
+        f"({size} ids: {size - extra} pieces + TaskConfig.vocab_extra_ids="
+        f"{extra} sentinel ids) but the target has vocab_size {target_size}: "
+        "set TaskConfig.vocab_path to the vocabulary the target was trained "
+        "with, and TaskConfig.vocab_extra_ids to the sentinels it has (T5's "
+        "100; 0 for a vocabulary without them, e.g. Gemma's).")
 
 
 def task_vocabulary(config: ExperimentConfig, target: Model):

@@ -176,15 +176,22 @@ class DemoConfig:
 gin.external_configurable(DemoConfig, module=__name__)
 
 
-def _vocab_path(config: DemoConfig) -> str:
+def _task_vocabulary(config: DemoConfig) -> dict[str, Any]:
+  """The `tasks.TaskConfig` vocabulary fields of the demo's rows.
+
+  `DemoConfig.vocab_path` with the configured sentinel count, else the
+  target's shipped vocabulary with the sentinel count it was saved with
+  (the demo models': T5's 100).
+  """
   if config.vocab_path:
-    return config.vocab_path
+    return {"vocab_path": config.vocab_path}
   target = checkpoints.load_model(config.target)
   path = getattr(target.vocab, "sentencepiece_model_file", None)
   if not path:
     raise ValueError(f"{config.target} ships no vocabulary; set "
                      f"DemoConfig.vocab_path")
-  return path
+  return {"vocab_path": path,
+          "vocab_extra_ids": int(target.vocab.extra_ids or 0)}
 
 
 def _row_config(config: DemoConfig, task: str, draft: str, gamma,
@@ -268,7 +275,7 @@ def _validate_rows(config: DemoConfig) -> None:
 
 def _probe_input_ids(config: DemoConfig) -> np.ndarray:
   """The first sentence, as the variant probe times it."""
-  with tasks.override_config(vocab_path=_vocab_path(config),
+  with tasks.override_config(**_task_vocabulary(config),
                              local_data_dir=config.data_dir,
                              wmt_ende_files={"test": config.sentences}):
     example = readers.load_examples("wmt14_ende_local", "test",
@@ -301,7 +308,7 @@ def run(config: DemoConfig, workdir: str) -> list[dict]:
               f"<data_dir>/{stem}.{{en,de}} (DemoConfig.data_dir, "
               f"DemoConfig.{'sentences' if task == SENTENCES else 'paragraphs'}"
               "; scripts/build_paragraphs.py writes the paragraphs).")
-  vocab_path = _vocab_path(config)
+  vocabulary = _task_vocabulary(config)
   # Rows of one task and temperature run side by side: each example is
   # decoded by the target alone once, then by every draft of the group.
   groups: dict[tuple[str, float], list[int]] = {}
@@ -315,7 +322,7 @@ def run(config: DemoConfig, workdir: str) -> list[dict]:
                  number + 1, len(groups), task, temperature, ", ".join(names))
     group_start = time.perf_counter()
     with compile_time.compile_clock() as clock, tasks.override_config(
-        vocab_path=vocab_path, local_data_dir=config.data_dir,
+        **vocabulary, local_data_dir=config.data_dir,
         wmt_ende_files={"test": files[task]}):
       results = experiment.run_side_by_side(
           [rows_to_run[i][2] for i in members],
@@ -450,19 +457,21 @@ def plot_rows(path: str, rows: list[dict]) -> None:
 
 
 def export_model(source: str, name: str, *, out_dir: str | None = None,
-                 extra_ids: int = 100) -> str:
+                 extra_ids: int | None = None) -> str:
   """Ships a trained model as `demo:<name>`.
 
   Parameters are stored in bfloat16 (half the bytes in git) and load back as
   float32, the config's `param_dtype`, which is what CPUs compute fastest;
-  the vocabulary is copied in with T5's 100 extra ids, as the tasks use it.
+  the vocabulary is copied in with the extra ids it was trained with (the
+  demo models': T5's 100, as the tasks use it).
 
   Args:
     source: a `load_model` spec of the trained model (e.g. the training
       workdir's `model/`).
     name: the demo name (target, draft_large, draft_base, draft_small).
     out_dir: default `specdec_jax/demo_models/`.
-    extra_ids: sentinel ids of the vocabulary.
+    extra_ids: sentinel ids of the vocabulary. None: those the source's
+      vocabulary records (training saves `TaskConfig.vocab_extra_ids`).
 
   Returns:
     The written directory.

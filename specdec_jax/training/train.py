@@ -133,8 +133,8 @@ def _prepare(config: TrainConfig, definition,
   if vocab.vocab_size > definition.vocab_size:
     raise ValueError(
         f"the vocabulary {vocab_path} has {vocab.vocab_size} ids ("
-        f"{tasks.NUM_EXTRA_IDS} extra ids included) but the model's "
-        f"vocab_size is {definition.vocab_size}: raise "
+        f"{vocab.extra_ids} extra ids included: TaskConfig.vocab_extra_ids) "
+        f"but the model's vocab_size is {definition.vocab_size}: raise "
         "model_overrides['vocab_size'].")
   teacher = None
   if config.teacher:

@@ -1,0 +1,150 @@
+"""A row of configs/experiments/t5gemma/ runs end to end, on tiny models.
+
+The row file is parsed as scripts/run_experiment.py parses it, and after it
+only what its header tells a user to override: the checkpoints, Gemma's
+tokenizer.model and the architectures, plus (no TFDS here) the local EnDe
+task with short decodes. The row's own settings hold: Gemma's tokenizer
+without sentinel ids, BOS first, plain prompts, bfloat16, gamma 7. The
+vocabulary is `gemma_vocab` (Gemma's special ids and chat pieces, trained
+from the package's demo sentences), and the tiny random T5Gemma models have
+exactly its size as vocab_size, as T5Gemma's 256,000 is the size of Gemma's
+tokenizer.model; each checkpoint directory holds it as tokenizer.model, as
+a `huggingface-cli download` does.
+"""
+
+import json
+import os
+
+import gin
+import jax
+import pytest
+import sentencepiece as spm
+
+from specdec_jax import checkpoints
+from specdec_jax.checkpoints import hf_t5gemma
+from specdec_jax.data import tasks
+from specdec_jax.decoding.protocol import Model
+from specdec_jax.experiments import experiment
+from specdec_jax.experiments import loading
+from specdec_jax.launch import gin_flags
+from specdec_jax.models import registry
+
+ROW = "experiments/t5gemma/ende_s_s_t0.gin"
+SENTENCES = ["A man in a hat.", "Two dogs play on the grass.",
+             "A woman is reading a book."]
+GERMAN = ["Ein Mann mit Hut.", "Zwei Hunde spielen.", "Eine Frau liest."]
+
+
+def _architecture(vocab_size: int, layers: int) -> dict:
+  stack = {"emb_dim": 32, "num_layers": layers, "num_heads": 2,
+           "num_kv_heads": 1, "head_dim": 16, "mlp_dim": 64,
+           "query_pre_attn_scalar": 16.0, "sliding_window": 8}
+  return {"vocab_size": vocab_size, "encoder": dict(stack),
+          "decoder": dict(stack)}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, gemma_vocab):
+  """The local EnDe files, and a 2+2-layer target and a 1+1-layer draft
+  saved as Hugging Face T5Gemma directories with the vocabulary in them;
+  returns the bindings a user would pass for them."""
+  root = tmp_path_factory.mktemp("t5gemma_row")
+  for side, lines in (("en", SENTENCES), ("de", GERMAN)):
+    (root / f"mini.{side}").write_text("".join(s + "\n" for s in lines))
+  size = spm.SentencePieceProcessor(model_file=gemma_vocab).get_piece_size()
+  bindings = {"T5GEMMA_VOCAB": repr(gemma_vocab),
+              "tasks.TaskConfig.local_data_dir": repr(str(root)),
+              "tasks.TaskConfig.wmt_ende_files": "{'test': 'mini'}",
+              "experiment.ExperimentConfig.task": "'wmt14_ende_local'",
+              "experiment.ExperimentConfig.max_decode_len": "8",
+              "experiment.ExperimentConfig.cost_repeats": "1",
+              "experiment.ExperimentConfig.trace_examples": "0"}
+  for name, layers, seed, spec, arch in (
+      ("target", 2, 0, "T5GEMMA_ENDE_9B_9B", "T5GEMMA_TARGET_CONFIG"),
+      ("draft", 1, 1, "T5GEMMA_ENDE_S_S", "T5GEMMA_S_S_CONFIG")):
+    fields = _architecture(size, layers)
+    definition = registry.make_def(checkpoints.resolve_config(fields))
+    params = definition.init_params(jax.random.PRNGKey(seed))
+    directory = root / name
+    hf_t5gemma.save_t5gemma(Model(definition, params), str(directory))
+    (directory / hf_t5gemma.TOKENIZER_FILE).write_bytes(
+        open(gemma_vocab, "rb").read())
+    bindings[spec] = repr(f"hf:{directory}")
+    bindings[arch] = repr(fields)
+  return bindings, size
+
+
+def _run_row(bindings: dict, workdir: str, **extra: str) -> dict:
+  """The row with `bindings` and `extra` (gin NAME -> value) after it, run
+  as scripts/run_experiment.py runs it."""
+  lines = [f"{k} = {v}" for k, v in {**bindings, **extra}.items()]
+  try:
+    gin_flags.parse([ROW], lines, extra_search_paths=[])
+    config = gin.get_configurable(experiment.ExperimentConfig)()
+    assert (config.gamma, config.temperature, config.dtype) == (7, 0.0,
+                                                                "bfloat16")
+    assert tasks.current_config().inputs_bos
+    return experiment.run(config, workdir)
+  finally:
+    gin.clear_config()
+
+
+def test_a_t5gemma_row_runs_end_to_end(setup, gemma_vocab, tmp_path):
+  """ende_s_s_t0 decodes every example with the target alone and
+  speculatively, with identical greedy outputs; each encoder input is
+  [BOS] + the tokenizer's ids + [EOS] (its recorded length counts both),
+  and the text comes back through the checkpoint's tokenizer.model."""
+  bindings, _ = setup
+  summary = _run_row(bindings, str(tmp_path / "run"))
+  (row,) = summary["rows"]
+  assert row["gamma"] == 7 and row["identical"] is True
+  assert 0.0 <= row["alpha"] <= 1.0
+  with open(tmp_path / "run" / "examples.jsonl") as f:
+    records = [json.loads(line) for line in f]
+  sp = spm.SentencePieceProcessor(model_file=gemma_vocab)
+  assert [r["input_length"] for r in records] == [
+      len(sp.encode(tasks.TRANSLATE_PREFIX + s)) + 2 for s in SENTENCES]
+  assert [r["target_text"] for r in records] == GERMAN
+  for r in records:
+    assert r["speculative"]["7"]["tokens"] == r["baseline"]["tokens"]
+    assert r["baseline"]["text"] == sp.decode(
+        [t for t in r["baseline"]["tokens"] if t != sp.eos_id()])
+  assert os.path.getsize(tmp_path / "run" / "table.md") > 0
+
+
+@pytest.mark.parametrize("architecture", ["named", "none"])
+def test_t5s_sentinels_are_refused(setup, tmp_path, monkeypatch,
+                                   architecture):
+  """The negative control: the same row with T5's 100 sentinel ids has 100
+  ids more than the target's embedding and is refused by
+  `check_vocabulary_fits`, naming the setting, before any checkpoint is
+  read where the row names the target's architecture (as every T5Gemma
+  row does), and after the models load, before any decode, where it names
+  none."""
+  bindings, size = setup
+  if architecture == "none":
+    bindings = {**bindings, "T5GEMMA_TARGET_CONFIG": "None",
+                "T5GEMMA_S_S_CONFIG": "None"}
+  loaded = []
+  load_model = checkpoints.load_model
+  monkeypatch.setattr(checkpoints, "load_model", lambda spec, **kw: (
+      loaded.append(spec) or load_model(spec, **kw)))
+  decoded = []
+  monkeypatch.setattr(experiment, "_decode_missing_examples",
+                      lambda *a: decoded.append(1))
+  checked = []
+  check = loading.check_vocabulary_fits
+  monkeypatch.setattr(loading, "check_vocabulary_fits", lambda *a: (
+      checked.append(len(a)) or check(*a)))
+  with pytest.raises(experiment.ConfigError) as info:
+    _run_row(bindings, str(tmp_path / "run"),
+             **{"tasks.TaskConfig.vocab_extra_ids": "100"})
+  assert (f"({size + 100} ids: {size} pieces + TaskConfig.vocab_extra_ids="
+          f"100 sentinel ids) but the target has vocab_size {size}"
+          ) in str(info.value)
+  assert "vocab_extra_ids to the sentinels it has" in str(info.value)
+  assert not decoded
+  if architecture == "named":
+    assert loaded == [] and checked == [1]
+  else:
+    assert len(loaded) == 2 and checked == [1, 2]
