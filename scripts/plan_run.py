@@ -16,7 +16,13 @@ with the numbers and the fix, before compiling anything.
 
 projects every Table 2 row on one TPU v4 chip, a v4-8 host (model
 parallel) and one H100 and H200, and writes the Markdown tables
-(see docs/tpu_projection.md).
+(see docs/tpu_projection.md). Rows without a published alpha (the T5Gemma
+table) get Theorem 3.8's speedup over a sweep of alphas and the alpha at
+which they break even; --figure draws those curves:
+
+  python scripts/plan_run.py --experiments='experiments/t5gemma/*.gin' \
+    --setups=tpu_v4_8,v5e_4,v6e_4 --output=docs/t5gemma_projection.md \
+    --figure=docs/t5gemma_speedup_vs_alpha.png
 
 A gin file that binds `distill.DistillConfig` (e.g.
 training/distill_t5_1_1_small_from_xxl.gin) plans one distillation step
