@@ -32,11 +32,13 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
+from specdec_jax.data import readers
 from specdec_jax.data import tasks
 from specdec_jax.infra import locks
 from specdec_jax.launch import gin_flags
 from specdec_jax.memory import footprint
 from specdec_jax.models import registry
+from specdec_jax.training import batches
 from specdec_jax.training import distill
 from specdec_jax.training import train
 from tests import helpers
@@ -131,23 +133,47 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def test_two_processes_log_the_losses_of_one_device(runs, tmp_path):
-  """The same command on two processes (one CPU device each, no XLA_FLAGS
-  of the test's 8) trains one model: process 0 alone writes its rows."""
-  gin_file, one, _, _ = runs
-  workdir, port = tmp_path / "two", _free_port()
-  procs = [subprocess.Popen(
+def _two_processes(gin_file, workdir, *flags, port=None):
+  """Starts `scripts/train.py` as the two processes of one job (the same
+  command, but --process_index), each in a process group of its own
+  (its supervisor and the supervised child: `_kill` ends both)."""
+  port = port or _free_port()
+  return [subprocess.Popen(
       [sys.executable, os.path.join(helpers.REPO, "scripts", "train.py"),
        f"--gin_file={gin_file}", "--gin_file=runs/cpu_2_processes.gin",
        f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
-       "--process_count=2", f"--process_index={index}"],
+       "--process_count=2", f"--process_index={index}", *flags],
       cwd=helpers.REPO, env=helpers.script_env(), stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True) for index in (0, 1)]
+      stderr=subprocess.STDOUT, text=True, start_new_session=True)
+          for index in (0, 1)]
+
+
+def _finish(procs) -> list[str]:
+  """The processes' logs, once both ended with status 0."""
   logs = [p.communicate(timeout=600)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][
       -3000:]
+  return logs
+
+
+@pytest.fixture(scope="module")
+def two(runs, tmp_path_factory):
+  """(workdir, logs) of the two-process run, uninterrupted."""
+  workdir = tmp_path_factory.mktemp("two") / "two"
+  return workdir, _finish(_two_processes(runs[0], workdir))
+
+
+def test_two_processes_log_the_losses_of_one_device(runs, two):
+  """The same command on two processes (one CPU device each, no XLA_FLAGS
+  of the test's 8) trains one model: each process reads only its half of
+  the examples, the batches stay one device's, and process 0 alone writes
+  its rows."""
+  one, (workdir, logs) = runs[1], two
   assert "training on a mesh (1, 2) (data, model) of 2 cpu devices in 2 " in (
       logs[0])
+  # Each read its half of the 256 examples (seqio's shards: even and odd).
+  assert ("2 processes read the 256 examples of train, each its share: "
+          "128, 128 examples") in logs[0]
   assert [r["step"] for r in toy.rows(workdir)] == list(range(1, STEPS + 1))
   np.testing.assert_allclose(_losses(workdir), _losses(one), rtol=RTOL)
   assert os.listdir(workdir / "tensorboard")
@@ -155,6 +181,47 @@ def test_two_processes_log_the_losses_of_one_device(runs, tmp_path):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
                                                        atol=1e-6),
                params, toy.params(one))
+
+
+def test_the_shares_of_a_split_add_up_to_its_batches(corpus):  # noqa: F811
+  """Two processes' shares of the toy split (seqio's shards, read here in
+  one process) are its examples dealt out one by one, the first 5 of
+  them under max_examples=5; each process's share of a batch holds only
+  its rows, and the shares add up to the one-process batch."""
+  task = toy.config("unused", corpus).task
+  with tasks.override_config(vocab_path=corpus):
+    whole = readers.load_examples(task, "train")
+    shards = [readers.load_examples(task, "train", shard=(p, 2))
+              for p in (0, 1)]
+    firsts = [readers.load_examples(task, "train", max_examples=5,
+                                    shard=(p, 2)) for p in (0, 1)]
+  assert [len(x) for x in shards] == [128, 128]
+  assert [len(x) for x in firsts] == [3, 2]
+  lengths = [np.array([(len(e.inputs), len(e.targets)) for e in x])
+             for x in shards]
+  data = lambda inputs, targets, lengths=None: batches.BucketedData(
+      inputs, targets, (16, 32), decoder_only=False, batch_tokens=0,
+      batch_size=32, seed=1, lengths=lengths)
+  one = data([e.inputs for e in whole], [e.targets for e in whole])
+  shared = [data(*batches.share_rows([e.inputs for e in x],
+                                     [e.targets for e in x], lengths, p))
+            for p, x in enumerate(shards)]
+  for p, x in enumerate(shards):
+    ids = [e.id for e in x]
+    assert ids == [e.id for e in whole[p::2]] == [str(p + 2 * j) for j in
+                                                  range(128)]
+    assert all(np.array_equal(a.inputs, b.inputs) for a, b in
+               zip(x, whole[p::2]))
+    assert [e.id for e in firsts[p]] == [e.id for e in whole[:5][p::2]]
+  assert shared[0].shared and not one.shared and len(one.shapes()) > 1
+  assert one.shapes() == shared[0].shapes() == shared[1].shapes()
+  for (key, indices), again in zip(one.epoch(3), shared[1].epoch(3)):
+    assert key == again[0] and np.array_equal(indices, again[1])
+    full = one.batch(key, indices)
+    parts = [s.batch(key, indices) for s in shared]
+    assert 0 < parts[0]["weights"].sum() < full["weights"].sum()
+    for name, value in full.items():
+      np.testing.assert_array_equal(parts[0][name] + parts[1][name], value)
 
 
 def test_the_mesh_workdir_resumes_on_one_device(runs, corpus, teacher,  # noqa: F811
