@@ -6,26 +6,32 @@ Invariants: with the same seeds and batches, distillation with dropout
 on the (2, 4) data x model mesh of runs/cpu_8_model_parallel.gin (the
 teacher sharded over `model`, its 6 heads whole, batch rows over `data`)
 and on the two single-device processes of runs/cpu_2_processes.gin (a
-(1, 2) mesh across processes, gloo collectives) logs the train losses of a
-one-device run, step by step, to 2e-3 relative (they agree to ~1e-6: the
-dropout masks are the same bits on every layout, since a jitted random
-draw does not depend on its sharding; `jax_threefry_partitionable`, on by
-default, lets each device draw only its shard's bits, and changes which
-bits, so the runs compared must share its setting); the log's first lines name the mesh and the
-bytes per device of the teacher's parameters (a quarter and the whole
-heads) and of the student's state; only process 0 writes the metrics, the
-TensorBoard events and the model; the mesh's workdir resumes on one
-device from its last step; on-policy distillation (the XXL recipe's) on
-the mesh equals one device's; a workdir another run holds is refused; and
-a run file's mesh gives a fresh process the simulated CPU devices it needs.
+(1, 2) mesh across processes, gloo collectives) logs the train losses of
+a one-device run, step by step, to 2e-3 relative (they agree to ~1e-6:
+the dropout masks are the same bits on every layout, since a jitted
+random draw does not depend on its sharding; `jax_threefry_partitionable`,
+on by default, lets each device draw only its shard's bits, and changes
+which bits, so the runs compared must share its setting); each of the two
+processes reads only its half of the examples, and their shares add up to
+the one-device batches; the log's first lines name the mesh and the bytes
+per device of the teacher's parameters (a quarter and the whole heads) and
+of the student's state; only process 0 writes the metrics, the
+TensorBoard events and the model; both processes SIGKILLed after a
+checkpoint and started again resume from it and log the uninterrupted
+run's losses; the mesh's workdir resumes on one device from its last
+step; on-policy distillation (the XXL recipe's) on the mesh equals one
+device's; a workdir another run holds is refused; and a run file's mesh
+gives a fresh process the simulated CPU devices it needs.
 """
 
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -181,6 +187,55 @@ def test_two_processes_log_the_losses_of_one_device(runs, two):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
                                                        atol=1e-6),
                params, toy.params(one))
+
+
+def _committed(workdir) -> list[int]:
+  """The steps of a workdir's committed checkpoints (orbax renames a
+  checkpoint's temporary directory to its step once every process wrote)."""
+  found = workdir / "checkpoints"
+  return sorted(int(d) for d in (os.listdir(found) if found.exists() else ())
+                if d.isdigit())
+
+
+def _kill(procs) -> None:
+  """SIGKILL to the two process groups `_two_processes` started."""
+  for p in procs:
+    os.killpg(p.pid, signal.SIGKILL)
+  for p in procs:
+    p.communicate(timeout=60)
+  deadline = time.time() + 10  # the supervised children too
+  for p in procs:
+    while time.time() < deadline:
+      try:
+        os.killpg(p.pid, 0)
+      except ProcessLookupError:
+        break
+      time.sleep(0.05)
+
+
+def test_a_killed_two_process_run_resumes_where_it_stopped(runs, two,
+                                                           tmp_path):
+  """Both processes SIGKILLed once a checkpoint is committed (a preempted
+  slice: nothing runs on), then the same command again: the restart takes
+  the workdir (its lock died with its holder), logs "resumed from step k"
+  for the last committed checkpoint k, and its steps after k log the
+  uninterrupted run's losses, so metrics.jsonl reads as one run's."""
+  gin_file, workdir = runs[0], tmp_path / "killed"
+  # A checkpoint every step: one is committed soon, long before the end.
+  command = (gin_file, workdir, "--gin.train.TrainConfig.checkpoint_every=1")
+  procs = _two_processes(*command)
+  deadline = time.time() + 300
+  while not _committed(workdir) and time.time() < deadline:
+    assert all(p.poll() is None for p in procs), "a process ended early"
+    time.sleep(0.02)
+  _kill(procs)
+  steps = _committed(workdir)
+  assert steps and steps[-1] < STEPS, steps
+  logs = _finish(_two_processes(*command))
+  assert f"resumed from step {steps[-1]}" in logs[0], logs[0][-3000:]
+  assert [r["step"] for r in toy.rows(workdir)] == list(range(1, STEPS + 1))
+  # Equal (the same programs on the same state); 1e-6 for a rebuilt cache.
+  np.testing.assert_allclose(_losses(workdir), _losses(two[0]), rtol=1e-6)
 
 
 def test_the_shares_of_a_split_add_up_to_its_batches(corpus):  # noqa: F811
