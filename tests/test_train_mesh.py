@@ -17,11 +17,12 @@ the one-device batches; the log's first lines name the mesh and the bytes
 per device of the teacher's parameters (a quarter and the whole heads) and
 of the student's state; only process 0 writes the metrics, the
 TensorBoard events and the model; both processes SIGKILLed after a
-checkpoint and started again resume from it and log the uninterrupted
-run's losses; the mesh's workdir resumes on one device from its last
-step; on-policy distillation (the XXL recipe's) on the mesh equals one
-device's; a workdir another run holds is refused; and a run file's mesh
-gives a fresh process the simulated CPU devices it needs.
+checkpoint (on the (2, 4) mesh, batch rows split over the processes) and
+started again resume from it and log the uninterrupted run's losses; the
+mesh's workdir resumes on one device from its last step; on-policy
+distillation (the XXL recipe's) on the mesh equals one device's; a
+workdir another run holds is refused; and a run file's mesh gives a fresh
+process the simulated CPU devices it needs.
 """
 
 import json
@@ -213,16 +214,21 @@ def _kill(procs) -> None:
       time.sleep(0.05)
 
 
-def test_a_killed_two_process_run_resumes_where_it_stopped(runs, two,
-                                                           tmp_path):
+def test_a_killed_two_process_run_resumes_where_it_stopped(runs, tmp_path):
   """Both processes SIGKILLed once a checkpoint is committed (a preempted
   slice: nothing runs on), then the same command again: the restart takes
   the workdir (its lock died with its holder), logs "resumed from step k"
   for the last committed checkpoint k, and its steps after k log the
-  uninterrupted run's losses, so metrics.jsonl reads as one run's."""
-  gin_file, workdir = runs[0], tmp_path / "killed"
+  uninterrupted run's losses, so metrics.jsonl reads as one run's.
+
+  On the (2, 4) mesh of the 8-device run, 4 devices a process: batch rows
+  split over the processes, as on a multi-host slice (each process's share
+  of a batch joined on 4 devices), the uninterrupted run to equal being
+  the module's single-process run of that mesh."""
+  gin_file, eight, workdir = runs[0], runs[2], tmp_path / "killed"
   # A checkpoint every step: one is committed soon, long before the end.
-  command = (gin_file, workdir, "--gin.train.TrainConfig.checkpoint_every=1")
+  command = (gin_file, workdir, "--gin.train.TrainConfig.checkpoint_every=1",
+             "--gin.experiment.ExperimentConfig.mesh_shape=(2, 4)")
   procs = _two_processes(*command)
   deadline = time.time() + 300
   while not _committed(workdir) and time.time() < deadline:
@@ -232,10 +238,13 @@ def test_a_killed_two_process_run_resumes_where_it_stopped(runs, two,
   steps = _committed(workdir)
   assert steps and steps[-1] < STEPS, steps
   logs = _finish(_two_processes(*command))
+  assert ("training on a mesh (2, 4) (data, model) of 8 cpu devices in 2 "
+          "process(es), 4 of them this process's") in logs[0]
   assert f"resumed from step {steps[-1]}" in logs[0], logs[0][-3000:]
   assert [r["step"] for r in toy.rows(workdir)] == list(range(1, STEPS + 1))
-  # Equal (the same programs on the same state); 1e-6 for a rebuilt cache.
-  np.testing.assert_allclose(_losses(workdir), _losses(two[0]), rtol=1e-6)
+  # 1e-7 apart (gloo adds across processes in its own order); a restart
+  # from scratch or at another batch moves them by percents.
+  np.testing.assert_allclose(_losses(workdir), _losses(eight), rtol=1e-5)
 
 
 def test_the_shares_of_a_split_add_up_to_its_batches(corpus):  # noqa: F811

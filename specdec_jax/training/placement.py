@@ -175,7 +175,7 @@ class Placement:
     def stacked(value):
       shape = (count,) + value.shape
       where = slots.addressable_devices_indices_map(shape)
-      first = min(where, key=lambda d: where[d][0].start)
+      first = min(where, key=lambda d: where[d][0].start or 0)
       return jax.make_array_from_single_device_arrays(shape, slots, [
           jax.device_put((value if d == first else np.zeros_like(value))[None],
                          d) for d in where])
