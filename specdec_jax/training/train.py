@@ -251,6 +251,13 @@ def train(config: TrainConfig) -> dict[str, Any]:
           lambda: held.enter_context(locks.lock(config.workdir)))
       return _train(config)
   if jax.process_count() > 1:
+    # Not orbax straight into the bucket: orbax makes, lists and commits its
+    # directories through etils.epath, which (TensorFlow installed) uses
+    # tf.io.gfile's GCS client: no endpoint setting, so neither the tests'
+    # emulator nor our bounded waits. With gcsfs (not a dependency) and
+    # EPATH_USE_TF=false, a two-process orbax save and restore on the
+    # emulator works (commit_success.txt markers), but the rest of `_train`
+    # (metrics.jsonl, TensorBoard, the exported model) writes local files.
     raise multihost.MultihostError(
         f"workdir {config.workdir}: a multi-host run writes its sharded "
         "checkpoints from every process into one directory, which a gs:// "
