@@ -2,37 +2,50 @@
 processes (training/placement.py), on the toy corpus of
 tests/toy_training.py.
 
-Invariants: with the same seeds and batches, distillation on the (2, 4)
-data x model mesh of runs/cpu_8_model_parallel.gin (the teacher sharded
-over `model`, its 6 heads whole, batch rows over `data`) and on the two
-single-device processes of runs/cpu_2_processes.gin (a (1, 2) mesh across
-processes, gloo collectives) logs the train losses of a one-device run,
-step by step, to 2e-3 relative; the log's first lines name the mesh and the
-bytes per device of the teacher's parameters (a quarter and the whole
-heads) and of the student's state; only process 0 writes the metrics, the
-TensorBoard events and the model; the mesh's workdir resumes on one
-device from its last step; on-policy distillation (the XXL recipe's) on
-the mesh equals one device's; a workdir another run holds is refused; and
-a run file's mesh gives a fresh process the simulated CPU devices it needs.
+Invariants: with the same seeds and batches, distillation with dropout
+on the (2, 4) data x model mesh of runs/cpu_8_model_parallel.gin (the
+teacher sharded over `model`, its 6 heads whole, batch rows over `data`)
+and on the two single-device processes of runs/cpu_2_processes.gin (a
+(1, 2) mesh across processes, gloo collectives) logs the train losses of
+a one-device run, step by step, to 2e-3 relative (they agree to ~1e-6:
+the dropout masks are the same bits on every layout, since a jitted
+random draw does not depend on its sharding; `jax_threefry_partitionable`,
+on by default, lets each device draw only its shard's bits, and changes
+which bits, so the runs compared must share its setting); each of the two
+processes reads only its half of the examples, and their shares add up to
+the one-device batches; the log's first lines name the mesh and the bytes
+per device of the teacher's parameters (a quarter and the whole heads) and
+of the student's state; only process 0 writes the metrics, the
+TensorBoard events and the model; both processes SIGKILLed after a
+checkpoint (on the (2, 4) mesh, batch rows split over the processes) and
+started again resume from it and log the uninterrupted run's losses; the
+mesh's workdir resumes on one device from its last step; on-policy
+distillation (the XXL recipe's) on the mesh equals one device's; a
+workdir another run holds is refused; and a run file's mesh gives a fresh
+process the simulated CPU devices it needs.
 """
 
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
+from specdec_jax.data import readers
 from specdec_jax.data import tasks
 from specdec_jax.infra import locks
 from specdec_jax.launch import gin_flags
 from specdec_jax.memory import footprint
 from specdec_jax.models import registry
+from specdec_jax.training import batches
 from specdec_jax.training import distill
 from specdec_jax.training import train
 from tests import helpers
@@ -41,6 +54,7 @@ from tests.toy_training import corpus  # noqa: F401  (fixture)
 
 STEPS = 6
 RTOL = 2e-3  # the issue's bound; the runs agree to ~1e-6
+DROPOUT = 0.1  # moves the first loss by ~0.6%, three times RTOL
 # 6 heads: 4 devices on `model` do not divide them, so the teacher's
 # attention stays whole and its MLP and vocabulary are split.
 TEACHER = dict(toy.TINY, num_heads=6, num_decoder_layers=2)
@@ -58,8 +72,9 @@ def teacher(tmp_path_factory):
 
 
 def _config(workdir, corpus, teacher, **overrides):  # noqa: F811
+  # Dropout on: every layout must draw the one-device run's masks.
   settings = dict(num_steps=STEPS, teacher=teacher, distill_alpha=0.5,
-                  dropout_rate=0.0)
+                  dropout_rate=DROPOUT)
   return toy.config(workdir, corpus, **dict(settings, **overrides))
 
 
@@ -98,10 +113,16 @@ def runs(corpus, teacher, tmp_path_factory):  # noqa: F811
   return gin_file, one, eight, result.stderr
 
 
-def test_a_mesh_run_logs_the_losses_of_one_device(runs, teacher):
+def test_a_mesh_run_logs_the_losses_of_one_device(runs, corpus, teacher,  # noqa: F811
+                                                  tmp_path):
+  """Dropout included: a mask drawn differently on the mesh (another key,
+  another bit stream) moves the losses past RTOL, as dropping it does."""
   _, one, eight, log = runs
   assert len(_losses(one)) == STEPS
   np.testing.assert_allclose(_losses(eight), _losses(one), rtol=RTOL)
+  train.train(_config(tmp_path, corpus, teacher, num_steps=1,
+                      dropout_rate=0.0))
+  assert abs(_losses(tmp_path)[0] / _losses(one)[0] - 1) > RTOL
   lines = [line for line in log.splitlines() if "train.py" in line or
            "placement.py" in line]
   assert "training on a mesh (2, 4) (data, model) of 8 cpu devices" in (
@@ -119,23 +140,47 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def test_two_processes_log_the_losses_of_one_device(runs, tmp_path):
-  """The same command on two processes (one CPU device each, no XLA_FLAGS
-  of the test's 8) trains one model: process 0 alone writes its rows."""
-  gin_file, one, _, _ = runs
-  workdir, port = tmp_path / "two", _free_port()
-  procs = [subprocess.Popen(
+def _two_processes(gin_file, workdir, *flags, port=None):
+  """Starts `scripts/train.py` as the two processes of one job (the same
+  command, but --process_index), each in a process group of its own
+  (its supervisor and the supervised child: `_kill` ends both)."""
+  port = port or _free_port()
+  return [subprocess.Popen(
       [sys.executable, os.path.join(helpers.REPO, "scripts", "train.py"),
        f"--gin_file={gin_file}", "--gin_file=runs/cpu_2_processes.gin",
        f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
-       "--process_count=2", f"--process_index={index}"],
+       "--process_count=2", f"--process_index={index}", *flags],
       cwd=helpers.REPO, env=helpers.script_env(), stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True) for index in (0, 1)]
+      stderr=subprocess.STDOUT, text=True, start_new_session=True)
+          for index in (0, 1)]
+
+
+def _finish(procs) -> list[str]:
+  """The processes' logs, once both ended with status 0."""
   logs = [p.communicate(timeout=600)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][
       -3000:]
+  return logs
+
+
+@pytest.fixture(scope="module")
+def two(runs, tmp_path_factory):
+  """(workdir, logs) of the two-process run, uninterrupted."""
+  workdir = tmp_path_factory.mktemp("two") / "two"
+  return workdir, _finish(_two_processes(runs[0], workdir))
+
+
+def test_two_processes_log_the_losses_of_one_device(runs, two):
+  """The same command on two processes (one CPU device each, no XLA_FLAGS
+  of the test's 8) trains one model: each process reads only its half of
+  the examples, the batches stay one device's, and process 0 alone writes
+  its rows."""
+  one, (workdir, logs) = runs[1], two
   assert "training on a mesh (1, 2) (data, model) of 2 cpu devices in 2 " in (
       logs[0])
+  # Each read its half of the 256 examples (seqio's shards: even and odd).
+  assert ("2 processes read the 256 examples of train, each its share: "
+          "128, 128 examples") in logs[0]
   assert [r["step"] for r in toy.rows(workdir)] == list(range(1, STEPS + 1))
   np.testing.assert_allclose(_losses(workdir), _losses(one), rtol=RTOL)
   assert os.listdir(workdir / "tensorboard")
@@ -143,6 +188,104 @@ def test_two_processes_log_the_losses_of_one_device(runs, tmp_path):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
                                                        atol=1e-6),
                params, toy.params(one))
+
+
+def _committed(workdir) -> list[int]:
+  """The steps of a workdir's committed checkpoints (orbax renames a
+  checkpoint's temporary directory to its step once every process wrote)."""
+  found = workdir / "checkpoints"
+  return sorted(int(d) for d in (os.listdir(found) if found.exists() else ())
+                if d.isdigit())
+
+
+def _kill(procs) -> None:
+  """SIGKILL to the two process groups `_two_processes` started."""
+  for p in procs:
+    os.killpg(p.pid, signal.SIGKILL)
+  for p in procs:
+    p.communicate(timeout=60)
+  deadline = time.time() + 10  # the supervised children too
+  for p in procs:
+    while time.time() < deadline:
+      try:
+        os.killpg(p.pid, 0)
+      except ProcessLookupError:
+        break
+      time.sleep(0.05)
+
+
+def test_a_killed_two_process_run_resumes_where_it_stopped(runs, tmp_path):
+  """Both processes SIGKILLed once a checkpoint is committed (a preempted
+  slice: nothing runs on), then the same command again: the restart takes
+  the workdir (its lock died with its holder), logs "resumed from step k"
+  for the last committed checkpoint k, and its steps after k log the
+  uninterrupted run's losses, so metrics.jsonl reads as one run's.
+
+  On the (2, 4) mesh of the 8-device run, 4 devices a process: batch rows
+  split over the processes, as on a multi-host slice (each process's share
+  of a batch joined on 4 devices), the uninterrupted run to equal being
+  the module's single-process run of that mesh."""
+  gin_file, eight, workdir = runs[0], runs[2], tmp_path / "killed"
+  # A checkpoint every step: one is committed soon, long before the end.
+  command = (gin_file, workdir, "--gin.train.TrainConfig.checkpoint_every=1",
+             "--gin.experiment.ExperimentConfig.mesh_shape=(2, 4)")
+  procs = _two_processes(*command)
+  deadline = time.time() + 300
+  while not _committed(workdir) and time.time() < deadline:
+    assert all(p.poll() is None for p in procs), "a process ended early"
+    time.sleep(0.02)
+  _kill(procs)
+  steps = _committed(workdir)
+  assert steps and steps[-1] < STEPS, steps
+  logs = _finish(_two_processes(*command))
+  assert ("training on a mesh (2, 4) (data, model) of 8 cpu devices in 2 "
+          "process(es), 4 of them this process's") in logs[0]
+  assert f"resumed from step {steps[-1]}" in logs[0], logs[0][-3000:]
+  assert [r["step"] for r in toy.rows(workdir)] == list(range(1, STEPS + 1))
+  # 1e-7 apart (gloo adds across processes in its own order); a restart
+  # from scratch or at another batch moves them by percents.
+  np.testing.assert_allclose(_losses(workdir), _losses(eight), rtol=1e-5)
+
+
+def test_the_shares_of_a_split_add_up_to_its_batches(corpus):  # noqa: F811
+  """Two processes' shares of the toy split (seqio's shards, read here in
+  one process) are its examples dealt out one by one, the first 5 of
+  them under max_examples=5; each process's share of a batch holds only
+  its rows, and the shares add up to the one-process batch."""
+  task = toy.config("unused", corpus).task
+  with tasks.override_config(vocab_path=corpus):
+    whole = readers.load_examples(task, "train")
+    shards = [readers.load_examples(task, "train", shard=(p, 2))
+              for p in (0, 1)]
+    firsts = [readers.load_examples(task, "train", max_examples=5,
+                                    shard=(p, 2)) for p in (0, 1)]
+  assert [len(x) for x in shards] == [128, 128]
+  assert [len(x) for x in firsts] == [3, 2]
+  lengths = [np.array([(len(e.inputs), len(e.targets)) for e in x])
+             for x in shards]
+  data = lambda inputs, targets, lengths=None: batches.BucketedData(
+      inputs, targets, (16, 32), decoder_only=False, batch_tokens=0,
+      batch_size=32, seed=1, lengths=lengths)
+  one = data([e.inputs for e in whole], [e.targets for e in whole])
+  shared = [data(*batches.share_rows([e.inputs for e in x],
+                                     [e.targets for e in x], lengths, p))
+            for p, x in enumerate(shards)]
+  for p, x in enumerate(shards):
+    ids = [e.id for e in x]
+    assert ids == [e.id for e in whole[p::2]] == [str(p + 2 * j) for j in
+                                                  range(128)]
+    assert all(np.array_equal(a.inputs, b.inputs) for a, b in
+               zip(x, whole[p::2]))
+    assert [e.id for e in firsts[p]] == [e.id for e in whole[:5][p::2]]
+  assert shared[0].shared and not one.shared and len(one.shapes()) > 1
+  assert one.shapes() == shared[0].shapes() == shared[1].shapes()
+  for (key, indices), again in zip(one.epoch(3), shared[1].epoch(3)):
+    assert key == again[0] and np.array_equal(indices, again[1])
+    full = one.batch(key, indices)
+    parts = [s.batch(key, indices) for s in shared]
+    assert 0 < parts[0]["weights"].sum() < full["weights"].sum()
+    for name, value in full.items():
+      np.testing.assert_array_equal(parts[0][name] + parts[1][name], value)
 
 
 def test_the_mesh_workdir_resumes_on_one_device(runs, corpus, teacher,  # noqa: F811

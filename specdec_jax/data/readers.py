@@ -16,6 +16,9 @@ import os
 from typing import Iterator, Sequence
 
 import numpy as np
+# Before seqio imports TensorFlow: its start-up quiet (`tensorflow_env`).
+from specdec_jax.data import tensorflow_env  # noqa: F401  # pylint: disable=unused-import
+import seqio
 
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
@@ -28,8 +31,17 @@ def _text(value, ids: np.ndarray, vocab) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+def shard_size(total: int, shard: tuple[int, int]) -> int:
+  """How many of the first `total` examples of a split fall in `shard`
+  (index, count) when example i goes to shard i % count."""
+  index, count = shard
+  return max(0, -(-(total - index) // count))
+
+
 def load_examples(task_name: str, split: str, *,
-                  max_examples: int | None = None) -> list[batching.Example]:
+                  max_examples: int | None = None,
+                  shard: tuple[int, int] | None = None
+                  ) -> list[batching.Example]:
   """Runs a seqio task's pipeline and returns its examples as numpy.
 
   Inputs and targets come back whole (seqio is asked for no sequence
@@ -41,37 +53,51 @@ def load_examples(task_name: str, split: str, *,
     task_name: a registered seqio task, e.g. one of
       `specdec_jax.data.tasks.FEATURE_LENGTHS`.
     split: "train", "validation" or "test".
-    max_examples: keep only the first this many (None: all).
+    max_examples: keep only the first this many (None: all); with `shard`,
+      those of the split's first this many that are the shard's.
+    shard: (index, count): read only this shard of the split, as a host of
+      a multi-host slice does (seqio's `ShardInfo`). seqio gives shard
+      `index` the examples i with i % count == index, before tokenizing
+      them, where the source has fewer files than shards (every local
+      task: the position of the shard's j-th example is j * count +
+      index); a TFDS source with at least `count` files is split by files
+      instead. A shard may be empty.
 
   Returns:
-    The examples in the split's order.
+    The examples in the split's order (the shard's, in its order).
   """
   if max_examples is not None and max_examples < 1:
     raise ValueError(f"max_examples must be positive or None, got "
                      f"{max_examples}.")
+  index, count = shard or (0, 1)
+  if not 0 <= index < count:
+    raise ValueError(f"shard {shard!r}: give (index, count) with "
+                     "0 <= index < count.")
   task = tasks.get_task(task_name)
   vocab = task.output_features["inputs"].vocabulary
   inputs_eos = bool(task.output_features["inputs"].add_eos)
   # Loading now raises a VocabularyError as it is; inside the tf.data map it
   # would arrive wrapped in an autograph StagingError.
   _ = vocab.vocab_size
-  dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False,
-                             trim_output_features=False,
-                             try_in_mem_cache=False)
+  dataset = task.get_dataset(
+      sequence_length=None, split=split, shuffle=False,
+      trim_output_features=False, try_in_mem_cache=False,
+      shard_info=seqio.ShardInfo(index, count) if count > 1 else None)
   if max_examples is not None:
-    dataset = dataset.take(max_examples)
+    dataset = dataset.take(shard_size(max_examples, (index, count)))
   examples = []
-  for index, record in enumerate(dataset.as_numpy_iterator()):
+  for position, record in enumerate(dataset.as_numpy_iterator()):
     inputs = np.asarray(record["inputs"], dtype=np.int32)
     targets = np.asarray(record["targets"], dtype=np.int32)
     examples.append(batching.Example(
-        id=_text(record.get("id", str(index)), inputs, vocab),
+        id=_text(record.get("id", str(position * count + index)), inputs,
+                 vocab),
         inputs=inputs, targets=targets,
         inputs_text=_text(record.get("inputs_pretokenized"), inputs, vocab),
         targets_text=_text(record.get("targets_pretokenized"), targets,
                            task.output_features["targets"].vocabulary),
         inputs_eos=inputs_eos))
-  if not examples:
+  if not examples and count == 1:
     raise ValueError(f"Task {task_name!r} split {split!r} has no examples.")
   return examples
 

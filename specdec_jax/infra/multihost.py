@@ -134,6 +134,30 @@ def broadcast(value: Any) -> Any:
   return json.loads(buffer[:size].tobytes().decode())
 
 
+def gather_rows(rows: np.ndarray) -> list[np.ndarray]:
+  """Every process's `rows` on every process, in process order.
+
+  Args:
+    rows: int32 [n, ...]; n may differ from process to process, the trailing
+      dimensions may not.
+
+  Returns:
+    [process_count] arrays, process p's `rows` at p (one process: [rows]).
+    Every process must call this at the same point.
+  """
+  rows = np.asarray(rows, np.int32)
+  if jax.process_count() == 1:
+    return [rows]
+  # only on multi-host runs.
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  counts = np.asarray(multihost_utils.process_allgather(
+      np.array([len(rows)], np.int32))).reshape(-1)
+  padded = np.zeros((_bucket(int(counts.max())),) + rows.shape[1:], np.int32)
+  padded[:len(rows)] = rows
+  everyone = np.asarray(multihost_utils.process_allgather(padded))
+  return [everyone[p, :n] for p, n in enumerate(counts)]
+
+
 def on_primary(fn: Callable[[], Any]) -> Any:
   """Runs `fn` on process 0 only and returns its result on every process.
 

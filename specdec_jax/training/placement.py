@@ -19,15 +19,20 @@ The step is traced and run inside `distill.mesh_context`, so the models'
 activation constraints follow the same rules.
 
 Multi-host (several processes, `jax.distributed`): the mesh spans every
-process's devices. Every process cuts the same batch from (seed, epoch), so
-the data position needs no broadcast, and hands over only the rows its own
-devices hold (`sharding.put`); device values are read from its own shards
-(`local`), since no process can address all of a sharded array.
+process's devices. Every process reads only its share of the examples
+(`batches.load_split`) and plans the same batches from (seed, epoch), so
+the data position needs no broadcast; it fills its rows of each batch,
+zeros elsewhere, and `join_shares` adds the processes' shares up on the
+devices (exact: each row is one process's, zeros elsewhere), into the
+batch a single process would place with `put_batch`. Device values are
+read from its own shards (`local`), since no process can address all of a
+sharded array.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping
 
 from absl import logging
@@ -39,6 +44,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from specdec_jax import checkpoints
 from specdec_jax import sharding
 from specdec_jax.decoding.protocol import Model
+from specdec_jax.infra import multihost
 from specdec_jax.memory import footprint
 from specdec_jax.training import distill
 from specdec_jax.training import steps
@@ -77,8 +83,20 @@ class Placement:
   def create(cls, mesh_shape, replicate_student: bool = True) -> "Placement":
     """The mesh of `mesh_shape` ((data, model); None: the default device)."""
     if mesh_shape is None:
+      if jax.process_count() > 1:
+        raise multihost.MultihostError(
+            f"{jax.process_count()} processes train one model on a mesh "
+            "over all their devices, but mesh_shape is None (one device): "
+            "add a run file with a mesh, e.g. --gin_file=runs/"
+            "cpu_2_processes.gin, or set TrainConfig.mesh_shape.")
       return cls(_default_device(), None, replicate_student)
     return cls(None, sharding.make_mesh(*mesh_shape), replicate_student)
+
+  @property
+  def spans_processes(self) -> bool:
+    """A mesh over several processes' devices: each reads its share of the
+    data (`join_shares`)."""
+    return self.mesh is not None and jax.process_count() > 1
 
   @property
   def mesh_shape(self) -> footprint.MeshShape:
@@ -135,6 +153,35 @@ class Placement:
     rows = sharding.batch_sharding(self.mesh, len(next(iter(batch.values()))))
     return {k: sharding.put(v, rows) for k, v in batch.items()}
 
+  def join_shares(self, share: Mapping[str, np.ndarray]):
+    """The batch of which every process holds a share, on the devices.
+
+    Args:
+      share: this process's share of one batch: its rows filled, zeros in
+        every row another process holds (`batches.BucketedData.batch`).
+        Every process calls this with the same shapes, at the same step.
+
+    Returns:
+      The sum of the processes' shares, each array placed as `put_batch`
+      places a whole batch (rows over `data`).
+    """
+    rows = len(next(iter(share.values())))
+    out = sharding.batch_sharding(self.mesh, rows)
+    # One slot per device of the mesh: this process's share in the slot of
+    # its first device, zeros in its other devices' slots.
+    slots = NamedSharding(self.mesh, P(self.mesh.axis_names))
+    count = self.mesh.devices.size
+
+    def stacked(value):
+      shape = (count,) + value.shape
+      where = slots.addressable_devices_indices_map(shape)
+      first = min(where, key=lambda d: where[d][0].start or 0)
+      return jax.make_array_from_single_device_arrays(shape, slots, [
+          jax.device_put((value if d == first else np.zeros_like(value))[None],
+                         d) for d in where])
+
+    return _sum_slots(out)({k: stacked(v) for k, v in share.items()})
+
   def load_teacher(self, spec: str, config: Any,
                    dtype: str | None) -> Model:
     """The teacher, on this placement's devices (see the module docstring).
@@ -189,6 +236,14 @@ class Placement:
         out["teacher_params"] / _MB, out["student_state"] / _MB,
         params / _MB, optimizer / _MB)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _sum_slots(out: NamedSharding):
+  """The jitted sum over the leading (slot) axis of every array of a dict,
+  placed with `out`."""
+  return jax.jit(lambda tree: jax.tree.map(lambda x: jnp.sum(x, axis=0),
+                                           tree), out_shardings=out)
 
 
 def local(value: Any) -> np.ndarray:

@@ -23,7 +23,8 @@ file names (configs/runs/*.gin, the same files the decoding scripts take:
 `TrainConfig.mesh_shape`), the teacher sharded by the decoding's logical
 axis rules and batch rows over `data`; on several processes
 (`TrainConfig.distributed`, or the scripts' --coordinator_address flags)
-every process runs this same loop, process 0 writes the metrics,
+every process runs this same loop on its share of the training examples
+(the batches stay the one-process run's), process 0 writes the metrics,
 TensorBoard and the exported model, and every process writes its shards
 of each checkpoint.
 
@@ -137,9 +138,9 @@ def _prepare(config: TrainConfig, definition,
         f"but the model's vocab_size is {definition.vocab_size}: raise "
         "model_overrides['vocab_size'].")
   teacher = None
+  placement = placement or Placement.create(config.mesh_shape,
+                                            config.replicate_student)
   if config.teacher:
-    placement = placement or Placement.create(config.mesh_shape,
-                                              config.replicate_student)
     teacher = placement.load_teacher(config.teacher, config.teacher_config,
                                      config.teacher_dtype)
     if teacher.vocab_size != definition.vocab_size:
@@ -162,8 +163,10 @@ def _prepare(config: TrainConfig, definition,
         **tasks.current_config().multi30k_files, config.train_split: prefix}
   with tasks.override_config(vocab_path=vocab_path):
     with tasks.override_config(**train_files):
+      # Several processes: each reads its share (`batches.load_split`).
       _, train_data = load_split(config, config.train_split,
-                                 config.max_train_examples, decoder_only)
+                                 config.max_train_examples, decoder_only,
+                                 share=placement.spans_processes)
     examples, eval_data = [], None
     if n != 0 or config.bleu_examples:
       examples, eval_data = load_split(
@@ -248,6 +251,13 @@ def train(config: TrainConfig) -> dict[str, Any]:
           lambda: held.enter_context(locks.lock(config.workdir)))
       return _train(config)
   if jax.process_count() > 1:
+    # Not orbax straight into the bucket: orbax makes, lists and commits its
+    # directories through etils.epath, which (TensorFlow installed) uses
+    # tf.io.gfile's GCS client: no endpoint setting, so neither the tests'
+    # emulator nor our bounded waits. With gcsfs (not a dependency) and
+    # EPATH_USE_TF=false, a two-process orbax save and restore on the
+    # emulator works (commit_success.txt markers), but the rest of `_train`
+    # (metrics.jsonl, TensorBoard, the exported model) writes local files.
     raise multihost.MultihostError(
         f"workdir {config.workdir}: a multi-host run writes its sharded "
         "checkpoints from every process into one directory, which a gs:// "
@@ -301,7 +311,7 @@ def _train(config: TrainConfig,
 
   placement.log_bytes(teacher, definition, jax.eval_shape(init))
   logging.info("%d examples, %d batches an epoch, %d steps; batch shapes "
-               "(rows, widths): %s", len(train_data.inputs), per_epoch, total,
+               "(rows, widths): %s", len(train_data.lengths), per_epoch, total,
                train_data.shapes())
   restored, manager = resume.restore_latest_intact(
       make_manager, init, config.workdir,
@@ -368,7 +378,11 @@ def _train(config: TrainConfig,
         order = (epoch, train_data.epoch(epoch))
       key, indices = order[1][position]
       batch = train_data.batch(key, indices)
-      if config.onpolicy is None:
+      if train_data.shared:  # this process's rows: the processes' batch
+        batch = placement.join_shares(batch)
+        if config.onpolicy is not None:  # sampled from, on the host
+          batch = placement.host(batch)
+      elif config.onpolicy is None:
         batch = placement.put_batch(batch)
       with placement.context():
         state, sums, bad = train_step(state, batch, teacher_params, bad)
@@ -376,8 +390,8 @@ def _train(config: TrainConfig,
       # Sums stay on the device until log time, so that the host cuts the
       # next batch while this step runs.
       window.update(sums)
-      window.update(steps=1, examples=len(indices), input_tokens=sum(
-          len(train_data.inputs[i]) for i in indices))
+      window.update(steps=1, examples=len(indices), input_tokens=int(
+          train_data.lengths[indices, 0].sum()))
       if step % config.log_every == 0 or step == total:
         check_finite()
         last = {"step": step, "epoch": step / per_epoch,
