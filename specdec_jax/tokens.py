@@ -17,12 +17,43 @@ pipelines need, and read the same file.
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
 DECODER_START_ID = PAD_ID
+# The ids that end a generated row unless a caller names others
+# (`stop_ids=` of the decoders, e.g. (1, 107) for T5Gemma's -it checkpoints,
+# which end a turn with <end_of_turn>).
+DEFAULT_STOP_IDS = (EOS_ID,)
+
+
+def is_stop(tokens: Any, stop_ids: Sequence[int]) -> Any:
+  """Which of `tokens` (a numpy or jax int array, any shape) are stop ids.
+
+  Args:
+    tokens: int array.
+    stop_ids: a non-empty tuple of ids (static: the comparisons unroll).
+
+  Returns:
+    A bool array of `tokens`' shape.
+  """
+  hit = tokens == stop_ids[0]
+  for stop in stop_ids[1:]:
+    hit = hit | (tokens == stop)
+  return hit
+
+
+def cut_at_stop(ids: Sequence[int],
+                stop_ids: Sequence[int] = DEFAULT_STOP_IDS) -> list[int]:
+  """The ids before the first stop id (all of them when none is there)."""
+  ids = [int(t) for t in ids]
+  stops = set(stop_ids)
+  for i, t in enumerate(ids):
+    if t in stops:
+      return ids[:i]
+  return ids
 
 # SentencePiece's LoadFromSerializedProto is not thread-safe (seqio holds a
 # lock for the same reason).

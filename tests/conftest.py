@@ -57,7 +57,7 @@ MODULE_SECONDS = {
     "test_trees.py": 57, "test_buckets.py": 35, "test_plan.py": 43,
     "test_bucket_checkpoints.py": 16,
     "test_reproduce.py": 40, "test_model_contract.py": 44,
-    "test_t5gemma.py": 45, "test_t5gemma_rows.py": 14,
+    "test_t5gemma.py": 56, "test_t5gemma_rows.py": 19,
     "test_sharding.py": 32, "test_layering.py": 28, "test_distill.py": 27,
     "test_versions.py": 27, "test_checkpoints.py": 26,
     "test_checkpoints_hf.py": 22, "test_t5.py": 22,

@@ -230,8 +230,9 @@ def _lines_lenient(workdir):
 
 def test_bad_configs_fail_before_any_model_loads(setup, tmp_path,
                                                  monkeypatch):
-  """gamma < 1, missing models, placeholders, unknown tasks: one ConfigError
-  listing the problems, raised before load_model is ever called."""
+  """gamma < 1, missing models, placeholders, unknown tasks, bad stop ids:
+  one ConfigError listing the problems, raised before load_model is ever
+  called."""
   _, models, _ = setup
   monkeypatch.setattr(checkpoints, "load_model",
                       lambda *a, **k: pytest.fail("a model was loaded"))
@@ -246,6 +247,9 @@ def test_bad_configs_fail_before_any_model_loads(setup, tmp_path,
       (dict(tree=(2, 1), tree_parents=(0, 0), gamma=2), "both set"),
       (dict(tree_parents=(0, 1, 0), gamma=2), "breadth first"),
       (dict(tree=(2, 2, 2, 2), gamma=4, max_decode_len=3), "deeper"),
+      (dict(stop_ids=()), "stop_ids is empty"),
+      (dict(stop_ids=(1, 0)), "0 is the pad id"),
+      (dict(stop_ids="1"), "a tuple of token ids"),
   ]
   for overrides, message in bad:
     with pytest.raises(experiment.ConfigError, match=message):

@@ -48,6 +48,7 @@ from specdec_jax import checkpoints
 from specdec_jax import sampling
 from specdec_jax.checkpoints import hf_t5gemma
 from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import engine
 from specdec_jax.models import ngram
 from specdec_jax.models import registry
 from specdec_jax.models import t5gemma
@@ -162,6 +163,91 @@ def test_speculative_greedy_equals_target_greedy(models, kind):
                                 gamma=None if kind == "tree" else 3,
                                 max_decode_len=MAX_NEW)
   np.testing.assert_array_equal(res.tokens, ref["generated"][:, 1:])
+
+
+# A token the tiny target's greedy rows emit early: row 0 opens with it, row
+# 2 reaches it at index 9, row 1 never does (testdata reference.npz).
+STOP = 9
+
+
+def _cut_after_stop(rows, stop_ids):
+  """Each row up to and including its first stop id, then zeros."""
+  out = np.zeros_like(rows)
+  for b, row in enumerate(rows):
+    hits = np.flatnonzero(np.isin(row, stop_ids))
+    end = len(row) if not hits.size else hits[0] + 1
+    out[b, :end] = row[:end]
+  return out
+
+
+def test_default_stop_ids_are_eos_alone(models):
+  """Control: stop_ids=(1,) given explicitly is the default's very program
+  (no new compile) and its greedy output is HF's, unchanged."""
+  ref = _reference("hf_t5gemma_target")
+  target = models["hf_t5gemma_target"]
+  default = sd.generate(target, ref["input_ids"], max_decode_len=MAX_NEW)
+  misses = engine.build_generate.cache_info().misses
+  explicit = sd.generate(target, ref["input_ids"], max_decode_len=MAX_NEW,
+                         stop_ids=[t5gemma.EOS_ID])
+  assert engine.build_generate.cache_info().misses == misses
+  np.testing.assert_array_equal(default.tokens, ref["generated"][:, 1:])
+  np.testing.assert_array_equal(explicit.tokens, default.tokens)
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree", "cascade", "stop_rule"])
+def test_rows_end_at_any_stop_id(models, kind):
+  """With stop_ids=(1, 9), the target's greedy `generate` ends each row
+  right after its first 9 (row 0 at its first token, row 2 at its tenth;
+  row 1 never emits 9 and runs to max_decode_len), and greedy speculative
+  decoding (a chain, a token tree, a cascade over a bigram, a chain with
+  a stop rule) equals it token for token, lengths included."""
+  ref = _reference("hf_t5gemma_target")
+  target, draft = models["hf_t5gemma_target"], models["hf_t5gemma_draft"]
+  stop_ids = (t5gemma.EOS_ID, STOP)
+  expected = _cut_after_stop(ref["generated"][:, 1:], stop_ids)
+  assert (expected != ref["generated"][:, 1:]).any()  # 9 really stops rows
+  base = sd.generate(target, ref["input_ids"], max_decode_len=MAX_NEW,
+                     stop_ids=stop_ids)
+  np.testing.assert_array_equal(base.tokens, expected)
+  np.testing.assert_array_equal(base.stats.length, [1, MAX_NEW, 10])
+  drafter = {"chain": lambda: draft, "stop_rule": lambda: draft,
+             "tree": lambda: sd.tree(draft, (2, 2)),
+             "cascade": lambda: sd.cascade(draft, _bigram(models),
+                                           gamma=2)}[kind]()
+  res = sd.speculative_generate(
+      target, drafter, ref["input_ids"], gamma=None if kind == "tree" else 3,
+      max_decode_len=MAX_NEW, stop_ids=(STOP, t5gemma.EOS_ID),
+      draft_stop=sd.ConfidenceStop(0.0) if kind == "stop_rule" else None)
+  np.testing.assert_array_equal(res.tokens, expected)
+  np.testing.assert_array_equal(res.stats.length, base.stats.length)
+
+
+@pytest.mark.parametrize("stop_ids, error, match", [
+    ((), ValueError, "stop_ids is empty"),
+    ((1, 32), ValueError, r"\[32\].*below the vocabulary size 32"),
+    ((0,), ValueError, "0 is the pad id"),
+    ((-1, 1), ValueError, "must be >= 1"),
+    ((1, 2.0), TypeError, "stop_ids must be ints"),
+    ((True,), TypeError, "stop_ids must be ints"),
+    (1, TypeError, r"a tuple of token ids, e.g. stop_ids=\(1,\)"),
+    ("1", TypeError, "a tuple of token ids"),
+])
+def test_bad_stop_ids_are_refused_before_compiling(models, stop_ids, error,
+                                                   match):
+  """Empty, out-of-vocabulary, pad, negative and non-integer stop ids raise
+  a clear error naming the fix before any loop is built or compiled."""
+  ref = _reference("hf_t5gemma_target")
+  target, draft = models["hf_t5gemma_target"], models["hf_t5gemma_draft"]
+  before = (engine.build_generate.cache_info().misses,
+            engine.build_speculative.cache_info().misses)
+  with pytest.raises(error, match=match):
+    sd.generate(target, ref["input_ids"], max_decode_len=4,
+                stop_ids=stop_ids)
+  with pytest.raises(error, match=match):
+    sd.speculative_generate(target, draft, ref["input_ids"], gamma=2,
+                            max_decode_len=4, stop_ids=stop_ids)
+  assert (engine.build_generate.cache_info().misses,
+          engine.build_speculative.cache_info().misses) == before
 
 
 @pytest.fixture(scope="module")

@@ -89,18 +89,27 @@ def _run_row(bindings: dict, workdir: str, **extra: str) -> dict:
     gin.clear_config()
 
 
-def test_a_t5gemma_row_runs_end_to_end(setup, gemma_vocab, tmp_path):
+@pytest.fixture(scope="module")
+def default_run(setup, tmp_path_factory):
+  """The row as its header sets it up: (summary, examples.jsonl records)."""
+  bindings, _ = setup
+  workdir = tmp_path_factory.mktemp("t5gemma_row_run") / "run"
+  summary = _run_row(bindings, str(workdir))
+  with open(workdir / "examples.jsonl") as f:
+    records = [json.loads(line) for line in f]
+  assert os.path.getsize(workdir / "table.md") > 0
+  return summary, records
+
+
+def test_a_t5gemma_row_runs_end_to_end(default_run, gemma_vocab):
   """ende_s_s_t0 decodes every example with the target alone and
   speculatively, with identical greedy outputs; each encoder input is
   [BOS] + the tokenizer's ids + [EOS] (its recorded length counts both),
   and the text comes back through the checkpoint's tokenizer.model."""
-  bindings, _ = setup
-  summary = _run_row(bindings, str(tmp_path / "run"))
+  summary, records = default_run
   (row,) = summary["rows"]
   assert row["gamma"] == 7 and row["identical"] is True
   assert 0.0 <= row["alpha"] <= 1.0
-  with open(tmp_path / "run" / "examples.jsonl") as f:
-    records = [json.loads(line) for line in f]
   sp = spm.SentencePieceProcessor(model_file=gemma_vocab)
   assert [r["input_length"] for r in records] == [
       len(sp.encode(tasks.TRANSLATE_PREFIX + s)) + 2 for s in SENTENCES]
@@ -109,7 +118,57 @@ def test_a_t5gemma_row_runs_end_to_end(setup, gemma_vocab, tmp_path):
     assert r["speculative"]["7"]["tokens"] == r["baseline"]["tokens"]
     assert r["baseline"]["text"] == sp.decode(
         [t for t in r["baseline"]["tokens"] if t != sp.eos_id()])
-  assert os.path.getsize(tmp_path / "run" / "table.md") > 0
+
+
+def test_the_it_flags_stop_at_end_of_turn(setup):
+  """The two -it flags of checkpoints.gin set the chat template and
+  stop_ids (1, 107); without them the row stops at EOS alone."""
+  bindings, _ = setup
+  lines = [f"{k} = {v}" for k, v in bindings.items()]
+  bound = {}
+  for name, flags in (("plain", []), ("it", [
+      "T5GEMMA_PROMPT_TEMPLATE = %T5GEMMA_CHAT_TEMPLATE",
+      "T5GEMMA_STOP_IDS = %T5GEMMA_IT_STOP_IDS"])):
+    try:
+      gin_flags.parse([ROW], lines + flags, extra_search_paths=[])
+      config = gin.get_configurable(experiment.ExperimentConfig)()
+      bound[name] = (tuple(config.stop_ids),
+                     tasks.current_config().prompt_template)
+    finally:
+      gin.clear_config()
+  assert bound["plain"] == ((1,), "{input}")
+  assert bound["it"] == ((1, 107), tasks.GEMMA_CHAT_TEMPLATE)
+
+
+def test_stop_ids_cut_the_decodes_and_the_recorded_text(
+    default_run, setup, gemma_vocab, tmp_path):
+  """With T5GEMMA_STOP_IDS = (1, X), X a token the default run emits
+  after its first, every example's baseline is the default one cut right
+  after its first X (or EOS), the speculative tokens equal it, and the
+  recorded text is the decoded tokens before that stop id."""
+  _, default = default_run
+  first = default[0]["baseline"]["tokens"]
+  stop = next((t for k, t in enumerate(first)
+               if k and t != 1 and t not in first[:k]), first[0])
+  bindings, _ = setup
+  summary = _run_row(bindings, str(tmp_path / "run"),
+                     T5GEMMA_STOP_IDS=f"(1, {stop})")
+  assert summary["rows"][0]["identical"] is True
+  with open(tmp_path / "run" / "examples.jsonl") as f:
+    records = [json.loads(line) for line in f]
+  sp = spm.SentencePieceProcessor(model_file=gemma_vocab)
+  cut_any = False
+  for r, d in zip(records, default):
+    tokens = d["baseline"]["tokens"]
+    ends = [k for k, t in enumerate(tokens) if t in (1, stop)]
+    expected = tokens[:ends[0] + 1] if ends else tokens
+    cut_any |= len(expected) < len(tokens)
+    assert r["baseline"]["tokens"] == expected
+    assert r["speculative"]["7"]["tokens"] == expected
+    text = expected[:-1] if ends else expected
+    assert r["baseline"]["text"] == sp.decode(text)
+    assert r["speculative"]["7"]["text"] == r["baseline"]["text"]
+  assert cut_any
 
 
 @pytest.mark.parametrize("architecture", ["named", "none"])

@@ -28,13 +28,16 @@ import os
 import tempfile
 from typing import Mapping, Sequence
 
+from specdec_jax.tokens import cut_at_stop
+from specdec_jax.tokens import DEFAULT_STOP_IDS
 from specdec_jax.tokens import EOS_ID
 from specdec_jax.tokens import PAD_ID
 from specdec_jax.tokens import UNK_ID
 
 
-def detokenize(vocab, tokens) -> str:
-  """Text of one generated row: cut at the first EOS, pads dropped.
+def detokenize(vocab, tokens,
+               stop_ids: Sequence[int] = DEFAULT_STOP_IDS) -> str:
+  """Text of one generated row: cut at its first stop id, pads dropped.
 
   Ids past the vocabulary's pieces (the padded rows of an embedding table
   rounded up to a multiple of 128) have no piece: they decode as UNK.
@@ -43,10 +46,10 @@ def detokenize(vocab, tokens) -> str:
     vocab: a seqio (or SentencePiece-like) vocabulary with `decode` and
       `vocab_size`.
     tokens: int [length], e.g. `DecodeResult.tokens[b]`.
+    stop_ids: the ids that ended the row (the decoder's `stop_ids`; EOS
+      by default): the text stops before the first of them.
   """
-  ids = [int(t) for t in tokens]
-  if EOS_ID in ids:
-    ids = ids[:ids.index(EOS_ID)]
+  ids = cut_at_stop(tokens, stop_ids)
   return vocab.decode([i if i < vocab.vocab_size else UNK_ID
                        for i in ids if i != PAD_ID])
 

@@ -25,6 +25,7 @@ from specdec_jax.decoding import engine
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
+from specdec_jax.tokens import DEFAULT_STOP_IDS
 
 # XLA:CPU runs a matmul of one row (a decoding step) itself and, by default,
 # hands those of two or more rows (a verification, an encoder) to YNNPACK.
@@ -41,8 +42,8 @@ class DecodeResult:
   """What the decoders return.
 
   Attributes:
-    tokens: int32 [B, max_decode_len] generated tokens (EOS included), 0 after
-      each row's end.
+    tokens: int32 [B, max_decode_len] generated tokens (the stop id that
+      ended the row included), 0 after each row's end.
     stats: the per-row `DecodeStats` (numpy): lengths, target and draft
       calls, accepted tokens, alpha and its parts, proposal lengths, calls
       and alpha per level, traces.
@@ -92,7 +93,8 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
              seed: Any = 0,
              mesh: jax.sharding.Mesh | None = None,
              on_nonfinite: str = "error",
-             compiler_options: Any = None) -> DecodeResult:
+             compiler_options: Any = None,
+             stop_ids: Any = DEFAULT_STOP_IDS) -> DecodeResult:
   """Plain autoregressive decoding: one target call per token.
 
   Args:
@@ -108,11 +110,15 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
       the stats), or is not checked ("ignore").
     compiler_options: XLA options of the compiled loop, e.g.
       `CPU_EIGEN_MATMULS` (None: XLA's defaults).
+    stop_ids: a row ends after the first of these ids it emits: EOS (1)
+      by default; (1, 107) also ends it at T5Gemma -it's <end_of_turn>.
+      Ints in [1, vocab_size); part of the compiled loop's key.
 
   Returns:
     A `DecodeResult`.
   """
   model = checks.check_model("model", model)
+  stop_ids = checks.check_stop_ids(stop_ids, model.vocab_size)
   options = checks.compiler_options_key(compiler_options)
   on_nonfinite = checks.check_on_nonfinite(on_nonfinite)
   max_decode_len = checks.check_positive_int("max_decode_len", max_decode_len,
@@ -124,7 +130,7 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
                 f"max_decode_len={max_decode_len}")
   check = on_nonfinite != "ignore"
   fn = engine.build_generate(model.definition, max_decode_len, sampler, check,
-                             options)
+                             options, stop_ids)
   result = _run(fn, [model.params], [ids, seeds, rows], mesh)
   checks.check_nonfinite(result.stats, on_nonfinite, [("target_nonfinite", "target")])
   return result
@@ -139,7 +145,8 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
                          record_trace: bool = False,
                          mesh: jax.sharding.Mesh | None = None,
                          on_nonfinite: str = "error",
-                         compiler_options: Any = None) -> DecodeResult:
+                         compiler_options: Any = None,
+                         stop_ids: Any = DEFAULT_STOP_IDS) -> DecodeResult:
   """Speculative decoding (Algorithm 1): exact samples from the target.
 
   Args:
@@ -171,6 +178,10 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
       checked ("ignore").
     compiler_options: XLA options of the compiled loop, e.g.
       `CPU_EIGEN_MATMULS` (None: XLA's defaults).
+    stop_ids: a row ends after the first of these ids it emits (EOS, 1, by
+      default; see `generate`). The loop and its drafters (a cascade's
+      inner loop, a stop rule's proposals) all stop there, so greedy output
+      equals `generate(..., stop_ids=...)`'s.
 
   Returns:
     A `DecodeResult`.
@@ -179,7 +190,8 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
       target, draft, gamma=gamma, max_decode_len=max_decode_len,
       sampling=sampling_lib.SamplingConfig(temperature, top_k, top_p),
       lenience=lenience, draft_stop=draft_stop, mesh=mesh,
-      on_nonfinite=on_nonfinite, compiler_options=compiler_options)
+      on_nonfinite=on_nonfinite, compiler_options=compiler_options,
+      stop_ids=stop_ids)
   return decoder(input_ids, seed=seed, record_trace=record_trace)
 
 
@@ -213,6 +225,7 @@ class SpeculativeDecoder:
     mesh: run sharded on this mesh.
     on_nonfinite: "error", "warn" or "ignore" (see `speculative_generate`).
     compiler_options: XLA options of the compiled loop.
+    stop_ids: the ids that end a row (EOS by default; `generate`).
   """
 
   target: Model
@@ -225,10 +238,13 @@ class SpeculativeDecoder:
   mesh: jax.sharding.Mesh | None = None
   on_nonfinite: str = "error"
   compiler_options: Any = None
+  stop_ids: Any = DEFAULT_STOP_IDS
 
   def __post_init__(self):
     put = functools.partial(object.__setattr__, self)
     put("target", checks.check_model("target", self.target))
+    put("stop_ids", checks.check_stop_ids(self.stop_ids,
+                                          self.target.vocab_size))
     put("draft", checks.check_model("draft", self.draft, cascade_ok=True))
     checks.compiler_options_key(self.compiler_options)
     stopping.check_rule(self.draft_stop)
@@ -267,19 +283,22 @@ class SpeculativeDecoder:
             f"top_p={s.top_p}), lenience={self.lenience}, "
             f"draft_stop={self.draft_stop!r}, mesh={mesh}, "
             f"on_nonfinite={self.on_nonfinite!r}, "
-            f"compiler_options={self.compiler_options!r})")
+            f"compiler_options={self.compiler_options!r}, "
+            f"stop_ids={self.stop_ids!r})")
 
   def replace(self, **changes: Any) -> "SpeculativeDecoder":
     """The same decoder with some settings changed (checked again)."""
     return dataclasses.replace(self, **changes)
 
   def decode_kwargs(self) -> dict[str, Any]:
-    """The settings `generate` shares (length, sampling, mesh, options)."""
+    """The settings `generate` shares (length, sampling, mesh, options,
+    stop ids)."""
     return dict(max_decode_len=self.max_decode_len,
                 temperature=self.sampling.temperature,
                 top_k=self.sampling.top_k, top_p=self.sampling.top_p,
                 mesh=self.mesh, on_nonfinite=self.on_nonfinite,
-                compiler_options=self.compiler_options)
+                compiler_options=self.compiler_options,
+                stop_ids=self.stop_ids)
 
   def baseline(self, input_ids: Any, *, seed: Any = 0) -> DecodeResult:
     """The target alone (`generate`), with this decoder's settings."""
@@ -314,7 +333,8 @@ class SpeculativeDecoder:
         check_finite=self.on_nonfinite != "ignore",
         draft_stop=self.draft_stop,
         compiler_options=checks.compiler_options_key(self.compiler_options),
-        draft_replicated=_replicated(draft.params, mesh))
+        draft_replicated=_replicated(draft.params, mesh),
+        stop_ids=self.stop_ids)
     result = _run(fn, [target.params, draft.params], [ids, seeds, rows],
                   mesh)
     checks.check_nonfinite(result.stats, self.on_nonfinite,

@@ -86,6 +86,43 @@ def check_positive_int(name: str, value: Any, hint: str) -> int:
   return int(value)
 
 
+def check_stop_ids(stop_ids: Any, vocab_size: int | None) -> tuple[int, ...]:
+  """The ids a row stops at, as the loop's static key: sorted, each once.
+
+  Args:
+    stop_ids: a non-empty sequence of ints in [1, vocab_size).
+    vocab_size: the model's vocabulary size (None: not checked here).
+
+  Raises:
+    TypeError, ValueError: naming the problem and the fix.
+  """
+  example = f"e.g. stop_ids=({EOS_ID},) (EOS, the default) or ({EOS_ID}, 107)"
+  if isinstance(stop_ids, (str, bytes)) or not isinstance(
+      stop_ids, (tuple, list, np.ndarray)):
+    raise TypeError(f"stop_ids must be a tuple of token ids, {example}; got "
+                    f"{stop_ids!r} ({type(stop_ids).__name__}).")
+  ids = list(stop_ids)
+  if not ids:
+    raise ValueError(f"stop_ids is empty: a row would never end before "
+                     f"max_decode_len. Name at least one id, {example}.")
+  bad = [t for t in ids if isinstance(t, (bool, np.bool_))
+         or not isinstance(t, numbers.Integral)]
+  if bad:
+    raise TypeError(f"stop_ids must be ints, got {bad[0]!r} "
+                    f"({type(bad[0]).__name__}) in {stop_ids!r}; {example}.")
+  ids = sorted({int(t) for t in ids})
+  high = ("" if vocab_size is None
+          else f" and below the vocabulary size {vocab_size}")
+  out = [t for t in ids
+         if t < 1 or (vocab_size is not None and t >= vocab_size)]
+  if out:
+    raise ValueError(
+        f"stop_ids {out} are outside the ids a row can stop at: each must "
+        f"be >= 1 (0 is the pad id that fills a row after its end){high}. "
+        f"Use the ids of the end tokens, {example}.")
+  return tuple(ids)
+
+
 def check_width(value: int, what: str) -> None:
   """Decoding sizes index int32 buffers on device: refuse, before tracing,
   any beyond int32 (JAX would raise an OverflowError deep inside)."""

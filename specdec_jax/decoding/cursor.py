@@ -19,6 +19,8 @@ import numpy as np
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.decoding.protocol import TreeMask
 from specdec_jax.decoding.tree_shape import TreeShape
+from specdec_jax.tokens import DEFAULT_STOP_IDS
+from specdec_jax.tokens import is_stop
 
 
 @flax.struct.dataclass
@@ -29,12 +31,26 @@ class Stream:
     tokens: int32 [B, W] generated tokens; entries at or past `length` are
       scratch (overwritten later, zeroed in the result).
     length: int32 [B] number of tokens generated so far.
-    done: bool [B] the row emitted EOS or reached its most tokens.
+    done: bool [B] the row emitted a stop id or reached its most tokens.
+    stop_ids: the ids that end a row (static, part of the pytree's
+      structure: the loop's `stop_ids`, EOS alone by default).
   """
 
   tokens: jax.Array
   length: jax.Array
   done: jax.Array
+  stop_ids: tuple[int, ...] = flax.struct.field(pytree_node=False,
+                                                default=DEFAULT_STOP_IDS)
+
+  def first_stop(self, tokens: jax.Array, count: jax.Array) -> jax.Array:
+    """int32 [B]: the index of the first stop id among the first `count`
+    [B] of `tokens` [B, K] (K where there is none): a row appending them
+    emits min(count, first_stop + 1) and ends if the stop id is among
+    those."""
+    k = tokens.shape[1]
+    idx = jnp.arange(k)[None, :]
+    hit = is_stop(tokens, self.stop_ids) & (idx < count[:, None])
+    return jnp.min(jnp.where(hit, idx, k), axis=1).astype(jnp.int32)
 
 
 @flax.struct.dataclass

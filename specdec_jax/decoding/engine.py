@@ -10,7 +10,8 @@ frozen `LoopConfig`.
 
 Both loops run entirely on device: no host round trip per token or per step.
 Each row of the batch moves at its own pace (ragged acceptance), keeps its own
-position into the model caches and stops at its own EOS.
+position into the model caches and stops at its own first stop id (EOS
+by default; `LoopConfig.stop_ids`).
 
 A row's decoder sequence is its model's `start_token` (relative index 0)
 followed by the generated tokens (relative indices 1, 2, ...); the model-level
@@ -50,7 +51,8 @@ from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.decoding.protocol import Proposal
 from specdec_jax.decoding.stats import Counters
 from specdec_jax.decoding.stats import DecodeStats
-from specdec_jax.tokens import EOS_ID
+from specdec_jax.tokens import DEFAULT_STOP_IDS
+from specdec_jax.tokens import is_stop
 
 
 @flax.struct.dataclass
@@ -105,22 +107,20 @@ def _advance(stream: Stream, new_tokens: jax.Array, num_new: jax.Array,
              max_decode_len: int) -> tuple[Stream, jax.Array]:
   """Appends the first `num_new` [B] of `new_tokens` [B, K] to active rows.
 
-  Truncates at the first EOS and at `max_decode_len`. Returns the new stream
-  and the number of tokens each row really emitted.
+  Truncates after the first stop id (`stream.stop_ids`) and at
+  `max_decode_len`. Returns the new stream and the number of tokens each
+  row really emitted.
   """
-  k = new_tokens.shape[1]
-  idx = jnp.arange(k)[None, :]
-  is_eos = (new_tokens == EOS_ID) & (idx < num_new[:, None])
-  first_eos = jnp.min(jnp.where(is_eos, idx, k), axis=1)
-  emitted = jnp.minimum(num_new, first_eos + 1)
+  first_stop = stream.first_stop(new_tokens, num_new)
+  emitted = jnp.minimum(num_new, first_stop + 1)
   emitted = jnp.minimum(emitted, max_decode_len - stream.length)
   emitted = jnp.where(stream.done, 0, emitted)
   length = stream.length + emitted
-  done = stream.done | (first_eos < emitted) | (length >= max_decode_len)
+  done = stream.done | (first_stop < emitted) | (length >= max_decode_len)
   tokens = _write(stream.tokens, stream.length, new_tokens)
   # Rows already done keep their buffer as it was.
   tokens = jnp.where(stream.done[:, None], stream.tokens, tokens)
-  return Stream(tokens=tokens, length=length, done=done), emitted
+  return stream.replace(tokens=tokens, length=length, done=done), emitted
 
 
 def _finish(stream: Stream, max_decode_len: int) -> jax.Array:
@@ -130,10 +130,10 @@ def _finish(stream: Stream, max_decode_len: int) -> jax.Array:
   return jnp.where(keep, tokens, 0)
 
 
-def _new_stream(batch: int, width: int) -> Stream:
+def _new_stream(batch: int, width: int, stop_ids: tuple) -> Stream:
   return Stream(tokens=jnp.zeros((batch, width), jnp.int32),
                 length=jnp.zeros((batch,), jnp.int32),
-                done=jnp.zeros((batch,), jnp.bool_))
+                done=jnp.zeros((batch,), jnp.bool_), stop_ids=stop_ids)
 
 
 # ----------------------------------------------------------------------------
@@ -168,23 +168,27 @@ class CompiledLoop:
 def build_generate(model: ModelDef, max_decode_len: int,
                    sampler: sampling.SamplingConfig,
                    check_finite: bool = True,
-                   compiler_options: tuple = ()) -> CompiledLoop:
+                   compiler_options: tuple = (),
+                   stop_ids: tuple = DEFAULT_STOP_IDS) -> CompiledLoop:
   """The jitted baseline: (params, input_ids, seeds, rows) -> (tokens, stats).
 
   With `check_finite`, stats has `target_nonfinite` (bool [B]).
   `compiler_options`: XLA options of the program, ((name, value), ...).
+  `stop_ids`: a row ends after the first of these ids it emits (static;
+  `checks.check_stop_ids` validates them).
   Compiled once per `sampler.static()`: the temperature and top_p are
   traced inputs (top_k stays static: it is a shape of `lax.top_k`).
   """
   return CompiledLoop(
       _build_generate(model, max_decode_len, sampler.static(),
-                      bool(check_finite), tuple(compiler_options)),
+                      bool(check_finite), tuple(compiler_options),
+                      tuple(stop_ids)),
       sampler.values())
 
 
 @functools.lru_cache(maxsize=64)
 def _build_generate(model, max_decode_len, static_sampler, check_finite,
-                    compiler_options):
+                    compiler_options, stop_ids):
 
   def run(params, input_ids, seeds, rows, values):
     sampler = static_sampler.traced(values)
@@ -192,7 +196,7 @@ def _build_generate(model, max_decode_len, static_sampler, check_finite,
     keys = row_keys(seeds, rows)
     state = AutoregressiveState(
         step=jnp.int32(0),
-        stream=_new_stream(batch, max_decode_len + 1),
+        stream=_new_stream(batch, max_decode_len + 1, stop_ids),
         model=_cursor(model, params, input_ids, max_decode_len + 1,
                       check_finite),
         target_calls=jnp.zeros((batch,), jnp.int32))
@@ -261,6 +265,9 @@ class LoopConfig:
     draft_replicated: the draft's parameters are whole on every device, so
       its activations and caches are traced under
       `sharding.replicated_rules` (no collective per draft step).
+    stop_ids: a row ends after the first of these ids it emits (the
+      stream's `stop_ids`; drafters read them there); a stop rule's
+      proposal also ends after one.
   """
 
   target: Any
@@ -273,6 +280,7 @@ class LoopConfig:
   check_finite: bool = True
   compiler_options: tuple = ()
   draft_replicated: bool = False
+  stop_ids: tuple = DEFAULT_STOP_IDS
 
   def drafter(self, sampler: Any = None,
               rule: Any = None) -> Drafter:
@@ -323,7 +331,8 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
                       check_finite: bool = True,
                       draft_stop: Any = None,
                       compiler_options: tuple = (),
-                      draft_replicated: bool = False) -> CompiledLoop:
+                      draft_replicated: bool = False,
+                      stop_ids: tuple = DEFAULT_STOP_IDS) -> CompiledLoop:
   """The jitted speculative loop, cached by its `LoopConfig`.
 
   Returns `run(target_params, draft_params, input_ids, seeds, rows) ->
@@ -345,7 +354,7 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
       stop=None if draft_stop is None else draft_stop.static(),
       record_trace=bool(record_trace), check_finite=bool(check_finite),
       compiler_options=tuple(compiler_options),
-      draft_replicated=bool(draft_replicated))
+      draft_replicated=bool(draft_replicated), stop_ids=tuple(stop_ids))
   return CompiledLoop(_build_speculative(config), values)
 
 
@@ -381,7 +390,8 @@ def init_state(loop: Loop, target_params, draft_params,
   c, batch = loop.config, input_ids.shape[0]
   shape = loop.drafter.shape
   return SpeculativeState(
-      step=jnp.int32(0), stream=_new_stream(batch, loop.width),
+      step=jnp.int32(0),
+      stream=_new_stream(batch, loop.width, c.stop_ids),
       target=_cursor(c.target, target_params, input_ids, loop.width,
                      c.check_finite),
       draft=_in(c.draft_rules(), loop.drafter.init, draft_params, input_ids,
@@ -421,7 +431,9 @@ def propose(loop: Loop, draft_params, s: SpeculativeState, keys):
   if loop.stop is None:
     keep, limit = None, jnp.full(n.shape, c.gamma, jnp.int32)
   else:
-    keep = lambda t, conf: loop.stop.keep_going(t, conf, s.stop_state)
+    # Whatever the rule says, a proposal ends after a stop id.
+    keep = lambda t, conf: (loop.stop.keep_going(t, conf, s.stop_state)
+                            & ~is_stop(t, c.stop_ids))
     limit = jnp.clip(c.max_decode_len - n - 1, 1, c.gamma)
     limit = jnp.where(s.stream.done, 1, limit)
   return _in(c.draft_rules(), loop.drafter.propose, draft_params, s.draft,
@@ -488,7 +500,7 @@ def count(loop: Loop, s: SpeculativeState, prop: Proposal,
   counted = (verify.counted_positions(emitted, prop.length, gamma)
              & verdict.tested)
   accepted, act = verdict.accepted, active.astype(jnp.int32)
-  # Draft tokens that reached the output (none after an accepted EOS).
+  # Draft tokens that reached the output (none after an accepted stop id).
   used = jnp.minimum(accepted, emitted)
   lv = drafters.verified_level(active, verdict.beta, counted, levels)
   hist = lambda x: act[:, None] * jax.nn.one_hot(x, gamma + 1,

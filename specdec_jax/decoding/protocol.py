@@ -326,8 +326,9 @@ class Drafter(Protocol):
     Args:
       params: its parameters.
       state: its state (caches valid below stream.length - refeed).
-      stream: the `cursor.Stream`: committed tokens [B, T'], lengths [B]
-        and done flags [B].
+      stream: the `cursor.Stream`: committed tokens [B, T'], lengths [B],
+        done flags [B] and the loop's static `stop_ids` (a row ends after
+        the first it emits).
       keys: [B, G] PRNG keys, one per depth.
       keep: None proposes exactly G tokens (the paper's fixed gamma); else
         a stop rule's causal keep_going(tokens [B, G], conf [B, G]) -> bool

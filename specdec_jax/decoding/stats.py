@@ -25,7 +25,8 @@ class DecodeStats:
   """Per-row counters of one decode (numpy on the host, jax in the loop).
 
   Attributes:
-    length: int32 [B] tokens generated (EOS included).
+    length: int32 [B] tokens generated (the stop id that ended the row
+      included).
     target_calls: int32 [B] target runs: one per token for `generate`, one
       per iteration (scoring gamma + 1 positions) for speculative decoding.
     draft_calls: int32 [B] draft steps (gamma per iteration).

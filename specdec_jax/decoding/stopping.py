@@ -14,6 +14,9 @@ methods the engine calls:
                                      partly filled buffers).
   update(state, conf, accept_prob, verified) -> state   after verification.
 
+Whatever a rule says, the engine ends a proposal after a stop id (EOS, or
+the loop's `stop_ids`): the tokens after one would never be emitted.
+
 `conf` [B, G] is the draft's probability of each token it proposed: q(x) when
 sampling, the largest softmax probability of the draft's logits when greedy
 (where q itself is one-hot). `accept_prob` [B, G] is the probability with
@@ -55,7 +58,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.tokens import EOS_ID
 
 
 def proposal_length(keep: jax.Array, limit: jax.Array) -> jax.Array:
@@ -70,11 +72,13 @@ def proposal_length(keep: jax.Array, limit: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class ConfidenceStop:
-  """Stop after a draft token whose draft probability is below `threshold`,
-  and always after EOS (Hugging Face's "dynamic lookahead" rule).
+  """Stop after a draft token whose draft probability is below `threshold`
+  (Hugging Face's "dynamic lookahead" rule; the engine also ends every
+  proposal after a stop id, as it does for any rule).
 
   Attributes:
-    threshold: in [0, 1]; 0 never stops early (but still stops at EOS).
+    threshold: in [0, 1]; 0 never stops early (but still stops after a stop
+      id).
   """
 
   threshold: float = 0.4
@@ -105,9 +109,8 @@ class ConfidenceStop:
     return {}
 
   def keep_going(self, tokens, conf, state):
-    del state
-    threshold = jnp.asarray(self.threshold, jnp.float32)
-    return (conf >= threshold) & (tokens != EOS_ID)
+    del tokens, state
+    return conf >= jnp.asarray(self.threshold, jnp.float32)
 
   def update(self, state, conf, accept_prob, verified):
     del conf, accept_prob, verified
@@ -253,7 +256,7 @@ class ExpectedGainStop:
     next_accept = (jnp.sum(state["accept_sum"], 1, keepdims=True)
                    / jnp.sum(state["count"], 1, keepdims=True))
     gain = reach * next_accept
-    return (gain > expected / time * (c + g)) & (tokens != EOS_ID)
+    return gain > expected / time * (c + g)
 
   def update(self, state, conf, accept_prob, verified):
     onehot = jax.nn.one_hot(self._bin(conf), self._num_bins(),

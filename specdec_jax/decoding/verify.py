@@ -38,7 +38,6 @@ from specdec_jax.decoding import acceptance
 from specdec_jax.decoding.protocol import chain_proposal
 from specdec_jax.decoding.protocol import Proposal
 from specdec_jax.decoding.tree_shape import TreeShape
-from specdec_jax.tokens import EOS_ID
 
 
 @flax.struct.dataclass
@@ -52,9 +51,9 @@ class Verdict:
       first rejection, the bonus token after a leaf).
     tokens: int32 [B, D + 1], the accepted tokens then `next` (entries past
       accepted + 1 are meaningless).
-    count: int32 [B] tokens of `tokens` the row emits: accepted + 1, cut
-      after the first EOS among them (the caller cuts further at its
-      length limit).
+    count: int32 [B] tokens of `tokens` the walk emits: accepted + 1 (the
+      caller cuts after the first stop id among them,
+      `cursor.Stream.first_stop`, and at its length limit).
     beta: float32 [B, D], sum_x min(p, q) at each node walked (a one-hot
       match of the first child under `Greedy`).
     accept_prob: float32 [B, D], min(1, p(x) / q(x)) of the first child of
@@ -244,9 +243,7 @@ def _verdict(path_tokens, accepted, nxt, beta, accept_prob, p, path, rank,
   positions = jnp.arange(depth + 1)[None, :]
   new = jnp.concatenate([path_tokens, jnp.zeros_like(path_tokens[:, :1])], 1)
   new = jnp.where(positions == accepted[:, None], nxt[:, None], new)
-  is_eos = (new == EOS_ID) & (positions <= accepted[:, None])
-  first_eos = jnp.min(jnp.where(is_eos, positions, depth + 1), axis=1)
-  count = jnp.minimum(accepted + 1, first_eos + 1)
+  count = accepted + 1
   return Verdict(accepted=accepted.astype(jnp.int32),
                  next=nxt.astype(jnp.int32), tokens=new,
                  count=count.astype(jnp.int32), beta=beta,
@@ -324,7 +321,7 @@ def counted_positions(emitted: jax.Array, length: jax.Array,
   """bool [B, G]: the draft positions whose verification the counters
   (alpha, beta sums, per-level counters, a stop rule's statistics) take:
   proposed (below `length` [B]) and emitted (below `emitted` [B], the
-  tokens the row really appended, so nothing after an EOS or past the
+  tokens the row really appended, so nothing after a stop id or past the
   length limit; 0 for a row that was already done)."""
   limit = jnp.minimum(emitted, length)
   return jnp.arange(gamma)[None, :] < limit[:, None]

@@ -49,7 +49,6 @@ from specdec_jax.decoding.drafters import slice_rows
 from specdec_jax.decoding.drafters import verified_level
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.tree_shape import TreeShape
-from specdec_jax.tokens import EOS_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,9 +142,9 @@ class CascadeLoop:
     local: the committed tokens followed by what M emitted so far (a
       `Stream`; `length` counts both).
     produced: int32 [B] tokens emitted so far (in `tokens`).
-    stopped: bool [B] rows that propose no more (limit, stop rule, EOS,
-      or done before this proposal).
-    eos: bool [B] M emitted an EOS.
+    stopped: bool [B] rows that propose no more (limit, stop rule, a stop
+      id, or done before this proposal).
+    eos: bool [B] M emitted a stop id (`Stream.stop_ids`: EOS by default).
     state: the `CascadeState` (M's cursor, the inner drafter's state).
     tokens, conf: int32 / float32 [B, G + g + 1], the emitted tokens and
       their confidence (room for one overshooting inner iteration).
@@ -207,7 +206,8 @@ class CascadeDrafter:
   def propose(self, params, state: CascadeState, stream: Stream, keys,
               keep: KeepFn | None, limit: jax.Array):
     """Same contract as `ModelDrafter.propose`; runs inner speculative
-    iterations until every row has G tokens (or its stop rule or EOS fired).
+    iterations until every row has G tokens (or its stop rule fired or M
+    emitted a stop id of `stream.stop_ids`).
     """
     gamma = self.gamma
     batch = stream.length.shape[0]
@@ -250,7 +250,7 @@ class CascadeDrafter:
                           jnp.zeros((batch, self.depth - 1), jnp.int32)))
 
   def _stopped(self, c: CascadeLoop, keep: KeepFn | None, limit):
-    """bool [B]: rows that propose no more (limit, EOS, stop rule)."""
+    """bool [B]: rows that propose no more (limit, stop id, stop rule)."""
     done = (c.produced >= limit) | c.eos
     if keep is not None:
       said_stop = ~keep(c.tokens[:, :self.gamma], c.conf[:, :self.gamma])
@@ -284,7 +284,9 @@ class CascadeDrafter:
                                   it_keys[:, g])
     new = verdict.tokens
     active = ~c.stopped
-    count = jnp.where(active, verdict.count, 0)         # EOS ends it
+    # A stop id ends the row's proposal after it.
+    first_stop = c.local.first_stop(new, verdict.count)
+    count = jnp.where(active, jnp.minimum(verdict.count, first_stop + 1), 0)
     conf = self._confidence(logits, verdict, need_conf)
     # Active rows have produced < G, so g + 1 values fit at `produced`;
     # rows that stopped write nothing (their old values, at 0).
@@ -295,7 +297,6 @@ class CascadeDrafter:
       mask = active.reshape((batch,) + (1,) * (vals.ndim - 1))
       return write_rows(buf, at, jnp.where(mask, vals, old))
 
-    valid = jnp.arange(g + 1)[None, :] < count[:, None]
     # A stopped row writes nothing: its length may have overshot G by
     # g + 1, and another g + 1 tokens written there could pass the
     # buffer's end, where the write would be clamped back over the
@@ -307,7 +308,7 @@ class CascadeDrafter:
         it=c.it + 1,
         local=c.local.replace(tokens=local_tokens, length=n + count),
         produced=c.produced + count,
-        eos=c.eos | jnp.any(valid & (new == EOS_ID), axis=1),
+        eos=c.eos | (first_stop < count),
         state=CascadeState(middle=middle, inner=inner_state),
         tokens=put(c.tokens, new), conf=put(c.conf, conf),
         probs=None if c.probs is None else put(c.probs, verdict.probs),

@@ -298,7 +298,8 @@ def _decode_missing_examples(arms: _Arms, timings: dict
            else functools.partial(decode_spec, arm, ids, g)
            for arm, g in runs], first.repeats,
           between=lambda: [t.tick() for t in timers])
-      by_run = {run: records.DecodeRecord.of(out, seconds, arms.vocab)
+      by_run = {run: records.DecodeRecord.of(out, seconds, arms.vocab,
+                                             first.stop_ids)
                 for run, (out, seconds) in zip(runs, timed)}
       baseline = by_run[(None, None)]
       for arm in needed:

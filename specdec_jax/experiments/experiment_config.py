@@ -14,10 +14,12 @@ from typing import Any, Sequence
 from specdec_jax import errors
 from specdec_jax import sampling
 from specdec_jax.decoding import api
+from specdec_jax.decoding import checks
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding.tree_shape import TreeShape
 from specdec_jax.decoding.stopping import StopRule
 from specdec_jax.infra import chips
+from specdec_jax.tokens import DEFAULT_STOP_IDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,10 @@ class ExperimentConfig:
       time the target on 2..max_gamma + 1 tokens and maximise
       `theory.walltime_improvement_measured`.
     max_decode_len: the most tokens generated per example.
+    stop_ids: a row ends after the first of these ids it emits, and its
+      recorded text is cut before it: (1,), EOS, by default; (1, 107) for
+      T5Gemma's instruction-tuned checkpoints, whose turns end with
+      <end_of_turn> (configs/experiments/t5gemma/checkpoints.gin).
     max_input_len: inputs are cut to this many tokens (None: the target's
       limit, else 512).
     buckets: input widths examples are padded to (None: powers of two).
@@ -114,6 +120,7 @@ class ExperimentConfig:
   probe_examples: int = 5
   optimal_gamma_verify_cost: bool = False
   max_decode_len: int = 128
+  stop_ids: Sequence[int] = DEFAULT_STOP_IDS
   compiler_options: dict | None = None
   max_input_len: int | None = None
   buckets: Sequence[int] | None = None
@@ -139,10 +146,11 @@ class ExperimentConfig:
 
   def decode_kwargs(self) -> dict[str, Any]:
     """The decoding keywords every call of the run shares (sampling, length,
-    compiler options)."""
+    compiler options, stop ids)."""
     return dict(max_decode_len=self.max_decode_len,
                 temperature=self.temperature, top_k=self.top_k,
-                top_p=self.top_p, compiler_options=self.compiler_options)
+                top_p=self.top_p, compiler_options=self.compiler_options,
+                stop_ids=self.stop_ids)
 
   def decoder(self, target: Any, draft: Any, gamma: int,
               mesh: Any = None) -> api.SpeculativeDecoder:
@@ -152,7 +160,7 @@ class ExperimentConfig:
         sampling=sampling.SamplingConfig(self.temperature, self.top_k,
                                          self.top_p),
         draft_stop=self.draft_stop, mesh=mesh,
-        compiler_options=self.compiler_options)
+        compiler_options=self.compiler_options, stop_ids=self.stop_ids)
 
   def tree_shape(self) -> TreeShape | None:
     """The draft's token-tree shape (None: a chain); raises ValueError for
@@ -203,6 +211,10 @@ def config_problems(config: ExperimentConfig) -> list[str]:
     problems.append(str(e))
   if config.max_decode_len < 1:
     problems.append(f"max_decode_len={config.max_decode_len} must be >= 1")
+  try:  # the vocabulary's bound is checked when the models have loaded
+    checks.check_stop_ids(config.stop_ids, None)
+  except (TypeError, ValueError) as e:
+    problems.append(str(e))
   try:
     sampling.SamplingConfig(config.temperature, config.top_k, config.top_p)
   except (TypeError, ValueError) as e:

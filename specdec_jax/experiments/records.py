@@ -16,11 +16,12 @@ the dataclasses' fields, with `speculative` keyed by gamma as a string:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from specdec_jax.data import vocabularies
+from specdec_jax.tokens import DEFAULT_STOP_IDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,10 +29,11 @@ class DecodeRecord:
   """One decode of one example (batch size 1).
 
   Attributes:
-    tokens: the generated ids, EOS included, nothing after it.
+    tokens: the generated ids, the stop id that ended the row (EOS, or
+      one of the run's `stop_ids`) included, nothing after it.
     time_s: seconds of the decode (the fastest of the repeats,
       `best_of.best_runs`).
-    text: the detokenized output.
+    text: the detokenized output, cut before its first stop id.
     target_calls: target runs.
     draft_calls: draft steps (speculative decoding only; None otherwise).
     accepted_histogram: [gamma + 1] iterations that accepted 0..gamma draft
@@ -61,12 +63,14 @@ class DecodeRecord:
   rank_histogram: list[list[int]] | None = None
 
   @classmethod
-  def of(cls, result, seconds: float, vocab) -> "DecodeRecord":
-    """The record of row 0 of a `DecodeResult`."""
+  def of(cls, result, seconds: float, vocab,
+         stop_ids: Sequence[int] = DEFAULT_STOP_IDS) -> "DecodeRecord":
+    """The record of row 0 of a `DecodeResult` decoded with `stop_ids`."""
     st = result.stats
     tokens = result.tokens[0, :int(st.length[0])].tolist()
     out = dict(tokens=tokens, time_s=float(seconds),
-               text=vocabularies.detokenize(vocab, result.tokens[0]),
+               text=vocabularies.detokenize(vocab, result.tokens[0],
+                                            stop_ids),
                target_calls=int(st.target_calls[0]))
     if st.draft_calls is not None:
       out.update(

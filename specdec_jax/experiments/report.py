@@ -62,7 +62,7 @@ def _row(config, records: Sequence[ExampleRecord], gamma: int, costs: dict,
           theory.expected_tokens(alpha, gamma)
           / (gamma * c + costs.get("verify_cost", 1.0))),
       # The same two predictions for outputs as long as these ones: the
-      # run that reaches EOS emits only what is left (see
+      # run that reaches its stop id emits only what is left (see
       # `theory.expected_iterations`), which Theorem 3.8 leaves out.
       "predicted_at_lengths": float(theory.walltime_improvement_at_lengths(
           alpha, gamma, c, lengths)),
@@ -76,9 +76,9 @@ def _row(config, records: Sequence[ExampleRecord], gamma: int, costs: dict,
       "predicted_with_prefill": _with_prefill(alpha, gamma, c, lengths, costs),
       "tokens_per_call": tokens / max(calls, 1),
       "expected_tokens_per_call": float(theory.expected_tokens(alpha, gamma)),
-      # Accepted draft tokens + 1 per call, before outputs are cut at EOS:
-      # what Theorem 3.1 predicts; tokens_per_call is lower by what the
-      # last call of each output accepted past its end.
+      # Accepted draft tokens + 1 per call, before outputs are cut at their
+      # stop id: what Theorem 3.1 predicts; tokens_per_call is lower by what
+      # the last call of each output accepted past its end.
       "accepted_plus_one_per_call": float(
           np.dot(histogram, np.arange(1, len(histogram) + 1))
           / max(histogram.sum(), 1)),
