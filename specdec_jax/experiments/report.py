@@ -217,7 +217,8 @@ def write_outputs(workdir: str, config, summary: dict, records) -> None:
                           f"{config.draft} drafting for {config.target}")
 
 
-def _pyplot():
+def pyplot():
+  """matplotlib.pyplot on the Agg backend (no display needed)."""
   # matplotlib: its Agg backend must be chosen before pyplot loads.
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
@@ -234,7 +235,7 @@ def save_figure(fig, path: str, dpi: int) -> None:
 
 def plot_speedup_vs_gamma(path: str, rows: list[dict], title: str = "") -> None:
   """Measured speedups over Theorem 3.8's curve from the pooled alpha and c."""
-  plt = _pyplot()
+  plt = pyplot()
   gammas = np.array([r["gamma"] for r in rows])
   alpha = float(np.mean([r["alpha"] for r in rows]))
   c = float(np.mean([r["c"] for r in rows]))
@@ -266,7 +267,7 @@ def plot_speedup_vs_gamma(path: str, rows: list[dict], title: str = "") -> None:
 
 def plot_acceptance(path: str, row: dict) -> None:
   """Accepted draft tokens per iteration: measured vs i.i.d. theory."""
-  plt = _pyplot()
+  plt = pyplot()
   hist = np.asarray(row["accepted_histogram"], np.float64)
   gamma, alpha = len(hist) - 1, row["alpha"]
   k = np.arange(gamma + 1)
@@ -357,7 +358,7 @@ def _write_trace_html(path, traces, vocab, gamma) -> None:
 
 
 def _write_trace_png(path, traces, vocab) -> None:
-  plt = _pyplot()
+  plt = pyplot()
   lines = [(text, steps) for text, steps in traces]
   height = sum(len(s) + 2 for _, s in lines) * 0.22 + 0.5
   fig = plt.figure(figsize=(10, height))

@@ -21,6 +21,7 @@ import numpy as np
 
 from specdec_jax import theory
 from specdec_jax.experiments import fit
+from specdec_jax.experiments import report
 from specdec_jax.infra import chips
 from specdec_jax.planning import plan
 from specdec_jax.experiments.experiment import ConfigError
@@ -181,9 +182,7 @@ def plot_alpha_sweep(path: str, rows: Sequence[dict],
   temperature, which change neither c nor v), over the band of alphas the
   paper's T5-XXL pairs had (Table 3: 0.62 at T 1 with T5-small to 0.82 at
   T 0 with T5-large)."""
-  # Imported here: matplotlib only where a figure is drawn.
-  from specdec_jax.experiments import report  # pylint: disable=g-import-not-at-top
-  plt = report._pyplot()  # pylint: disable=protected-access
+  plt = report.pyplot()
   setups = list(dict.fromkeys(r["setup"] for r in rows))
   fig, axes = plt.subplots(1, len(setups), figsize=(4.2 * len(setups), 3.6),
                            sharey=True, squeeze=False)
