@@ -434,10 +434,11 @@ def test_a_refused_run_leaves_no_trace_and_ctrl_c_stops_in_one_line(
   (status -2): now one line (the examples kept, the command that resumes)
   and status 130, and the same command resumes, each example once."""
   _, models, task_config = setup
-  # Timed repeats slow each example down (not its compile), so the Ctrl-C
+  # Timed repeats slow each example down (not its compile; 1500: about a
+  # second each, 300 were outrun on 2 loaded cores), so the Ctrl-C
   # lands while examples remain.
   gin_file = _experiment_gin(tmp_path, models,
-                             "  gamma = 2\n  repeats = 300\n")
+                             "  gamma = 2\n  repeats = 1500\n")
   workdir = tmp_path / "wd"
   args = [f"--gin_file={gin_file}", f"--workdir={workdir}",
           f"--gin.TaskConfig.vocab_path='{task_config['vocab_path']}'",
