@@ -16,7 +16,10 @@ processes reads only its half of the examples, and their shares add up to
 the one-device batches; the log's first lines name the mesh and the bytes
 per device of the teacher's parameters (a quarter and the whole heads) and
 of the student's state; only process 0 writes the metrics, the
-TensorBoard events and the model; both processes SIGKILLed after a
+TensorBoard events and the model; with a gs:// workdir (the emulator)
+the two processes commit their shards of each checkpoint straight into the
+bucket and the same command again resumes from it, with the one-device
+losses; both processes SIGKILLed after a
 checkpoint (on the (2, 4) mesh, batch rows split over the processes) and
 started again resume from it and log the uninterrupted run's losses; the
 mesh's workdir resumes on one device from its last step; on-policy
@@ -42,6 +45,7 @@ from specdec_jax import checkpoints
 from specdec_jax.data import readers
 from specdec_jax.data import tasks
 from specdec_jax.infra import locks
+from specdec_jax.infra import paths
 from specdec_jax.launch import gin_flags
 from specdec_jax.memory import footprint
 from specdec_jax.models import registry
@@ -50,9 +54,11 @@ from specdec_jax.training import distill
 from specdec_jax.training import train
 from tests import helpers
 from tests import toy_training as toy
+from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 from tests.toy_training import corpus  # noqa: F401  (fixture)
 
 STEPS = 6
+RESUMED_AT = 3  # the gs:// two-process run's first command stops there
 RTOL = 2e-3  # the issue's bound; the runs agree to ~1e-6
 DROPOUT = 0.1  # moves the first loss by ~0.6%, three times RTOL
 # 6 heads: 4 devices on `model` do not divide them, so the teacher's
@@ -164,26 +170,50 @@ def _finish(procs) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def two(runs, tmp_path_factory):
-  """(workdir, logs) of the two-process run, uninterrupted."""
+def two(runs, gcs_emulator, tmp_path_factory):  # noqa: F811
+  """(local copy of the workdir, logs of both commands) of the two-process
+  run into a gs:// workdir on the Cloud Storage emulator: 3 steps, then the
+  6-step command, which resumes from the first's final checkpoint."""
+  bucket = "gs://models/two"
+  _finish(_two_processes(runs[0], bucket, f"--gin.train.TrainConfig."
+                         f"num_steps={RESUMED_AT}"))
+  after_first = paths.list_files(bucket)
+  logs = _finish(_two_processes(runs[0], bucket))
   workdir = tmp_path_factory.mktemp("two") / "two"
-  return workdir, _finish(_two_processes(runs[0], workdir))
+  paths.copy_tree(bucket, str(workdir))
+  return workdir, logs, after_first
 
 
 def test_two_processes_log_the_losses_of_one_device(runs, two):
   """The same command on two processes (one CPU device each, no XLA_FLAGS
   of the test's 8) trains one model: each process reads only its half of
   the examples, the batches stay one device's, and process 0 alone writes
-  its rows."""
-  one, (workdir, logs) = runs[1], two
+  its rows.
+
+  The workdir is gs:// (the emulator, real processes): both processes
+  write their shards of each checkpoint into the bucket, committed once
+  (orbax's directories through `infra.bucket_fs`, no local mirror of
+  them), and the same command run again resumes from the bucket's
+  checkpoint: a first run of 3 steps (the rsqrt schedule does not depend on
+  the number of steps), then the 6-step command logs "resumed from step 3"
+  and steps 4-6 with the losses of the uninterrupted one-device run, so
+  metrics.jsonl reads as one run's."""
+  one, (workdir, logs, after_first) = runs[1], two
   assert "training on a mesh (1, 2) (data, model) of 2 cpu devices in 2 " in (
       logs[0])
   # Each read its half of the 256 examples (seqio's shards: even and odd).
   assert ("2 processes read the 256 examples of train, each its share: "
           "128, 128 examples") in logs[0]
+  # The first run committed step 3 in the bucket: every process's shards
+  # (ocdbt.process_0 and _1), one commit marker for the step.
+  assert f"checkpoints/{RESUMED_AT}/commit_success.txt" in after_first
+  assert {f"checkpoints/{RESUMED_AT}/state/ocdbt.process_{i}/manifest.ocdbt"
+          for i in (0, 1)} <= set(after_first)
+  assert f"resumed from step {RESUMED_AT}" in logs[0], logs[0][-3000:]
   assert [r["step"] for r in toy.rows(workdir)] == list(range(1, STEPS + 1))
   np.testing.assert_allclose(_losses(workdir), _losses(one), rtol=RTOL)
   assert os.listdir(workdir / "tensorboard")
+  assert _committed(workdir)[-1] == STEPS
   params = checkpoints.load_model(str(workdir / "model")).params
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
                                                        atol=1e-6),

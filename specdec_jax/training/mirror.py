@@ -18,9 +18,11 @@ a local directory and keeps the bucket a copy of it:
 What a kill loses is what a local run loses: the steps since the last
 checkpoint (their metrics rows are dropped on resume). The mirror is
 `$TMPDIR/specdec_jax_train/<digest of the workdir>`, emptied on entry: the
-bucket is the workdir, the mirror only its working copy. One process only:
-a multi-host run writes its sharded checkpoints from every process into one
-directory, which per-host mirrors are not (`train.train` refuses it).
+bucket is the workdir, the mirror only its working copy. A multi-host run
+writes its sharded checkpoints from every process into one directory, which
+per-host mirrors are not: there orbax writes `checkpoints/` and `model/`
+straight into the bucket (`infra.bucket_fs`), and process 0 mirrors the
+rest (`skip`).
 """
 
 from __future__ import annotations
@@ -44,10 +46,13 @@ class BucketMirror:
   Attributes:
     remote: the gs:// workdir.
     local: the local directory to train in.
+    skip: top-level names (directories) of the workdir the mirror leaves
+      alone: neither downloaded nor uploaded nor deleted.
   """
 
-  def __init__(self, remote: str):
+  def __init__(self, remote: str, skip: tuple[str, ...] = ()):
     self.remote = remote.rstrip("/")
+    self.skip = skip
     digest = hashlib.sha256(self.remote.encode()).hexdigest()[:16]
     self.local = os.path.join(tempfile.gettempdir(), "specdec_jax_train",
                               digest)
@@ -56,6 +61,8 @@ class BucketMirror:
   def _local_files(self) -> dict[str, tuple[int, int]]:
     found = {}
     for name in paths.list_files(self.local):
+      if name.split("/")[0] in self.skip:
+        continue
       stat = os.stat(os.path.join(self.local, name))
       found[name] = (stat.st_size, stat.st_mtime_ns)
     return found
@@ -64,7 +71,8 @@ class BucketMirror:
     """Replaces the mirror with the bucket's files; returns how many."""
     shutil.rmtree(self.local, ignore_errors=True)
     os.makedirs(self.local)
-    names = [n for n in paths.list_files(self.remote) if n != ".lock"]
+    names = [n for n in paths.list_files(self.remote)
+             if n != ".lock" and n.split("/")[0] not in self.skip]
     for name in names:
       paths.write_bytes(os.path.join(self.local, name),
                         paths.read_bytes(paths.join(self.remote, name)))

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from specdec_jax.infra import paths
 from specdec_jax.training import steps
 
 
@@ -109,12 +110,11 @@ def restore_latest_intact(make_manager: Callable[[], Any],
       skipped.append(f"step {step} (non-finite parameters)")
       continue
     if skipped:
-      aside = os.path.join(workdir, "damaged_checkpoints")
+      aside = paths.join(workdir, "damaged_checkpoints")
       if jax.process_index() == 0:  # the one writer of the workdir
-        os.makedirs(aside, exist_ok=True)
         for bad in saved[:len(skipped)]:
-          os.replace(os.path.join(directory, str(bad)),
-                     os.path.join(aside, f"{bad}.{int(time.time())}"))
+          _move(paths.join(directory, str(bad)),
+                paths.join(aside, f"{bad}.{int(time.time())}"))
       manager.close()
       manager = make_manager()  # forgets the steps moved aside
       logging.warning(
@@ -128,6 +128,21 @@ def restore_latest_intact(make_manager: Callable[[], Any],
         f"{'; '.join(skipped)}. Move that directory away to train from "
         "scratch, or restore it from a copy.")
   return None, manager
+
+
+def _move(source: str, target: str) -> None:
+  """Moves a directory, local (a rename) or gs:// (each object copied, then
+  deleted: a bucket has no rename; a multi-host run's checkpoints)."""
+  if not paths.is_remote(source):
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(source, target)
+    return
+  names = paths.list_files(source)
+  for name in names:
+    paths.write_bytes(paths.join(target, name),
+                      paths.read_bytes(paths.join(source, name)))
+  for name in names:
+    paths.remove(paths.join(source, name))
 
 
 def forget_metrics_after(path: str, step: int) -> None:

@@ -33,7 +33,9 @@ data position, saved sharded; a restarted run resumes from the latest, on
 this topology or another), `metrics.jsonl`,
 `train_config.json` and, at the end, `model/` in `specdec_jax.checkpoints`
 format: `load_model(workdir + "/model")`. A gs:// workdir holds the same,
-trained in a local mirror and uploaded (`mirror.py`).
+trained in a local mirror and uploaded (`mirror.py`); on several processes
+the checkpoints and the model go straight into the bucket from every
+process (`infra/bucket_fs.py`), the rest through process 0's mirror.
 
 Dimension letters: B batch rows, L input width, T target width, V vocabulary.
 """
@@ -46,6 +48,7 @@ import dataclasses
 import json
 import os
 import signal
+import tempfile
 import time
 from typing import Any, Callable, Mapping
 
@@ -56,6 +59,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from specdec_jax import checkpoints
+from specdec_jax.infra import bucket_fs
 from specdec_jax.infra import locks
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
@@ -232,7 +236,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
       for the run (`infra.locks`: a second run there stops, naming the
       holder); a gs:// workdir is trained in a local mirror under the
       bucket's lease lock, uploaded after each checkpoint and at the end
-      (`mirror.py`, one process only).
+      (`mirror.py`); on several processes its checkpoints go straight
+      into the bucket (`_train_into_bucket`).
 
   Returns:
     The last window's training metrics (loss, nll, kl, accuracy, lr, rates)
@@ -251,19 +256,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
           lambda: held.enter_context(locks.lock(config.workdir)))
       return _train(config)
   if jax.process_count() > 1:
-    # Not orbax straight into the bucket: orbax makes, lists and commits its
-    # directories through etils.epath, which (TensorFlow installed) uses
-    # tf.io.gfile's GCS client: no endpoint setting, so neither the tests'
-    # emulator nor our bounded waits. With gcsfs (not a dependency) and
-    # EPATH_USE_TF=false, a two-process orbax save and restore on the
-    # emulator works (commit_success.txt markers), but the rest of `_train`
-    # (metrics.jsonl, TensorBoard, the exported model) writes local files.
-    raise multihost.MultihostError(
-        f"workdir {config.workdir}: a multi-host run writes its sharded "
-        "checkpoints from every process into one directory, which a gs:// "
-        "workdir's local mirror (mirror.py) is not. Give every process the "
-        "same shared directory (a mounted bucket or NFS path) as --workdir, "
-        "or train on one host.")
+    return _train_into_bucket(config)
   with mirror.bucket_mirror(config.workdir) as copy:
     logging.info("training %s in its local mirror %s", config.workdir,
                  copy.local)
@@ -271,14 +264,51 @@ def train(config: TrainConfig) -> dict[str, Any]:
                   after_checkpoint=copy.upload, recorded=config)
 
 
+def _train_into_bucket(config: TrainConfig) -> dict[str, Any]:
+  """`train` on several processes with a gs:// workdir.
+
+  Every process writes its shards of each checkpoint (and of the exported
+  model) straight into the bucket, orbax committing each once all wrote:
+  orbax's directory calls go through our I/O layer (`bucket_fs`, for the
+  rest of this process). Process 0 holds the workdir's lease lock for the
+  run (every process stops if it cannot) and keeps the rest (metrics.jsonl,
+  TensorBoard, train_config.json) in a local mirror uploaded after each
+  checkpoint and at the end, as a one-process gs:// run does.
+  """
+  bucket_fs.use_for_epath()
+  stored = ("checkpoints", "model", "damaged_checkpoints")
+  copy = mirror.BucketMirror(config.workdir, skip=stored)
+  with contextlib.ExitStack() as held:
+
+    def take():
+      held.enter_context(locks.lock(config.workdir))
+      copy.download()
+      held.callback(copy.upload)
+
+    multihost.on_primary(take)
+    # The other processes write no file of their own to the workdir.
+    local = copy.local if multihost.is_primary() else held.enter_context(
+        tempfile.TemporaryDirectory(prefix="specdec_jax_train."))
+    logging.info("training %s: checkpoints into the bucket, the rest in %s",
+                 config.workdir, local)
+    return _train(dataclasses.replace(config, workdir=local),
+                  after_checkpoint=(copy.upload if multihost.is_primary()
+                                    else None),
+                  recorded=config, store=config.workdir)
+
+
 def _train(config: TrainConfig,
            after_checkpoint: Callable[[], None] | None = None,
-           recorded: TrainConfig | None = None) -> dict[str, Any]:
+           recorded: TrainConfig | None = None,
+           store: str | None = None) -> dict[str, Any]:
   """`train` in a local workdir; `after_checkpoint` runs once each
   periodic checkpoint is written; train_config.json records `recorded`
-  (default: `config`). On several processes every one runs this; process 0
-  alone writes the metrics, TensorBoard, train_config.json and the model,
-  and every process writes its shards of each checkpoint (orbax)."""
+  (default: `config`); `store` (default: the workdir) holds `checkpoints/`
+  and `model/`. On several processes every one runs this; process 0
+  alone writes the metrics, TensorBoard, train_config.json and the model's
+  manifest, and every process writes its shards of each checkpoint
+  (orbax)."""
+  store = store or config.workdir
   placement = Placement.create(config.mesh_shape, config.replicate_student)
   logging.info("%s", placement.describe())
   primary = multihost.is_primary()
@@ -304,7 +334,7 @@ def _train(config: TrainConfig,
 
   def make_manager():
     return ocp.CheckpointManager(
-        os.path.abspath(os.path.join(config.workdir, "checkpoints")),
+        paths.absolute(paths.join(store, "checkpoints")),
         options=ocp.CheckpointManagerOptions(
             max_to_keep=config.keep_checkpoints, create=True),
         item_names=("state", "meta"))
@@ -314,7 +344,7 @@ def _train(config: TrainConfig,
                "(rows, widths): %s", len(train_data.lengths), per_epoch, total,
                train_data.shapes())
   restored, manager = resume.restore_latest_intact(
-      make_manager, init, config.workdir,
+      make_manager, init, store,
       placement.state_shardings(definition, jax.eval_shape(init)))
   if restored is None:
     state = init(_initial_params(config, definition) if config.init_from
@@ -422,7 +452,7 @@ def _train(config: TrainConfig,
     # Every process: orbax writes each shard once, from the process that
     # holds it, and process 0 the manifest.
     checkpoints.save(Model(definition, state.params, vocab),
-                     os.path.join(config.workdir, "model"),
+                     paths.join(store, "model"),
                      config=model_config, vocab=vocab_path, overwrite=True)
   manager.close()
   writer.close()
