@@ -53,7 +53,7 @@ MODULE_SECONDS = {
     "test_exact_demo.py": 177, "test_multihost.py": 230,
     "test_adaptive.py": 103, "test_demo.py": 102, "test_decoding.py": 96,
     "test_experiment.py": 120, "test_train.py": 40, "test_tpu_compile.py": 63,
-    "test_train_resume.py": 45, "test_train_mesh.py": 140,
+    "test_train_resume.py": 45, "test_train_mesh.py": 170,
     "test_trees.py": 57, "test_buckets.py": 35, "test_plan.py": 43,
     "test_bucket_checkpoints.py": 16,
     "test_reproduce.py": 40, "test_model_contract.py": 44,

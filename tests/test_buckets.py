@@ -32,6 +32,7 @@ import pytest
 
 import specdec_jax
 from specdec_jax import checkpoints
+from specdec_jax.infra import bucket_fs
 from specdec_jax.infra import locks
 from specdec_jax.infra import paths
 from specdec_jax.data import readers
@@ -44,6 +45,45 @@ from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
 SENTENCES = ["the cat sat on the mat", "the house is wonderful",
              "a cat is on a mat today", "das Haus ist wunderbar"]
+
+
+def test_the_fsspec_view_of_a_bucket_is_its_objects(gcs_emulator):  # noqa: F811
+  """`bucket_fs.BucketFileSystem` (orbax's directory calls in multi-host
+  training) shows the objects `paths` wrote: files with their sizes,
+  directories as key prefixes (mkdir writes nothing, a prefix exists once
+  an object is under it), text and appended writes land whole on close,
+  a move leaves the target and no source, and a recursive rm empties a
+  prefix; a missing path is FileNotFoundError, not an empty answer."""
+  fs = bucket_fs.BucketFileSystem()
+  root = "gs://results/fsspec_view"
+  fs.mkdir(f"{root}/step_1")
+  assert not fs.exists(f"{root}/step_1")
+  paths.write_bytes(f"{root}/step_1/a/x.bin", b"12345")
+  with fs.open(f"{root}/step_1/commit_success.txt", "w") as f:
+    f.write("done")
+  with fs.open(f"{root}/step_1/commit_success.txt", "ab") as f:
+    f.write(b"!")
+  assert paths.read_text(f"{root}/step_1/commit_success.txt") == "done!"
+  assert fs.isdir(f"{root}/step_1") and fs.isdir(f"{root}/step_1/a")
+  assert fs.info(f"{root}/step_1/a/x.bin") == {
+      "name": "results/fsspec_view/step_1/a/x.bin", "type": "file",
+      "size": 5}
+  assert fs.ls(f"{root}/step_1", detail=False) == [
+      "results/fsspec_view/step_1/a",
+      "results/fsspec_view/step_1/commit_success.txt"]
+  assert sorted(fs.glob(f"{root}/*/commit_success.txt")) == [
+      "results/fsspec_view/step_1/commit_success.txt"]
+  fs.mv(f"{root}/step_1", f"{root}/step_2", recursive=True)
+  assert not fs.exists(f"{root}/step_1")
+  assert fs.cat_file(f"{root}/step_2/a/x.bin") == b"12345"
+  with pytest.raises(IsADirectoryError):
+    fs.rm(f"{root}/step_2")
+  fs.rm(f"{root}/step_2", recursive=True)
+  assert paths.list_files(root) == []
+  with pytest.raises(FileNotFoundError):
+    fs.info(f"{root}/step_2")
+  with pytest.raises(FileNotFoundError):
+    fs.open(f"{root}/missing.json", "rb")
 
 
 def test_files_round_trip_through_the_bucket(gcs_emulator):  # noqa: F811
