@@ -285,6 +285,10 @@ def _train_into_bucket(config: TrainConfig) -> dict[str, Any]:
       copy.download()
       held.callback(copy.upload)
 
+    # Every process joins the job's collectives before process 0 may wait
+    # out a dead run's lease (up to SPECDEC_LOCK_LEASE_S): gloo gives up on
+    # a first collective whose peers arrive 30 s apart.
+    multihost.sync("train: before the workdir's lock")
     multihost.on_primary(take)
     # The other processes write no file of their own to the workdir.
     local = copy.local if multihost.is_primary() else held.enter_context(
