@@ -9,7 +9,7 @@ asks fsspec for the "gcs" filesystem instead. `BucketFileSystem` is that
 filesystem, on top of `specdec_jax.infra.paths` (tensorstore's kvstore, which
 follows `TENSORSTORE_GCS_HTTP_URL`, with its bounded waits), so orbax's
 directories go where its arrays (tensorstore too) already go. No new package:
-fsspec came with orbax's dependencies.
+orbax requires `etils[epath]`, which brings fsspec.
 
 Only what epath and orbax use is here: open (whole objects: read in one
 call, written in one call on close, as `paths.write_bytes` does), info /

@@ -295,10 +295,11 @@ def _train_into_bucket(config: TrainConfig) -> dict[str, Any]:
         tempfile.TemporaryDirectory(prefix="specdec_jax_train."))
     logging.info("training %s: checkpoints into the bucket, the rest in %s",
                  config.workdir, local)
+    # On every process, so that all wait for each checkpoint alike.
+    after = copy.upload if multihost.is_primary() else lambda: None
     return _train(dataclasses.replace(config, workdir=local),
-                  after_checkpoint=(copy.upload if multihost.is_primary()
-                                    else None),
-                  recorded=config, store=config.workdir)
+                  after_checkpoint=after, recorded=config,
+                  store=config.workdir)
 
 
 def _train(config: TrainConfig,
