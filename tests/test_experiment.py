@@ -465,8 +465,22 @@ def test_a_refused_run_leaves_no_trace_and_ctrl_c_stops_in_one_line(
       assert proc.poll() is None and time.monotonic() < deadline, (
           log.read_text()[-3000:])
       time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    code = proc.wait(timeout=120)
+    # A Ctrl-C can be lost: in two full-suite runs on 2 loaded cores the run
+    # went on to the end and exited 0 (one landing in a finalizer, a weakref
+    # callback or an array's __del__, is printed as "Exception ignored" and
+    # dropped). Until the run says it stops, press again every 3 s, as a
+    # user does; one that is heard must still end in one line and 130.
+    code, sent = None, 0.0
+    while code is None:
+      if "Stopped by the user" not in log.read_text() and (
+          time.monotonic() - sent > 3):
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+      assert time.monotonic() < deadline + 120, log.read_text()[-3000:]
+      try:
+        code = proc.wait(timeout=0.2)
+      except subprocess.TimeoutExpired:
+        pass
   finally:
     if proc.poll() is None:
       proc.kill()
