@@ -13,6 +13,7 @@ dry runs too, which adds the behaviours of GCS the stock emulator lacks
 empty uploads).
 """
 
+import contextlib
 import os
 import json
 import socket
@@ -74,6 +75,21 @@ def environment(port: int) -> dict[str, str]:
           "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test"}
 
 
+@contextlib.contextmanager
+def environ(env: dict[str, str]):
+  """`os.environ` with `env` set inside the block, as it was after."""
+  saved = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  try:
+    yield
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+
+
 @pytest.fixture(scope="session")
 def gcs_emulator():
   """The emulator's URL, with the environment pointing every client at it."""
@@ -90,15 +106,9 @@ def gcs_emulator():
   env = environment(port)
   for name in BUCKETS:
     create_bucket(env["TENSORSTORE_GCS_HTTP_URL"], name)
-  saved = {k: os.environ.get(k) for k in env}
-  os.environ.update(env)
   try:
-    yield env["TENSORSTORE_GCS_HTTP_URL"]
+    with environ(env):
+      yield env["TENSORSTORE_GCS_HTTP_URL"]
   finally:
-    for k, v in saved.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
     process.terminate()
     process.wait(timeout=10)

@@ -235,17 +235,9 @@ def test_convert_to_an_unreachable_bucket_fails_fast_and_says_why(
   source = checkpoints.save(t5_tiny, str(tmp_path / "source"))
   env = {"TENSORSTORE_GCS_HTTP_URL": f"http://localhost:{port}",
          "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test", paths.TIMEOUT_ENV: "4"}
-  saved = {k: os.environ.get(k) for k in env}
-  os.environ.update(env)
-  try:
+  with gcs_emulator_lib.environ(env):
     result = _convert("--input=" + source,
                       "--output=gs://unreachable-bucket/model", timeout=120)
-  finally:
-    for k, v in saved.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
   assert result.returncode != 0
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
   assert "gs://unreachable-bucket" in result.stderr
