@@ -101,11 +101,17 @@ def search_paths(extra: Sequence[str] | None = None) -> list[str]:
     extra = flags.FLAGS.gin_search_paths if flags.FLAGS.is_parsed() else []
   # configs/ before the current directory: the shipped configs' includes
   # are found at the first place gin looks (it logs every miss).
-  return [*extra, CONFIGS_DIR, os.getcwd(), os.path.dirname(CONFIGS_DIR)]
+  # Once each (run from the repository's root, the last two are one).
+  return list(dict.fromkeys(
+      [*extra, CONFIGS_DIR, os.getcwd(), os.path.dirname(CONFIGS_DIR)]))
 
 
 class GinBindingError(errors.UsageError, ValueError):
   """A `--gin.X=V` / `--gin_bindings` binding that gin cannot apply."""
+
+
+class GinFileError(errors.UsageError, FileNotFoundError):
+  """A `--gin_file` that is not found in any folder of the search path."""
 
 
 def parse(gin_files: Sequence[str], bindings: Sequence[str],
@@ -134,13 +140,14 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
       try:
         resolved.append(paths.local_copy(f))
       except FileNotFoundError:
-        raise FileNotFoundError(f"gin file {f} not found.") from None
+        raise GinFileError(f"gin file {f} not found: check the path, or "
+                           "upload the file there.") from None
       continue
     candidates = [f] + [os.path.join(p, f) for p in folders]
     # A path as given (relative to the current directory) comes first.
     found = [c for c in candidates if os.path.exists(c)]
     if not found:
-      raise FileNotFoundError(
+      raise GinFileError(
           f"gin file {f!r} not found (looked in {', '.join(folders)}). Pass a "
           "path like configs/experiments/table2/ende_small_t0.gin, or add "
           "its folder with --gin_search_paths.")
@@ -236,7 +243,13 @@ def run_settings() -> dict:
   """The machine the parsed run file describes (configs/runs/*.gin bind
   `ExperimentConfig`'s mesh_shape, distributed, topology and dtype): those
   fields, for a script that is not an experiment (scripts/train.py)."""
-  config = gin.get_configurable(ExperimentConfig)()
+  try:
+    config = gin.get_configurable(ExperimentConfig)()
+  except ValueError:
+    # No run file: gin registers `ExperimentConfig` only when a file names
+    # it (`dynamic_registration`), and then there is nothing to read but
+    # its defaults (one device, no multi-host job).
+    config = ExperimentConfig()
   out = {name: getattr(config, name) for name in RUN_FIELDS}
   if out["mesh_shape"] is not None:
     out["mesh_shape"] = tuple(int(n) for n in out["mesh_shape"])

@@ -132,8 +132,8 @@ def _prepare(config: TrainConfig, definition,
              placement: Placement | None = None):
   """Vocabulary, teacher (on `placement`; default: the config's) and data,
   all checked before anything compiles."""
-  vocab_path = (os.path.abspath(config.vocab_path) if config.vocab_path
-                else tasks.current_config().vocab_path)
+  vocab_path = (os.path.abspath(tasks.resolve_package_path(config.vocab_path))
+                if config.vocab_path else tasks.current_config().vocab_path)
   vocab = tasks.get_vocabulary(vocab_path)
   if vocab.vocab_size > definition.vocab_size:
     raise ValueError(
