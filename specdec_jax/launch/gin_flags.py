@@ -25,7 +25,6 @@ import importlib.util
 import logging as py_logging
 import os
 import shlex
-import signal
 import sys
 from typing import Callable, Sequence
 
@@ -45,6 +44,7 @@ from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.infra import locks
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
+from specdec_jax.launch import cli
 from specdec_jax.launch import supervise
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -318,8 +318,15 @@ def use_compilation_cache(path: str) -> None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs",
                     _CACHE_MIN_COMPILE_SECONDS)
   # JAX decides whether to use the cache at its first compile, which an
-  # import may already have done: make it decide again.
-  compilation_cache.reset_cache()
+  # import may already have done: make it decide again (quietly: JAX logs
+  # "Resetting cache at <empty>" at info level).
+  logger = py_logging.getLogger("jax._src.compilation_cache")
+  level = logger.level
+  logger.setLevel(py_logging.WARNING)
+  try:
+    compilation_cache.reset_cache()
+  finally:
+    logger.setLevel(level)
 
 
 def skip_absent_tpu() -> None:
@@ -343,9 +350,7 @@ def skip_absent_tpu() -> None:
   jax.config.update("jax_platforms", "cpu")
 
 
-# A script stopped by Ctrl-C exits as a shell reports a SIGINT death
-# (128 + 2), so callers (make, a startup script) see it was interrupted.
-INTERRUPTED_STATUS = 128 + signal.SIGINT
+INTERRUPTED_STATUS = cli.INTERRUPTED_STATUS
 
 
 def _finished_examples(workdir: str) -> int | None:
@@ -399,14 +404,6 @@ def run(main: Callable[[Sequence[str]], None]) -> None:
     versions.check()
     use_compilation_cache(flags.FLAGS.compilation_cache_dir)
     use_tfds_data_dir(flags.FLAGS.tfds_data_dir)
-    try:
-      return main(argv)
-    except errors.UsageError as e:
-      raise SystemExit(f"{type(e).__name__}: {e}") from None
+    return main(argv)
 
-  try:
-    app.run(main_with_cache, argv=rewrite_gin_args(sys.argv))
-  except KeyboardInterrupt:
-    sys.stdout.flush()
-    print(stopped_by_user_line(), file=sys.stderr, flush=True)
-    raise SystemExit(INTERRUPTED_STATUS) from None
+  cli.run(main_with_cache, stopped_by_user_line, rewrite_gin_args(sys.argv))
