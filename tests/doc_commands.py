@@ -8,7 +8,7 @@ definition kept whole, comments dropped. `for_test()` rewrites a command
 to run here, from the repository's root: the venv's Python for
 `.venv/bin/python` and `python`, every relative `workdir/`, `/tmp/` and
 `$HOME/results` under a test's folder, and a test's tiny settings (fewer
-steps, fewer examples) added after a script's name.
+steps, fewer examples) added at the end of a script's invocation.
 """
 
 from __future__ import annotations
@@ -131,16 +131,33 @@ def for_test(command: str, root: str,
     command: a documented command.
     root: the test's folder; relative workdirs, /tmp and $HOME/results go
       under it.
-    extra: script path (e.g. "scripts/train.py") -> flags added right after
-      the script's name wherever the command runs it.
+    extra: script path (e.g. "scripts/train.py") -> flags added at the end
+      of each of its invocations in the command.
   """
   python = shlex.quote(sys.executable)
   out = re.sub(r"(^|\s)\.venv/bin/python\b", rf"\1{python}", command)
   out = re.sub(r"(^|[\s;(])python3?(\s)", rf"\1{python}\2", out)
-  out = re.sub(r"(^|[\s=])workdir/", rf"\1{root}/workdir/", out)
+  # /tmp first: `root` itself may be under /tmp.
   out = re.sub(r"(^|[\s=])/tmp/", rf"\1{root}/tmp/", out)
+  out = re.sub(r"(^|[\s=])workdir/", rf"\1{root}/workdir/", out)
   out = out.replace("$HOME/results", f"{root}/results")
   for script, flags in dict(extra).items():
-    added = " ".join(shlex.quote(f) for f in flags)
-    out = re.sub(rf"\b{re.escape(script)}\b", f"{script} {added}", out)
+    out = _append_flags(out, script, " ".join(shlex.quote(f) for f in flags))
   return out
+
+
+def _append_flags(command: str, script: str, added: str) -> str:
+  """`added` at the end of every invocation of `script` in `command` (after
+  its own flags, so a gin binding there wins over the page's)."""
+  lines = command.split("\n")
+  for i, line in enumerate(lines):
+    if script not in line:
+      continue
+    end = i
+    while lines[end].rstrip().endswith("\\") and end + 1 < len(lines):
+      end += 1
+    last = lines[end].rstrip()
+    tail = re.search(r"(\s*(?:&|;|>>?\s*\S+.*|\|.*))$", last)
+    cut = tail.start() if tail else len(last)
+    lines[end] = f"{last[:cut]} {added}{last[cut:]}"
+  return "\n".join(lines)

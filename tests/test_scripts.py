@@ -32,11 +32,14 @@ from specdec_jax.data import tasks
 from tests import helpers
 
 # Short of the plain command only in the evaluation's size (the whole
-# validation split, 1014 sentences, is decoded for BLEU at the end) and the
-# examples read (the first 512 of 29,000 are tokenized, not all).
+# validation split, 1014 sentences, is decoded for BLEU at the end), the
+# examples read (the first 512 of 29,000 are tokenized, not all) and their
+# batches' widths (one, so one step program compiles, not one a width).
 TINY_TRAIN = ("--gin.train.TrainConfig.max_train_examples=512",
               "--gin.train.TrainConfig.eval_examples=16",
-              "--gin.train.TrainConfig.bleu_examples=8")
+              "--gin.train.TrainConfig.bleu_examples=8",
+              # One batch shape: one compiled step.
+              "--gin.train.TrainConfig.length_buckets=(128,)")
 SHIPPED_VOCAB = tasks.resolve_package_path(
     "package:demo_models/target/vocab.model")
 
