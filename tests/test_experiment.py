@@ -490,6 +490,8 @@ def test_a_refused_run_leaves_no_trace_and_ctrl_c_stops_in_one_line(
   assert done < len(SENTENCES), "the run ended before the Ctrl-C"
   resumed = helpers.run_script("run_experiment", *args)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert (f"resuming: {done} of {len(SENTENCES)} examples already in "
+          f"{workdir}") in resumed.stderr, resumed.stderr[-3000:]
   ids = [r["id"] for r in _lines(str(workdir))]
   assert sorted(ids) == sorted(set(ids)) and len(ids) == len(SENTENCES), ids
 

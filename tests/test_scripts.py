@@ -98,17 +98,28 @@ def _mistakes(tmp_path):
           ["scripts/export_text.py", "--tfds_name=lm1b",
            f"--tfds_data_dir={tmp_path}/tfds", f"--output={tmp_path}/t.txt"],
           ("TfdsNotPreparedError", "tfds build lm1b")),
+      # A clone without the data folder beside it.
+      "training text that is not there": (
+          ["scripts/train.py", demo, "--gin.train.TrainConfig.num_steps=1",
+           f"--workdir={tmp_path}/e"],
+          ("LocalDataNotFoundError", "multi30k.train.en",
+           "github.com/multi30k/dataset")),
   }
+
+
+_ENVIRONMENTS = {"training text that is not there": {
+    tasks.SHARED_DATA_ENV: "/nonexistent/shared/data"}}
 
 
 @pytest.mark.parametrize("mistake", ["a gin file that is not there",
                                      "a run's length given twice",
                                      "no examples",
                                      "a vocabulary that is not there",
-                                     "TFDS data not prepared"])
+                                     "TFDS data not prepared",
+                                     "training text that is not there"])
 def test_a_users_mistake_is_one_line(mistake, tmp_path):
   command, expected = _mistakes(tmp_path)[mistake]
-  proc = helpers.launch(command)
+  proc = helpers.launch(command, **_ENVIRONMENTS.get(mistake, {}))
   line = helpers.assert_one_line_error(proc, *expected)
   # The search path once, not twice (the repository's root is the
   # current directory).

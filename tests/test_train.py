@@ -301,7 +301,7 @@ def test_teacher_outputs_script_translates_and_refuses_other_settings(
         [sys.executable, os.path.join(repo, "scripts", "teacher_outputs.py"),
          f"--model={model}", f"--output={output}", "--max_examples=6",
          "--batch_size=4", *flags],
-        env=dict(os.environ, SPECDEC_SHARED_DATA=str(data)), cwd=repo,
+        env=helpers.script_env(SPECDEC_SHARED_DATA=str(data)), cwd=repo,
         capture_output=True, text=True, timeout=300)
 
   done = run("--max_decode_len=8")
