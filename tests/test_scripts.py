@@ -180,3 +180,19 @@ def test_plan_run_projects_one_row_on_another_chip(tmp_path):
   assert [w["tokens"] for w in widths] == [1, 2, 8]
   assert widths[0]["relative_to_one_token"] == 1.0
   assert all(w["roofline_seconds"] > 0 for w in widths)
+
+
+@pytest.mark.skipif(
+    not (tasks.default_local_data_dir() / "multi30k.val.en").exists(),
+    reason="the Multi30k validation text (../shared/data) is not here")
+def test_build_paragraphs_writes_the_shipped_demo_data(tmp_path):
+  """scripts/build_paragraphs.py remakes the demo's inputs from Multi30k
+  validation: the files it writes are the package's, byte for byte."""
+  proc = helpers.launch(["scripts/build_paragraphs.py",
+                         f"--data_dir={tmp_path}"])
+  helpers.assert_succeeded(proc)
+  shipped = tasks.resolve_package_path("package:demo_data")
+  for name in ("sentences.en", "sentences.de", "paragraphs.en",
+               "paragraphs.de"):
+    with open(os.path.join(shipped, name), "rb") as f:
+      assert (tmp_path / name).read_bytes() == f.read(), name
