@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
+import specdec_jax as sd
+from specdec_jax import sampling
 from specdec_jax.decoding import acceptance
 from specdec_jax.decoding import engine
 from specdec_jax.models import ngram
@@ -267,6 +269,41 @@ def example_inputs():
   for b, row in enumerate([[5, 7, 1], [3, 1], [9, 4, 6, 2, 8, 1], [2, 1]]):
     ids[b, :len(row)] = row
   return ids
+
+
+def two_token_table(p1, p2, eos=1):
+  """{(x1, x2): p1[x1] * p2[x1, x2]} of the first two tokens a model emits,
+  from float64 p1 [V] and p2 [V, V] (row x1: after x1); a row that emits
+  EOS first ends, (eos, 0)."""
+  table = {}
+  for x1 in np.flatnonzero(p1 > 0):
+    if x1 == eos:
+      table[(int(x1), 0)] = p1[x1]
+      continue
+    for x2 in np.flatnonzero(p2[x1] > 0):
+      table[(int(x1), int(x2))] = p1[x1] * p2[x1, x2]
+  return table
+
+
+def speculative_samples(target, draft, ids, gamma, max_decode_len, setting,
+                        seed, monkeypatch=None):
+  """Tokens [N, max_decode_len] of speculative sampling (`setting`: the
+  SamplingConfig's fields) from the rows `ids` [N, L], each with its own
+  key of `seed`; with a `monkeypatch`, of the same loop whose acceptance
+  rule skips the residual (`SkipResidual`): a negative control."""
+  if monkeypatch is None:
+    return sd.speculative_generate(target, draft, ids, gamma=gamma,
+                                   max_decode_len=max_decode_len, seed=seed,
+                                   **setting).tokens
+  monkeypatch.setattr(acceptance, "rule_for",
+                      lambda sampler, lenience=1.0: SkipResidual())
+  fn = uncached_speculative(target.definition, draft.definition, gamma,
+                            max_decode_len, sampling.SamplingConfig(**setting))
+  rows = ids.shape[0]
+  tokens, _ = fn(target.params, draft.params, ids,
+                 np.full((rows,), seed, np.int32),
+                 np.arange(rows, dtype=np.int32))
+  return np.asarray(tokens)
 
 
 def sequence_counts(tokens):

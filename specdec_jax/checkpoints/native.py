@@ -2,9 +2,11 @@
 
 `load_model(spec)` understands these specs:
 
-  hf:DIR       Hugging Face T5ForConditionalGeneration (`checkpoints.hf`)
-               or T5GemmaForConditionalGeneration (`checkpoints.hf_t5gemma`),
-               told apart by config.json's model_type.
+  hf:DIR       Hugging Face T5ForConditionalGeneration (`checkpoints.hf`),
+               T5GemmaForConditionalGeneration (`checkpoints.hf_t5gemma`)
+               or Gemma 3 (`checkpoints.hf_gemma3`: gemma3_text, and the
+               text model of gemma3), told apart by config.json's
+               model_type.
   t5x:PATH     a T5X `checkpoint_<step>` directory (local or gs://). T5X does
                not record the architecture, so `config=` must say it: one of
                our config names, a gin file such as configs/models/x.gin, a
@@ -54,6 +56,8 @@ from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax import sharding as sharding_lib
 from specdec_jax.checkpoints import hf
+from specdec_jax.checkpoints import hf_files
+from specdec_jax.checkpoints import hf_gemma3
 from specdec_jax.checkpoints import hf_t5gemma
 from specdec_jax.checkpoints.configs import FAMILIES
 from specdec_jax.checkpoints.configs import config_from_fields
@@ -89,6 +93,11 @@ VOCAB_FILE = "vocab.model"
 DEMO_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo_models")
 SPEC_PREFIXES = ("hf", "t5x", "demo")
+# config.json's model_type -> the loader of a Hugging Face directory
+# (anything else: T5, whose loader names what it cannot read). Gemma's
+# tokenizer.model sits next to the weights; T5's is left to the task.
+_HF_LOADERS = {hf_t5gemma.MODEL_TYPE: hf_t5gemma.load_t5gemma,
+               **{t: hf_gemma3.load_gemma3 for t in hf_gemma3.MODEL_TYPES}}
 
 
 # --- Checking parameters against a model definition. ---
@@ -448,12 +457,11 @@ def _load_model(spec: str, *, config: Any, mesh: jax.sharding.Mesh | None,
     return Model(definition, _load_checked(open_t5x(rest), definition, mesh,
                                            replicate))
   if kind == "hf":
-    gemma = hf_t5gemma.is_t5gemma(rest)
-    load = hf_t5gemma.load_t5gemma if gemma else hf.load_t5
-    model_config, params = load(rest, **overrides)
+    load = _HF_LOADERS.get(hf_files.model_type(rest))
+    gemma = load is not None
+    model_config, params = (load or hf.load_t5)(rest, **overrides)
     definition = registry.make_def(model_config)
-    # Gemma's SentencePiece model sits next to the weights (it has no
-    # sentinel ids); T5 directories leave theirs to the task.
+    # Gemma's SentencePiece model has no sentinel ids.
     tokenizer = join_path(rest, hf_t5gemma.TOKENIZER_FILE)
     vocab = (_make_vocab(tokenizer) if gemma and read_bytes(tokenizer)
              is not None else None)
