@@ -10,8 +10,8 @@ them. `widen` makes that literal for the engine: the draft's logits are
 padded to the target's width with `PAD_LOGIT`, whose probability is 0 at
 every temperature, so every drafter (a chain, a tree, a cascade, a stop
 rule) works on one width. An id the draft lacks that it must read (the
-target emitted it, or a prompt holds it) is fed to it as id 0 (padding):
-its next q then conditions on another prefix, which changes how often it is
+target emitted it, or a prompt holds it) is fed to it as `FILL_ID`: its
+next q then conditions on another prefix, which changes how often it is
 accepted, never what the loop samples (a q is whatever the draft proposed
 from).
 
@@ -38,8 +38,10 @@ from specdec_jax.decoding.protocol import Model
 # temperature) is 0 in float32, and a sum of a [B, K, V] block of them stays
 # finite (the loop's non-finite check sums logits).
 PAD_LOGIT = -1e9
-# What the draft reads in place of an id it lacks.
-FILL_ID = 0
+# What the draft reads in place of an id it lacks: Gemma's <unk>. Not 0,
+# the padding a prompt's length is counted by: a prompt ending in such an
+# id would start the draft a position early.
+FILL_ID = 3
 # The definition's parts a narrow draft hands on unchanged (each only if
 # the inner definition has it: `hasattr` answers as for the inner one).
 _DELEGATED = ("copy_slots", "cache_logical_axes", "param_shapes",
