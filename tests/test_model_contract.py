@@ -1,8 +1,8 @@
 """Every model honours the engine's contract (`decoding/protocol.py`).
 
 One test per clause, run on each family (T5 v1.0, T5 v1.1, GPT-like,
-T5Gemma and Gemma 3 with sliding windows of 4 that the 8 positions below
-cross), with
+T5Gemma, Gemma 3 and T5Gemma 2 with sliding windows of 4 that the 8
+positions below cross), with
 logits checked against the model's own uncached, teacher-forced forward
 pass:
   - cached decoding, one token at a time, equals the uncached pass;
@@ -70,7 +70,8 @@ class Case:
 
 
 @pytest.fixture(scope="module", params=["t5_tiny", "t5_1_1_tiny", "gpt_tiny",
-                                        "t5gemma_tiny", "gemma3_tiny"])
+                                        "t5gemma_tiny", "gemma3_tiny",
+                                        "t5gemma2_tiny"])
 def case(request):
   definition = registry.make_def(registry.get_config(request.param))
   params = definition.init_params(jax.random.PRNGKey(0))

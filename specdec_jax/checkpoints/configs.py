@@ -21,12 +21,14 @@ from specdec_jax.models.gemma3 import Gemma3Config
 from specdec_jax.models.gpt import GPTConfig
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.models.t5gemma import T5GemmaConfig
+from specdec_jax.models.t5gemma2 import T5Gemma2Config
 
 # T5X `T5Config` / decoder-only `TransformerConfig` fields that don't matter
 # for inference.
 _IGNORED_FIELDS = ("dropout_rate", "float32_attention_logits")
 FAMILIES = (("t5", T5Config), ("gpt", GPTConfig),
-            ("t5gemma", T5GemmaConfig), ("gemma3", Gemma3Config))
+            ("t5gemma", T5GemmaConfig), ("gemma3", Gemma3Config),
+            ("t5gemma2", T5Gemma2Config))
 CONFIG_CLASSES = tuple(cls for _, cls in FAMILIES)
 
 
@@ -93,7 +95,7 @@ def _config_from_gin(path: str) -> T5Config | GPTConfig:
         continue
       cls_name = statement.selector.rsplit(".", 1)[-1]
       if cls_name in ("T5Config", "GPTConfig", "TransformerConfig",
-                      "T5GemmaConfig", "Gemma3Config"):
+                      "T5GemmaConfig", "Gemma3Config", "T5Gemma2Config"):
         key = (statement.scope, statement.selector)
         bound.setdefault(key, {})[statement.arg_name] = statement.value
   if len(bound) != 1:
@@ -115,7 +117,7 @@ def _config_from_gin(path: str) -> T5Config | GPTConfig:
     return value
 
   family = {"T5Config": "t5", "T5GemmaConfig": "t5gemma",
-            "Gemma3Config": "gemma3"}.get(
+            "Gemma3Config": "gemma3", "T5Gemma2Config": "t5gemma2"}.get(
       selector.rsplit(".", 1)[-1], "gpt")
   return config_from_fields({k: resolve(v) for k, v in fields.items()},
                             family, path)

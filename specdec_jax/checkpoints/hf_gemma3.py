@@ -73,7 +73,7 @@ _SUBLAYERS = {
     "self_attention": "self_attn",
     "mlp": "mlp",
 }
-_LEAVES = {"query": "q_proj", "key": "k_proj", "value": "v_proj",
+LEAVES = {"query": "q_proj", "key": "k_proj", "value": "v_proj",
            "out": "o_proj", "query_norm": "q_norm", "key_norm": "k_norm",
            "wi_0": "gate_proj", "wi_1": "up_proj", "wo": "down_proj"}
 # transformers' Gemma3TextConfig defaults, which the Hub's 4B-27B configs
@@ -158,7 +158,7 @@ def _hf_name(path: tuple[str, ...], prefix: str = "model."
   module = _SUBLAYERS[path[2]]
   if module.endswith("layernorm"):
     return f"{layer}.{module}.weight", False
-  leaf = _LEAVES[path[3]]
+  leaf = LEAVES[path[3]]
   return f"{layer}.{module}.{leaf}.weight", not leaf.endswith("_norm")
 
 

@@ -3,9 +3,10 @@
 `load_model(spec)` understands these specs:
 
   hf:DIR       Hugging Face T5ForConditionalGeneration (`checkpoints.hf`),
-               T5GemmaForConditionalGeneration (`checkpoints.hf_t5gemma`)
-               or Gemma 3 (`checkpoints.hf_gemma3`: gemma3_text, and the
-               text model of gemma3), told apart by config.json's
+               T5GemmaForConditionalGeneration (`checkpoints.hf_t5gemma`),
+               Gemma 3 (`checkpoints.hf_gemma3`: gemma3_text, and the text
+               model of gemma3) or the text model of T5Gemma 2
+               (`checkpoints.hf_t5gemma2`), told apart by config.json's
                model_type.
   t5x:PATH     a T5X `checkpoint_<step>` directory (local or gs://). T5X does
                not record the architecture, so `config=` must say it: one of
@@ -60,6 +61,7 @@ from specdec_jax.checkpoints import hf
 from specdec_jax.checkpoints import hf_files
 from specdec_jax.checkpoints import hf_gemma3
 from specdec_jax.checkpoints import hf_t5gemma
+from specdec_jax.checkpoints import hf_t5gemma2
 from specdec_jax.checkpoints.configs import FAMILIES
 from specdec_jax.checkpoints.configs import config_from_fields
 from specdec_jax.checkpoints.configs import resolve_config
@@ -98,6 +100,7 @@ SPEC_PREFIXES = ("hf", "t5x", "demo")
 # (anything else: T5, whose loader names what it cannot read). Gemma's
 # tokenizer.model sits next to the weights; T5's is left to the task.
 _HF_LOADERS = {hf_t5gemma.MODEL_TYPE: hf_t5gemma.load_t5gemma,
+               hf_t5gemma2.MODEL_TYPE: hf_t5gemma2.load_t5gemma2,
                **{t: hf_gemma3.load_gemma3 for t in hf_gemma3.MODEL_TYPES}}
 # A config's family -> the writer of its Hugging Face directory.
 _HF_SAVERS = {"t5": hf.save_t5, "t5gemma": hf_t5gemma.save_t5gemma,
@@ -513,6 +516,8 @@ def vocabulary_of(spec: str, config: Any = None
     fields = json.loads(data)
     if fields.get("model_type") in hf_gemma3.MODEL_TYPES:
       size = hf_gemma3.gemma3_config_from_hf(fields).vocab_size
+    elif fields.get("model_type") == hf_t5gemma2.MODEL_TYPE:
+      size = hf_t5gemma2.t5gemma2_config_from_hf(fields).vocab_size
     else:
       size = fields.get("vocab_size", 32128)
     if fields.get("model_type") in _HF_LOADERS:

@@ -164,7 +164,13 @@ class DecoderLayer(nn.Module):
                                activations=("gelu", "linear"), **common)
     self.post_mlp_norm = norm()
 
-  def __call__(self, x, positions, slots, bias, cache):
+  def cross_kv(self, encoded: jax.Array) -> layers.KVCache:
+    """encoded [B, L, D] -> keys/values of the same projections, normed,
+    not rotated (T5Gemma 2's cross-attention keys), in cache layout."""
+    return layers.KVCache.from_projection(
+        *self.self_attention.project_kv(encoded, None))
+
+  def __call__(self, x, positions, slots, bias, cache, cross=None):
     """One layer.
 
     Args:
@@ -176,20 +182,62 @@ class DecoderLayer(nn.Module):
       bias: float32 [B, 1, T, S] (S = T when uncached): causal, windowed
         on local layers.
       cache: KVCache of S slots, or None to attend to the T tokens only.
+      cross: None, or (`cross_kv` of an encoder output, its float32 bias
+        [B, 1, 1, L]): T5Gemma 2's merged attention, one softmax over the
+        S keys and these L.
 
     Returns:
       ([B, T, D], the updated cache or None).
     """
     h = self.pre_self_attention_norm(x)
-    k, v = self.self_attention.project_kv(h, positions)
+    attention = self.self_attention
+    k, v = attention.project_kv(h, positions)
     if cache is not None:
       cache = cache.write(k, v, slots)
       kv = cache
     else:
       kv = layers.KVCache.from_projection(k, v)
+    groups = [(kv, bias)] + ([] if cross is None else [cross])
     x = x + self.post_self_attention_norm(
-        self.self_attention(h, positions, kv, bias))
+        attention.attend(attention.queries(h, positions), groups))
     return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x))), cache
+
+
+def run_layers(cfg: Gemma3Config, decoder_layers, y, positions, cache, tree,
+               cross=None, cross_bias=None):
+  """The causal layers of a Gemma 3 decoder on y [B, T, D].
+
+  Args:
+    cfg: the stack's config (windows, layer kinds).
+    decoder_layers: its `DecoderLayer`s.
+    y: [B, T, D], the embedded tokens.
+    positions: int [B, T], their positions.
+    cache: per layer KVCache of S slots, or None for a plain causal pass.
+    tree: None, or a `protocol.TreeMask` (the T tokens are tree nodes).
+    cross: None, or per layer the `cross_kv` of an encoder output (T5Gemma
+      2's merged attention), with cross_bias float32 [B, 1, 1, L].
+
+  Returns:
+    ([B, T, D], the updated caches or None).
+  """
+  uncached = cache is None
+  key_pos, mask = layers.attention_bias(
+      positions, None if uncached else cache[0].length, tree)
+  sliding = (mask if cfg.sliding_window is None else mask +
+             gemma_layers.window_bias(positions, key_pos, cfg.sliding_window,
+                                      True))
+  caches = (None,) * cfg.num_layers if uncached else cache
+  crosses = (None,) * cfg.num_layers if cross is None else cross
+  slots = positions if tree is None else tree.slots
+  new_cache = []
+  for layer, kind, layer_cache, layer_cross in zip(
+      decoder_layers, cfg.layer_types, caches, crosses):
+    y, layer_cache = layer(
+        y, positions, slots, sliding if kind == SLIDING else mask,
+        layer_cache, None if layer_cross is None else (layer_cross,
+                                                       cross_bias))
+    new_cache.append(layer_cache)
+  return y, None if uncached else tuple(new_cache)
 
 
 class Decoder(nn.Module):
@@ -224,23 +272,9 @@ class Decoder(nn.Module):
       (float32 logits [B, T, V] or None, the updated caches or None).
     """
     cfg = self.config
-    uncached = cache is None
-    key_pos, mask = layers.attention_bias(
-        positions, None if uncached else cache[0].length, tree)
-    sliding = (mask if cfg.sliding_window is None else mask +
-               gemma_layers.window_bias(positions, key_pos,
-                                        cfg.sliding_window, True))
-    caches = (None,) * cfg.num_layers if uncached else cache
-    slots = positions if tree is None else tree.slots
     y = gemma_layers.embed(self.token_embedder, tokens, cfg.emb_dim,
                            cfg.dtype, round_to=cfg.param_dtype)
-    new_cache = []
-    for layer, kind, layer_cache in zip(self.layers, cfg.layer_types, caches):
-      y, layer_cache = layer(y, positions, slots,
-                             sliding if kind == SLIDING else mask,
-                             layer_cache)
-      new_cache.append(layer_cache)
-    new_cache = None if uncached else tuple(new_cache)
+    y, new_cache = run_layers(cfg, self.layers, y, positions, cache, tree)
     if not return_logits:
       return None, new_cache
     logits = gemma_layers.softcap(

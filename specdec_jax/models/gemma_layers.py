@@ -173,14 +173,15 @@ class Attention(nn.Module):
   def _position(self, x, positions, norm):
     if self.qk_norm:
       x = norm(x)
-    if self.rotary is not None:
+    if self.rotary is not None and positions is not None:
       x = rope(x, positions, self.rotary)
     return layers.constrain(x, "batch", "length", "heads", "kv")
 
   def project_kv(self, x: jax.Array, positions: jax.Array | None
                  ) -> tuple[jax.Array, jax.Array]:
     """x [B, S, D] -> (keys, values) [B, S, K, H]; keys normed and rotated
-    to `positions` [B, S] as the layer says."""
+    to `positions` [B, S] as the layer says (None: not rotated, as T5Gemma
+    2's cross-attention keys)."""
     k = self._position(self.key(x), positions,
                        self.key_norm if self.qk_norm else None)
     v = layers.constrain(self.value(x), "batch", "length", "heads", "kv")

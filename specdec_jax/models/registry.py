@@ -21,6 +21,7 @@ from specdec_jax.models.gpt import GPTConfig, GPTDef
 from specdec_jax.models.t5 import T5Config, T5Def
 from specdec_jax.models.t5gemma import StackConfig
 from specdec_jax.models.t5gemma import T5GemmaConfig, T5GemmaDef
+from specdec_jax.models.t5gemma2 import T5Gemma2Config, T5Gemma2Def
 
 T5_VOCAB = 32128  # 32000 sentencepiece pieces + 100 sentinels, padded to 128.
 GPT_VOCAB = 8192  # The paper's "8k" lm1b vocabulary.
@@ -39,8 +40,10 @@ NAMES = (
     "t5gemma_xl_xl", "t5gemma_2b_2b", "t5gemma_9b_2b", "t5gemma_9b_9b",
     "gemma3_tiny", "gemma3_tiny_draft",
     "gemma3_270m", "gemma3_1b", "gemma3_4b", "gemma3_12b", "gemma3_27b",
+    "t5gemma2_tiny",
 )
-ModelConfig = T5Config | GPTConfig | T5GemmaConfig | Gemma3Config
+ModelConfig = (T5Config | GPTConfig | T5GemmaConfig | Gemma3Config
+               | T5Gemma2Config)
 
 
 def _t5_1_0(emb, heads, layers, head_dim, mlp) -> T5Config:
@@ -203,6 +206,10 @@ def _base_config(name: str) -> ModelConfig:
       return _gemma3_tiny(128, 32, 4, 2)
     case "gemma3_tiny_draft":  # narrower vocabulary, as 1B next to 27B
       return _gemma3_tiny(120, 16, 2, 1)
+    case "t5gemma2_tiny":  # both stacks gemma3_tiny's, eoi id in range
+      stack = _gemma3_tiny(128, 32, 4, 2)
+      return T5Gemma2Config(vocab_size=128, encoder=stack, decoder=stack,
+                            eoi_token_id=100, max_input_len=64)
     case "gemma3_270m":
       return _gemma3(640, 18, 4, 1, 2048, window=512, wide=False)
     case "gemma3_1b":
@@ -233,8 +240,11 @@ def get_config(name: str, **overrides) -> ModelConfig:
     raise ValueError(f"bad override for {name!r}: {e}") from None
 
 
-def make_def(config: ModelConfig) -> T5Def | GPTDef | T5GemmaDef | Gemma3Def:
-  """The `ModelDef` that runs `config`."""
+def make_def(config: ModelConfig):
+  """The `ModelDef` that runs `config` (T5Def, GPTDef, T5GemmaDef,
+  Gemma3Def or T5Gemma2Def)."""
+  if isinstance(config, T5Gemma2Config):
+    return T5Gemma2Def(config)
   if isinstance(config, Gemma3Config):
     return Gemma3Def(config)
   if isinstance(config, T5Config):
