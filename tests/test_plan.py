@@ -177,13 +177,6 @@ def test_draft_replicated_only_where_it_cannot_be_split():
   assert not fit.replicate_draft(config, small, None)
   forced = _config(None, replicate_draft=True)
   assert fit.replicate_draft(forced, small, (1, 2))
-  # Gemma 3 1B: every parameter dimension divides 4, its one key/value
-  # head does not (the cache would be summed across `model` every step).
-  one_kv = registry.make_def(registry.get_config("gemma3_1b"))
-  assert fit.replicate_draft(config, one_kv, (1, 4))
-  assert not fit.replicate_draft(config, one_kv, (4, 1))
-  assert not fit.replicate_draft(config, registry.make_def(
-      registry.get_config("gemma3_4b")), (1, 4))
 
 
 def test_collectives_in_any_branch_of_a_loops_conditional_are_found():

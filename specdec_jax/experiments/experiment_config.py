@@ -87,9 +87,8 @@ class ExperimentConfig:
     mesh_shape: (data, model) devices, or None for one device.
     replicate_draft: replicate the draft's parameters on every device
       instead of sharding them over `model`; None: only when its heads, MLP
-      or vocabulary, or its cache's key/value heads, do not divide the
-      model axis (T5-small's 6 heads, Gemma 3 1B's one key/value head, on
-      4 chips).
+      or vocabulary do not divide the model axis (T5-small's 6 heads on 4
+      chips).
     distributed: call jax.distributed.initialize() (multi-host pods).
     topology: the TPU slice the run is for, as libtpu names it (a key of
       `chips.TOPOLOGIES`, e.g. 'v4:2x2x1' for a v4-8 host): `plan_run.py`

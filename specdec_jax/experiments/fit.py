@@ -38,31 +38,22 @@ def dtype_overrides(config: ExperimentConfig) -> dict[str, str]:
 
 def replicate_draft(config: ExperimentConfig, draft_def: Any,
                     mesh_shape: Sequence[int] | None) -> bool:
-  """Whether the draft is replicated (see `replicate_draft`): its
-  parameters, or its cache's key/value heads, do not divide the model axis.
-  A cache whose heads stay whole beside sharded projections is summed
-  across the model axis at every draft step: Gemma 3 1B's one key/value
-  head on a v4-8 host all-reduced its whole cache, 26 MB a step (the TPU
-  compiler's plan, docs/gemma3.md)."""
+  """Whether the draft is replicated (see `replicate_draft`)."""
   if config.replicate_draft is not None:
     return bool(config.replicate_draft)
   if not mesh_shape or not hasattr(draft_def, "param_logical_axes"):
     return False
+  shapes = draft_def.param_shapes()
   sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
-  is_spec = lambda x: isinstance(x, jax.sharding.PartitionSpec)  # noqa: E731
-  trees = [(draft_def.param_shapes(), draft_def.param_logical_axes())]
-  cache = footprint.cache_shapes(draft_def, 1, 4, 4)
-  logical = footprint.cache_logical_axes(draft_def, cache)
-  if logical is not None:
-    trees.append((cache, logical))
-  for shapes, axes in trees:
-    for leaf, spec in zip(jax.tree.leaves(shapes),
-                          jax.tree.leaves(axes, is_leaf=is_spec)):
-      for size, axis in zip(leaf.shape,
-                            tuple(sharding.logical_to_mesh(spec))):
-        if axis == "model" and size % sizes[axis]:
-          return True
+  specs = jax.tree.leaves(draft_def.param_logical_axes(),
+                          is_leaf=lambda x: isinstance(
+                              x, jax.sharding.PartitionSpec))
+  for leaf, spec in zip(jax.tree.leaves(shapes), specs):
+    for size, axis in zip(leaf.shape, tuple(sharding.logical_to_mesh(spec))):
+      if axis is not None and size % sizes[axis]:
+        return True
   return False
+
 
 
 @dataclasses.dataclass(frozen=True)
