@@ -11,6 +11,9 @@ r"""Converts a Hugging Face or T5X checkpoint into our format.
   python scripts/convert_checkpoint.py \
       --input=hf:gs://BUCKET/t5gemma-2b-2b-prefixlm \
       --param_dtype=bfloat16 --output=gs://BUCKET/t5gemma_2b_2b  # T5Gemma
+  python scripts/convert_checkpoint.py \
+      --input=hf:gs://BUCKET/gemma-3-27b-it --param_dtype=bfloat16 \
+      --output=gs://BUCKET/gemma3_27b_it  # Gemma 3 (the text model)
 
 --output may be gs://BUCKET/DIR: written locally, then uploaded with
 progress logged; an unreachable bucket fails within SPECDEC_IO_TIMEOUT_S
@@ -18,9 +21,10 @@ progress logged; an unreachable bucket fails within SPECDEC_IO_TIMEOUT_S
 
 Expected: it prints the output directory, which then loads with
 `specdec_jax.load_model(DIR)` (config.json + orbax params), or with
---format=hf, as a Hugging Face T5 directory (config.json +
-model.safetensors) that `transformers.T5ForConditionalGeneration
-.from_pretrained(DIR)` and `load_model("hf:DIR")` both read. T5X checkpoints
+--format=hf, as a Hugging Face directory of the model's family (T5,
+T5Gemma, Gemma 3's Gemma3ForCausalLM; config.json + model.safetensors)
+that transformers' `from_pretrained(DIR)` and `load_model("hf:DIR")` both
+read. T5X checkpoints
 need --config (a config name or a gin file under configs/models), since
 they do not record their architecture.
 """
@@ -34,9 +38,6 @@ from absl import logging
 from specdec_jax.launch import cli
 from specdec_jax import checkpoints
 from specdec_jax.infra import paths
-from specdec_jax.checkpoints import hf
-from specdec_jax.checkpoints import hf_t5gemma
-from specdec_jax.models import t5gemma
 from specdec_jax.experiments import workdir
 
 _INPUT = flags.DEFINE_string(
@@ -52,7 +53,7 @@ _VOCAB = flags.DEFINE_string(
     "vocab", None, "SentencePiece model file to copy next to the params.")
 _FORMAT = flags.DEFINE_enum(
     "format", "specdec", ["specdec", "hf"],
-    "specdec: our orbax format; hf: a Hugging Face T5 or T5Gemma "
+    "specdec: our orbax format; hf: a Hugging Face T5, T5Gemma or Gemma 3 "
     "directory (safetensors).")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False,
                                "Replace an existing output directory.")
@@ -82,9 +83,8 @@ def _convert():
                            "export holds the weights and config only.")
     model = checkpoints.load_model(_INPUT.value, config=_CONFIG.value,
                                    param_dtype=_PARAM_DTYPE.value)
-    save = (hf_t5gemma.save_t5gemma
-            if isinstance(model.config, t5gemma.T5GemmaConfig) else hf.save_t5)
-    output = save(model, _OUTPUT.value, overwrite=_OVERWRITE.value)
+    output = checkpoints.save_hf(model, _OUTPUT.value,
+                                 overwrite=_OVERWRITE.value)
   else:
     output = checkpoints.convert(
         _INPUT.value, _OUTPUT.value, config=_CONFIG.value,

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import io
 import itertools
+import json
 import logging
 import os
 import re
@@ -36,6 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
+import specdec_jax as sd
+from specdec_jax import sampling
 from specdec_jax.decoding import acceptance
 from specdec_jax.decoding import engine
 from specdec_jax.models import ngram
@@ -271,6 +274,41 @@ def example_inputs():
   return ids
 
 
+def two_token_table(p1, p2, eos=1):
+  """{(x1, x2): p1[x1] * p2[x1, x2]} of the first two tokens a model emits,
+  from float64 p1 [V] and p2 [V, V] (row x1: after x1); a row that emits
+  EOS first ends, (eos, 0)."""
+  table = {}
+  for x1 in np.flatnonzero(p1 > 0):
+    if x1 == eos:
+      table[(int(x1), 0)] = p1[x1]
+      continue
+    for x2 in np.flatnonzero(p2[x1] > 0):
+      table[(int(x1), int(x2))] = p1[x1] * p2[x1, x2]
+  return table
+
+
+def speculative_samples(target, draft, ids, gamma, max_decode_len, setting,
+                        seed, monkeypatch=None):
+  """Tokens [N, max_decode_len] of speculative sampling (`setting`: the
+  SamplingConfig's fields) from the rows `ids` [N, L], each with its own
+  key of `seed`; with a `monkeypatch`, of the same loop whose acceptance
+  rule skips the residual (`SkipResidual`): a negative control."""
+  if monkeypatch is None:
+    return sd.speculative_generate(target, draft, ids, gamma=gamma,
+                                   max_decode_len=max_decode_len, seed=seed,
+                                   **setting).tokens
+  monkeypatch.setattr(acceptance, "rule_for",
+                      lambda sampler, lenience=1.0: SkipResidual())
+  fn = uncached_speculative(target.definition, draft.definition, gamma,
+                            max_decode_len, sampling.SamplingConfig(**setting))
+  rows = ids.shape[0]
+  tokens, _ = fn(target.params, draft.params, ids,
+                 np.full((rows,), seed, np.int32),
+                 np.arange(rows, dtype=np.int32))
+  return np.asarray(tokens)
+
+
 def sequence_counts(tokens):
   keys, counts = np.unique(tokens, axis=0, return_counts=True)
   return {tuple(k): c for k, c in zip(keys.tolist(), counts)}
@@ -314,6 +352,65 @@ class CompileCounter:
 
   def __exit__(self, *exc):
     jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
+# ----------------------------------------------------------------------------
+# Hugging Face directories as large or multimodal checkpoints hold them.
+
+
+def write_sharded(tensors, config, local):
+  """`tensors` ({name: array}) written as `save_pretrained` writes a large
+  model: two safetensors shards and their index, with `config` (a dict, or
+  the path of a config.json) as config.json, in the new folder `local`
+  (a pathlib.Path, returned)."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  names = sorted(tensors)
+  shards = {"model-00001-of-00002.safetensors": names[::2],
+            "model-00002-of-00002.safetensors": names[1::2]}
+  local.mkdir()
+  for shard, members in shards.items():
+    save_file({n: tensors[n] for n in members}, str(local / shard),
+              metadata={"format": "pt"})
+  index = {"metadata": {}, "weight_map": {n: shard for shard, members in
+                                          shards.items() for n in members}}
+  (local / "model.safetensors.index.json").write_text(json.dumps(index))
+  if not isinstance(config, dict):
+    with open(config) as f:
+      config = json.load(f)
+  (local / "config.json").write_text(json.dumps(config))
+  return local
+
+
+def gemma3_as_on_the_hub(source, local):
+  """The gemma3_text directory `source` rewritten as the Hub holds Gemma 3
+  4B-27B: model_type gemma3 with a vision tower (two stand-in tensors), the
+  text model's tensors under `language_model.model.`, a transformers-4
+  config.json (flat rope_theta, rope_local_base_freq and rope_scaling in
+  its text_config), sharded safetensors with an index; in the new folder
+  `local` (returned)."""
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  with safe_open(os.path.join(source, "model.safetensors"), "np") as f:
+    tensors = {"language_model." + name: f.get_tensor(name)
+               for name in f.keys()}
+  rng = np.random.default_rng(0)
+  tensors["vision_tower.vision_model.embeddings.patch_embedding.weight"] = (
+      rng.normal(size=(8, 3, 2, 2)).astype(np.float32))
+  tensors["multi_modal_projector.mm_input_projection_weight"] = (
+      rng.normal(size=(8, 4)).astype(np.float32))
+  with open(os.path.join(source, "config.json")) as f:
+    text = json.load(f)
+  rope = text.pop("rope_parameters")
+  scaling = dict(rope["full_attention"])
+  text.update(rope_theta=scaling.pop("rope_theta"),
+              rope_local_base_freq=rope["sliding_attention"]["rope_theta"],
+              rope_scaling=scaling)
+  for key in ("architectures", "dtype", "transformers_version"):
+    text.pop(key, None)
+  config = {"architectures": ["Gemma3ForConditionalGeneration"],
+            "model_type": "gemma3", "text_config": text,
+            "vision_config": {"model_type": "siglip_vision_model"},
+            "torch_dtype": "bfloat16", "transformers_version": "4.50.0"}
+  return write_sharded(tensors, config, local)
 
 
 # ----------------------------------------------------------------------------

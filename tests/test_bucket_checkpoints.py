@@ -12,7 +12,6 @@ The emulator (tests/gcs_emulator.py) runs in a subprocess on a free port;
 these tests skip, saying so, only when it cannot start.
 """
 
-import json
 import os
 import socket
 import subprocess
@@ -158,26 +157,6 @@ def test_convert_script_writes_into_a_bucket(gcs_emulator, t5_tiny,  # noqa: F81
       "config.json", "model.safetensors"]
 
 
-def _write_sharded(tensors, config_json, local):
-  """`tensors` written as `save_pretrained` writes a large model: two
-  safetensors shards and their index, beside a copy of `config_json`, in
-  the new folder `local` (returned)."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  names = sorted(tensors)
-  shards = {"model-00001-of-00002.safetensors": names[::2],
-            "model-00002-of-00002.safetensors": names[1::2]}
-  local.mkdir()
-  for shard, members in shards.items():
-    save_file({n: tensors[n] for n in members}, str(local / shard),
-              metadata={"format": "pt"})
-  index = {"metadata": {}, "weight_map": {n: shard for shard, members in
-                                          shards.items() for n in members}}
-  (local / "model.safetensors.index.json").write_text(json.dumps(index))
-  with open(config_json) as f:
-    (local / "config.json").write_text(f.read())
-  return local
-
-
 def test_sharded_hf_checkpoint_loads_from_a_bucket(gcs_emulator, t5_tiny,  # noqa: F811
                                                   tmp_path):
   """`hf:gs://...` with sharded safetensors (an index and two shards, as
@@ -187,7 +166,7 @@ def test_sharded_hf_checkpoint_loads_from_a_bucket(gcs_emulator, t5_tiny,  # noq
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   single = hf.save_t5(t5_tiny, str(tmp_path / "single"))
   tensors = load_file(os.path.join(single, "model.safetensors"))
-  local = _write_sharded(tensors, os.path.join(single, "config.json"),
+  local = helpers.write_sharded(tensors, os.path.join(single, "config.json"),
                          tmp_path / "sharded")
   paths.copy_tree(str(local), "gs://models/sharded_hf")
   from_bucket = checkpoints.load_model("hf:gs://models/sharded_hf")
@@ -215,13 +194,39 @@ def test_sharded_bfloat16_t5gemma_loads_from_a_bucket(gcs_emulator,  # noqa: F81
                         "testdata", "hf_t5gemma_draft")
   with safe_open(os.path.join(source, "model.safetensors"), "np") as f:
     tensors = {name: f.get_tensor(name) for name in f.keys()}
-  local = _write_sharded(tensors, os.path.join(source, "config.json"),
+  local = helpers.write_sharded(tensors, os.path.join(source, "config.json"),
                          tmp_path / "t5gemma_sharded")
   paths.copy_tree(str(local), "gs://models/t5gemma_sharded")
   from_bucket = checkpoints.load_model("hf:gs://models/t5gemma_sharded")
   expected = checkpoints.load_model("hf:" + source)
   assert from_bucket.config == expected.config
   _assert_same_params(from_bucket.params, expected.params)
+
+
+def test_gemma3_as_the_hub_holds_it_loads_from_a_bucket_and_exports_to_one(
+    gcs_emulator, tmp_path):  # noqa: F811
+  """`hf:gs://...` of a Gemma 3 as the Hub holds 4B-27B (model_type gemma3
+  with a vision tower, sharded, bfloat16, the text model under
+  `language_model.model.`) loads the text model equal to the gemma3_text
+  directory it was cut from; convert_checkpoint --format=hf writes it into
+  a bucket as a gemma3_text directory that loads back the same."""
+  source = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        "testdata", "hf_gemma3_draft")
+  local = helpers.gemma3_as_on_the_hub(source, tmp_path / "gemma3_hub")
+  paths.copy_tree(str(local), "gs://models/gemma3_hub")
+  from_bucket = checkpoints.load_model("hf:gs://models/gemma3_hub")
+  expected = checkpoints.load_model("hf:" + source)
+  assert from_bucket.config == expected.config
+  _assert_same_params(from_bucket.params, expected.params)
+  result = helpers.run_script("convert_checkpoint",
+                              "--input=hf:gs://models/gemma3_hub",
+                              "--output=gs://models/gemma3_text",
+                              "--format=hf")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "uploading model.safetensors" in result.stderr, result.stderr
+  back = checkpoints.load_model("hf:gs://models/gemma3_text")
+  assert back.config == expected.config
+  _assert_same_params(back.params, expected.params)
 
 
 def test_convert_to_an_unreachable_bucket_fails_fast_and_says_why(

@@ -1,7 +1,8 @@
 """Every model honours the engine's contract (`decoding/protocol.py`).
 
 One test per clause, run on each family (T5 v1.0, T5 v1.1, GPT-like,
-T5Gemma with a sliding window of 4 that the 8 positions below cross), with
+T5Gemma, Gemma 3 and T5Gemma 2 with sliding windows of 4 that the 8
+positions below cross), with
 logits checked against the model's own uncached, teacher-forced forward
 pass:
   - cached decoding, one token at a time, equals the uncached pass;
@@ -69,7 +70,8 @@ class Case:
 
 
 @pytest.fixture(scope="module", params=["t5_tiny", "t5_1_1_tiny", "gpt_tiny",
-                                        "t5gemma_tiny"])
+                                        "t5gemma_tiny", "gemma3_tiny",
+                                        "t5gemma2_tiny"])
 def case(request):
   definition = registry.make_def(registry.get_config(request.param))
   params = definition.init_params(jax.random.PRNGKey(0))
@@ -77,7 +79,7 @@ def case(request):
   return Case(definition, params, prefill=prefill,
               extend=jax.jit(definition.extend),
               forward=jax.jit(definition.forward),
-              decoder_only=isinstance(definition, gpt.GPTDef),
+              decoder_only=isinstance(definition, gpt.DecoderOnlyDef),
               start=int(prefill(params, INPUTS, 1).start_token[0]))
 
 

@@ -47,7 +47,6 @@ import specdec_jax as sd
 from specdec_jax import checkpoints
 from specdec_jax import sampling
 from specdec_jax.checkpoints import hf_t5gemma
-from specdec_jax.decoding import acceptance
 from specdec_jax.decoding import engine
 from specdec_jax.models import ngram
 from specdec_jax.models import registry
@@ -264,32 +263,15 @@ def exact(models):
     cfg = sampling.SamplingConfig(**setting)
     p1 = np.asarray(cfg.probs(logits[0, 0]), np.float64)
     p2 = np.asarray(cfg.probs(logits[:, 1]), np.float64)
-    table = {}
-    for x1 in np.flatnonzero(p1 > 0):
-      if x1 == t5gemma.EOS_ID:
-        table[(int(x1), 0)] = p1[x1]
-        continue
-      for x2 in np.flatnonzero(p2[x1] > 0):
-        table[(int(x1), int(x2))] = p1[x1] * p2[x1, x2]
-    out[name] = table
+    out[name] = helpers.two_token_table(p1, p2, t5gemma.EOS_ID)
   return out
 
 
 def _sample(models, setting, monkeypatch=None):
   ids = np.tile(_reference("hf_t5gemma_target")["input_ids"][:1], (N, 1))
-  target, draft = models["hf_t5gemma_target"], models["hf_t5gemma_draft"]
-  if monkeypatch is None:
-    return sd.speculative_generate(
-        target, draft, ids, gamma=GAMMA, max_decode_len=MAX_DECODE_LEN,
-        seed=5, **SETTINGS[setting]).tokens
-  monkeypatch.setattr(acceptance, "rule_for",
-                      lambda sampler, lenience=1.0: helpers.SkipResidual())
-  fn = helpers.uncached_speculative(
-      target.definition, draft.definition, GAMMA, MAX_DECODE_LEN,
-      sampling.SamplingConfig(**SETTINGS[setting]))
-  tokens, _ = fn(target.params, draft.params, ids,
-                 np.full((N,), 5, np.int32), np.arange(N, dtype=np.int32))
-  return np.asarray(tokens)
+  return helpers.speculative_samples(
+      models["hf_t5gemma_target"], models["hf_t5gemma_draft"], ids, GAMMA,
+      MAX_DECODE_LEN, SETTINGS[setting], 5, monkeypatch)
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))

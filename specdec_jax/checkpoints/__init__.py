@@ -1,7 +1,8 @@
 """Checkpoints: `load_model`, our own format, Hugging Face and T5X.
 
   native   our format (config.json + orbax params), `load_model`, `convert`
-  hf       Hugging Face T5 directories (read and export)
+  hf       Hugging Face T5 directories (read and export); hf_t5gemma and
+           hf_gemma3 the Gemma families', hf_files what they share
   t5x      T5X checkpoint directories (read and write)
   configs  resolving a config name, gin file or T5X field dict
   storage  local/gs:// paths, flat parameter trees, leaf-by-leaf reading
@@ -33,5 +34,7 @@ from specdec_jax.checkpoints.native import convert
 from specdec_jax.checkpoints.native import load_model
 from specdec_jax.checkpoints.native import restore
 from specdec_jax.checkpoints.native import save
+from specdec_jax.checkpoints.native import save_hf
+from specdec_jax.checkpoints.native import vocabulary_of
 from specdec_jax.checkpoints.t5x import read_t5x
 from specdec_jax.checkpoints.t5x import write_t5x

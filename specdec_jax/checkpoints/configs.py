@@ -17,15 +17,18 @@ import jax.numpy as jnp
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
 from specdec_jax.checkpoints.errors import SpecError
 from specdec_jax.models import registry
+from specdec_jax.models.gemma3 import Gemma3Config
 from specdec_jax.models.gpt import GPTConfig
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.models.t5gemma import T5GemmaConfig
+from specdec_jax.models.t5gemma2 import T5Gemma2Config
 
 # T5X `T5Config` / decoder-only `TransformerConfig` fields that don't matter
 # for inference.
 _IGNORED_FIELDS = ("dropout_rate", "float32_attention_logits")
 FAMILIES = (("t5", T5Config), ("gpt", GPTConfig),
-            ("t5gemma", T5GemmaConfig))
+            ("t5gemma", T5GemmaConfig), ("gemma3", Gemma3Config),
+            ("t5gemma2", T5Gemma2Config))
 CONFIG_CLASSES = tuple(cls for _, cls in FAMILIES)
 
 
@@ -38,6 +41,7 @@ def config_from_fields(fields: Mapping[str, Any], family: str | None,
   fields = {k: v for k, v in fields.items() if k not in _IGNORED_FIELDS}
   if family is None:
     family = ("t5gemma" if "encoder" in fields and "decoder" in fields
+              else "gemma3" if "num_kv_heads" in fields
               else "gpt" if "num_layers" in fields
               and "num_encoder_layers" not in fields else "t5")
   cls = dict(FAMILIES).get(family)
@@ -91,7 +95,7 @@ def _config_from_gin(path: str) -> T5Config | GPTConfig:
         continue
       cls_name = statement.selector.rsplit(".", 1)[-1]
       if cls_name in ("T5Config", "GPTConfig", "TransformerConfig",
-                      "T5GemmaConfig"):
+                      "T5GemmaConfig", "Gemma3Config", "T5Gemma2Config"):
         key = (statement.scope, statement.selector)
         bound.setdefault(key, {})[statement.arg_name] = statement.value
   if len(bound) != 1:
@@ -112,7 +116,8 @@ def _config_from_gin(path: str) -> T5Config | GPTConfig:
       return type(value)(resolve(v) for v in value)
     return value
 
-  family = {"T5Config": "t5", "T5GemmaConfig": "t5gemma"}.get(
+  family = {"T5Config": "t5", "T5GemmaConfig": "t5gemma",
+            "Gemma3Config": "gemma3", "T5Gemma2Config": "t5gemma2"}.get(
       selector.rsplit(".", 1)[-1], "gpt")
   return config_from_fields({k: resolve(v) for k, v in fields.items()},
                             family, path)
@@ -128,8 +133,9 @@ def resolve_config(config: Any) -> T5Config | GPTConfig:
       num_encoder_layers, num_decoder_layers, head_dim, mlp_dim,
       mlp_activations, logits_via_embedding, dtype; dropout_rate and
       float32_attention_logits are ignored; `num_layers` instead of the two
-      depths means decoder-only; `encoder` and `decoder` dicts mean
-      T5Gemma; fields not given take our defaults), or a
+      depths means decoder-only, with `num_kv_heads` Gemma 3; `encoder`
+      and `decoder` dicts mean T5Gemma; fields not given take our
+      defaults), or a
       T5Config/GPTConfig/T5GemmaConfig.
 
   Returns:

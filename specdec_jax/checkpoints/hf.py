@@ -121,8 +121,8 @@ def read_hf_config(path: str) -> dict[str, Any]:
         f"{config_file}: unsupported model_type={model_type!r}, "
         f"architectures={architectures}; only model_type 't5' with "
         f"{ARCHITECTURE} (and 't5gemma' with "
-        "T5GemmaForConditionalGeneration: checkpoints.hf_t5gemma) can be "
-        "loaded")
+        "T5GemmaForConditionalGeneration: checkpoints.hf_t5gemma; "
+        "'gemma3_text' and 'gemma3': checkpoints.hf_gemma3) can be loaded")
   return hf
 
 

@@ -33,20 +33,13 @@ projections viewed as (heads, H) do, so no reshaping is needed.
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import tempfile
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.infra import paths
 from specdec_jax.checkpoints import hf
-from specdec_jax.checkpoints.errors import CheckpointNotFoundError
-from specdec_jax.checkpoints.errors import MissingParameterError
-from specdec_jax.checkpoints.errors import ParameterShapeError
+from specdec_jax.checkpoints import hf_files
 from specdec_jax.checkpoints.errors import UnsupportedCheckpointError
 from specdec_jax.models import t5gemma
 from specdec_jax.models.t5gemma import StackConfig, T5GemmaConfig, T5GemmaDef
@@ -76,18 +69,6 @@ _SUBLAYERS = {
 _LEAVES = {"query": "q_proj", "key": "k_proj", "value": "v_proj",
            "out": "o_proj", "wi_0": "gate_proj", "wi_1": "up_proj",
            "wo": "down_proj"}
-
-
-def is_t5gemma(path: str) -> bool:
-  """Whether `path` (local or gs://) holds an HF config.json of model_type
-  't5gemma' (False without one: the T5 loader then names what is missing)."""
-  data = paths.read_bytes(paths.join(path, hf.CONFIG_FILE))
-  if data is None:
-    return False
-  try:
-    return json.loads(data).get("model_type") == MODEL_TYPE
-  except (ValueError, AttributeError):
-    return False
 
 
 def _stack_from_hf(hf_stack: dict[str, Any], where: str) -> StackConfig:
@@ -182,15 +163,10 @@ def load_t5gemma(path: str, *, dtype: str = "float32",
 
 
 def _read_config(path: str) -> dict[str, Any]:
-  config_file = os.path.join(path, hf.CONFIG_FILE)
-  if not os.path.isfile(config_file):
-    raise CheckpointNotFoundError(
-        f"missing {hf.CONFIG_FILE} in HF checkpoint directory {path!r}")
-  with open(config_file) as f:
-    hf_config = json.load(f)
+  hf_config, config_file = hf_files.read_config(path, (MODEL_TYPE,),
+                                                "load_t5gemma")
   architectures = hf_config.get("architectures") or [ARCHITECTURE]
-  if (hf_config.get("model_type") != MODEL_TYPE
-      or ARCHITECTURE not in architectures):
+  if ARCHITECTURE not in architectures:
     raise UnsupportedCheckpointError(
         f"{config_file}: model_type={hf_config.get('model_type')!r}, "
         f"architectures={architectures}; load_t5gemma reads model_type "
@@ -200,9 +176,6 @@ def _read_config(path: str) -> dict[str, Any]:
 
 def _load_local(path: str, dtype: str,
                 param_dtype: str) -> tuple[T5GemmaConfig, Any]:
-  if not os.path.isdir(path):
-    raise CheckpointNotFoundError(
-        f"HF checkpoint directory not found: {path!r}")
   config = t5gemma_config_from_hf(_read_config(path), dtype=dtype,
                                   param_dtype=param_dtype)
   tensors = hf.Tensors(path)
@@ -300,50 +273,7 @@ def save_t5gemma(model: Any, directory: str, *,
   if not isinstance(config, T5GemmaConfig):
     raise TypeError(f"save_t5gemma exports T5Gemma models only; got config "
                     f"{type(config).__name__} (hf.save_t5 exports T5)")
-  found = dict(hf.tree_paths(model.params))
-  tensors = {}
-  for ours, shape in hf.tree_paths(
-      T5GemmaDef(config).param_shapes()):
-    if ours not in found:
-      raise MissingParameterError(f"missing parameter {'/'.join(ours)}")
-    value = np.asarray(found[ours])
-    if value.shape != tuple(shape.shape):
-      raise ParameterShapeError(
-          f"parameter {'/'.join(ours)} has shape {value.shape}, expected "
-          f"{tuple(shape.shape)} from the config")
-    name, transpose = _hf_name(ours)
-    tensors[name] = np.ascontiguousarray(value.T if transpose else value)
-  hf_config = hf_config_from_t5gemma(config)
-  dtypes = {str(t.dtype) for t in tensors.values()}
-  if len(dtypes) == 1:
-    hf_config["dtype"] = dtypes.pop()
-  for name in (hf.CONFIG_FILE, hf.SAFETENSORS_FILE):
-    if paths.exists(paths.join(directory, name)) and not overwrite:
-      raise FileExistsError(f"{paths.join(directory, name)} exists; pass "
-                            "overwrite=True")
-  if paths.is_remote(directory):
-    with tempfile.TemporaryDirectory(prefix="specdec_jax_hf.") as local:
-      _write_local(local, tensors, hf_config)
-      for name in (hf.SAFETENSORS_FILE, hf.CONFIG_FILE):  # config last
-        data = paths.read_bytes(os.path.join(local, name))
-        logging.info("uploading %s (%.1f MB) to %s", name, len(data) / 1e6,
-                     directory)
-        paths.write_bytes(paths.join(directory, name), data)
-    return directory
-  _write_local(directory, tensors, hf_config)
-  return directory
-
-
-def _write_local(directory: str, tensors: dict[str, np.ndarray],
-                 hf_config: dict[str, Any]) -> None:
-  os.makedirs(directory, exist_ok=True)
-  # safetensors only when Hugging Face files are written.
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  weights = os.path.join(directory, hf.SAFETENSORS_FILE)
-  save_file(tensors, weights, metadata={"format": "pt"})
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(weights, 0o666 & ~umask)
-  with open(os.path.join(directory, hf.CONFIG_FILE), "w") as f:
-    json.dump(hf_config, f, indent=2, sort_keys=True)
-    f.write("\n")
+  tensors = hf_files.export_tensors(T5GemmaDef(config), model.params,
+                                    _hf_name)
+  return hf_files.write_directory(directory, tensors,
+                                  hf_config_from_t5gemma(config), overwrite)

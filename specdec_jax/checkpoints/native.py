@@ -2,9 +2,12 @@
 
 `load_model(spec)` understands these specs:
 
-  hf:DIR       Hugging Face T5ForConditionalGeneration (`checkpoints.hf`)
-               or T5GemmaForConditionalGeneration (`checkpoints.hf_t5gemma`),
-               told apart by config.json's model_type.
+  hf:DIR       Hugging Face T5ForConditionalGeneration (`checkpoints.hf`),
+               T5GemmaForConditionalGeneration (`checkpoints.hf_t5gemma`),
+               Gemma 3 (`checkpoints.hf_gemma3`: gemma3_text, and the text
+               model of gemma3) or the text model of T5Gemma 2
+               (`checkpoints.hf_t5gemma2`), told apart by config.json's
+               model_type.
   t5x:PATH     a T5X `checkpoint_<step>` directory (local or gs://). T5X does
                not record the architecture, so `config=` must say it: one of
                our config names, a gin file such as configs/models/x.gin, a
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -54,7 +58,10 @@ from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax import sharding as sharding_lib
 from specdec_jax.checkpoints import hf
+from specdec_jax.checkpoints import hf_files
+from specdec_jax.checkpoints import hf_gemma3
 from specdec_jax.checkpoints import hf_t5gemma
+from specdec_jax.checkpoints import hf_t5gemma2
 from specdec_jax.checkpoints.configs import FAMILIES
 from specdec_jax.checkpoints.configs import config_from_fields
 from specdec_jax.checkpoints.configs import resolve_config
@@ -89,6 +96,15 @@ VOCAB_FILE = "vocab.model"
 DEMO_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo_models")
 SPEC_PREFIXES = ("hf", "t5x", "demo")
+# config.json's model_type -> the loader of a Hugging Face directory
+# (anything else: T5, whose loader names what it cannot read). Gemma's
+# tokenizer.model sits next to the weights; T5's is left to the task.
+_HF_LOADERS = {hf_t5gemma.MODEL_TYPE: hf_t5gemma.load_t5gemma,
+               hf_t5gemma2.MODEL_TYPE: hf_t5gemma2.load_t5gemma2,
+               **{t: hf_gemma3.load_gemma3 for t in hf_gemma3.MODEL_TYPES}}
+# A config's family -> the writer of its Hugging Face directory.
+_HF_SAVERS = {"t5": hf.save_t5, "t5gemma": hf_t5gemma.save_t5gemma,
+              "gemma3": hf_gemma3.save_gemma3}
 
 
 # --- Checking parameters against a model definition. ---
@@ -448,12 +464,11 @@ def _load_model(spec: str, *, config: Any, mesh: jax.sharding.Mesh | None,
     return Model(definition, _load_checked(open_t5x(rest), definition, mesh,
                                            replicate))
   if kind == "hf":
-    gemma = hf_t5gemma.is_t5gemma(rest)
-    load = hf_t5gemma.load_t5gemma if gemma else hf.load_t5
-    model_config, params = load(rest, **overrides)
+    load = _HF_LOADERS.get(hf_files.model_type(rest))
+    gemma = load is not None
+    model_config, params = (load or hf.load_t5)(rest, **overrides)
     definition = registry.make_def(model_config)
-    # Gemma's SentencePiece model sits next to the weights (it has no
-    # sentinel ids); T5 directories leave theirs to the task.
+    # Gemma's SentencePiece model has no sentinel ids.
     tokenizer = join_path(rest, hf_t5gemma.TOKENIZER_FILE)
     vocab = (_make_vocab(tokenizer) if gemma and read_bytes(tokenizer)
              is not None else None)
@@ -474,6 +489,63 @@ def _load_model(spec: str, *, config: Any, mesh: jax.sharding.Mesh | None,
           f"shipped: {', '.join(shipped) or 'none'}")
     return restore(directory, mesh=mesh, replicate=replicate, **overrides)
   return restore(rest, mesh=mesh, replicate=replicate, **overrides)
+
+
+def vocabulary_of(spec: str, config: Any = None
+                  ) -> tuple[int, tuple[str, int] | None]:
+  """(vocabulary size, fingerprint) of what `load_model(spec, config=...)`
+  loads, read from its config and tokenizer files alone, no weights: a run
+  compares its models before it reads any. The fingerprint is
+  `protocol.vocab_fingerprint`'s (sha256 of the SentencePiece model, extra
+  ids), None without a vocabulary file."""
+  kind, rest = _parse_spec(os.fspath(spec))
+  vocab_file, extra_ids = None, 0
+  if kind == "random":
+    size = registry.get_config(rest).vocab_size
+  elif kind == "t5x":
+    if config is None:
+      raise SpecError(f"{spec!r}: T5X checkpoints do not record their "
+                      "architecture; pass config= (a config name, a gin "
+                      "file under configs/models, or a dict of fields)")
+    size = resolve_config(config).vocab_size
+  elif kind == "hf":
+    data = read_bytes(join_path(rest, hf.CONFIG_FILE))
+    if data is None:
+      raise CheckpointNotFoundError(
+          f"missing {hf.CONFIG_FILE} in HF checkpoint directory {rest!r}")
+    fields = json.loads(data)
+    if fields.get("model_type") in hf_gemma3.MODEL_TYPES:
+      size = hf_gemma3.gemma3_config_from_hf(fields).vocab_size
+    elif fields.get("model_type") == hf_t5gemma2.MODEL_TYPE:
+      size = hf_t5gemma2.t5gemma2_config_from_hf(fields).vocab_size
+    else:
+      size = fields.get("vocab_size", 32128)
+    if fields.get("model_type") in _HF_LOADERS:
+      vocab_file = join_path(rest, hf_gemma3.TOKENIZER_FILE)
+  else:
+    directory = join_path(DEMO_DIR, rest) if kind == "demo" else rest
+    manifest = _read_manifest(directory)
+    size = config_from_fields(manifest["config"], manifest["family"],
+                              directory).vocab_size
+    if manifest.get("vocab"):
+      vocab_file = manifest["vocab"]
+      if not is_gcs(vocab_file) and not os.path.isabs(vocab_file):
+        vocab_file = join_path(directory, vocab_file)
+      extra_ids = int(manifest.get("vocab_extra_ids", 0))
+  proto = None if vocab_file is None else read_bytes(vocab_file)
+  return int(size), None if proto is None else (
+      hashlib.sha256(proto).hexdigest()[:16], extra_ids)
+
+
+def save_hf(model: Model, directory: str, *, overwrite: bool = False) -> str:
+  """Writes `model` as the Hugging Face directory of its family (T5,
+  T5Gemma, Gemma 3: `hf.save_t5`, `hf_t5gemma.save_t5gemma`,
+  `hf_gemma3.save_gemma3`), local or gs://; returns `directory`."""
+  family = _family(model.config)
+  if family not in _HF_SAVERS:
+    raise SpecError(f"a {family} model has no Hugging Face format; export "
+                    f"one of: {', '.join(_HF_SAVERS)}")
+  return _HF_SAVERS[family](model, directory, overwrite=overwrite)
 
 
 def convert(spec: str, output: str, *, config: Any = None,

@@ -9,6 +9,8 @@
                      every single pair;
   jsonl_fn           one JSON object a line with `article` and `highlights`
                      (CNN/DM);
+  instructions_fn    one JSON object a line with `instruction` and optional
+                     `context` and `response` (databricks-dolly-15k's);
   sentences_fn       one sentence a line (lm1b).
 
 Each takes the task's name and the `TaskConfig` field naming its files (both
@@ -185,6 +187,40 @@ def jsonl_fn(task: str, field: str, split_path: SplitPath) -> DatasetFn:
       rows["highlights"].append(highlights)
     if not rows["id"]:
       raise LocalDataError(f"Local data file {path} (task {task!r}) is empty.")
+    return tf.data.Dataset.from_tensor_slices(rows)
+
+  return dataset_fn
+
+
+def instructions_fn(task: str, field: str, split_path: SplitPath) -> DatasetFn:
+  """A seqio dataset_fn over a JSONL file of instructions: each object a
+  string `instruction`, optional strings `context` and `response` (empty
+  when absent) and an optional `id` (else its position)."""
+
+  def dataset_fn(split: str, shuffle_files: bool = False) -> tf.data.Dataset:
+    del shuffle_files
+    path = split_path(split)
+    rows = {"instruction": [], "context": [], "response": [], "id": []}
+    for number, line in enumerate(read_lines(path, task, field), start=1):
+      if not line:
+        continue
+      try:
+        record = json.loads(line)
+        fields = [record["instruction"], record.get("context", ""),
+                  record.get("response", "")]
+        if not all(isinstance(f, str) for f in fields):
+          raise TypeError("'instruction', 'context' and 'response' must be "
+                          "strings")
+      except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(
+            f"{path} line {number} (task {task!r}) is not a JSON object with "
+            f"a string 'instruction' (and optional string 'context' and "
+            f"'response'): {e!r}") from e
+      rows["id"].append(str(record.get("id", len(rows["id"]))))
+      for key, value in zip(("instruction", "context", "response"), fields):
+        rows[key].append(value)
+    if not rows["id"]:
+      raise ValueError(f"Local data file {path} (task {task!r}) is empty.")
     return tf.data.Dataset.from_tensor_slices(rows)
 
   return dataset_fn

@@ -23,6 +23,14 @@ Importing this module registers these seqio tasks:
   the data of the paper's GPT-like Table 3 rows.
 - `lm1b_local`: text files, one sentence a line; no file by default
   (`TaskConfig.lm1b_files`).
+- `wmt14_ende_prompt`, `wmt14_ende_local_prompt`, `cnn_dailymail_prompt`,
+  `cnn_dailymail_local_prompt`: the same tasks for a decoder-only model
+  (Gemma 3): `inputs` is the prompt, without EOS.
+- `instructions_local`: JSONL instructions (databricks-dolly-15k's format:
+  `instruction`, optional `context` and `response`); `inputs` is the
+  instruction (a blank line, then the context, when there is one), without
+  EOS, `targets` the response; no metric. No file by default
+  (`TaskConfig.instruction_files`).
 
 The translation and summarization tasks produce T5's text-to-text format:
 `inputs` is "translate English to German: {en}" or "summarize: {article}",
@@ -121,6 +129,11 @@ MULTI30K_ENDE_MIX_LOCAL = "multi30k_ende_mix_local"
 CNN_DAILYMAIL_LOCAL = "cnn_dailymail_local"
 LM1B = "lm1b"
 LM1B_LOCAL = "lm1b_local"
+INSTRUCTIONS_LOCAL = "instructions_local"
+# The decoder-only form of a task: `inputs` is a prompt without EOS.
+PROMPT_SUFFIX = "_prompt"
+PROMPT_TASKS = tuple(name + PROMPT_SUFFIX for name in (
+    "wmt14_ende", "wmt14_ende_local", "cnn_dailymail", "cnn_dailymail_local"))
 
 _SPLITS = ("train", "validation", "test")
 _LM1B_SPLITS = ("train", "test")  # lm1b has no validation split.
@@ -155,7 +168,12 @@ FEATURE_LENGTHS: Mapping[str, Mapping[str, int]] = {
     CNN_DAILYMAIL_LOCAL: {"inputs": 512, "targets": 512},
     LM1B: {"inputs": 64, "targets": 128},
     LM1B_LOCAL: {"inputs": 64, "targets": 128},
+    # Instructions (databricks-dolly-15k's, with their context) are short
+    # beside an article; answers run long.
+    INSTRUCTIONS_LOCAL: {"inputs": 512, "targets": 512},
 }
+FEATURE_LENGTHS.update({name: FEATURE_LENGTHS[name.removesuffix(
+    PROMPT_SUFFIX)] for name in PROMPT_TASKS})
 
 
 class VocabularyError(OSError, errors.UsageError):
@@ -218,6 +236,9 @@ class TaskConfig:
       empty by default (there is no shared lm1b data).
     lm1b_prompt_words: how many leading words of an lm1b sentence form the
       prompt (`inputs`); the rest are the `targets`. At least 1.
+    instruction_files: split -> JSONL file of instructions (`instruction`,
+      optional `context` and `response`: databricks-dolly-15k's format) for
+      `instructions_local`; empty by default.
   """
 
   vocab_path: str = DEFAULT_VOCAB_PATH
@@ -235,6 +256,8 @@ class TaskConfig:
       default_factory=lambda: {"test": "cnndm_test_frank250.dev100.jsonl"})
   lm1b_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
   lm1b_prompt_words: int = 4
+  instruction_files: Mapping[str, str] = dataclasses.field(
+      default_factory=dict)
 
   def __post_init__(self):
     extra = self.vocab_extra_ids
@@ -451,6 +474,20 @@ def lm1b_prompt_and_continuation(dataset: tf.data.Dataset) -> tf.data.Dataset:
   dataset = dataset.filter(
       lambda ex: tf.size(tf.strings.split(ex["text"])) > 0)
   return dataset.map(split, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+@seqio.map_over_dataset
+def instruction_and_response(
+    example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+  """{'instruction', 'context', 'response'[, 'id']} -> {'inputs': the
+  instruction, then a blank line and the context when there is one;
+  'targets': the response[, 'id']}."""
+  context = example["context"]
+  joined = tf.strings.join([example["instruction"], "\n\n", context])
+  return _with_id(example, {
+      "inputs": tf.where(tf.strings.length(context) > 0, joined,
+                         example["instruction"]),
+      "targets": example["response"]})
 
 
 def apply_prompt_template(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -694,6 +731,18 @@ def _register_all() -> None:
                                _split_paths(LM1B_LOCAL, "lm1b_files")),
       splits=_SPLITS),
             lm1b_prompt_and_continuation, None, inputs_eos=False)
+  # Decoder-only models (Gemma 3) continue a prompt: the same tasks without
+  # the inputs' EOS, and instructions to answer (no metric).
+  for name in PROMPT_TASKS:
+    task = seqio.get_mixture_or_task(name.removesuffix(PROMPT_SUFFIX))
+    _register(name, task.source, task.preprocessors[0],
+              task.metric_fns[0] if task.metric_fns else None,
+              inputs_eos=False)
+  _register(INSTRUCTIONS_LOCAL, seqio.FunctionDataSource(
+      local_files.instructions_fn(
+          INSTRUCTIONS_LOCAL, "instruction_files",
+          _split_paths(INSTRUCTIONS_LOCAL, "instruction_files")),
+      splits=_SPLITS), instruction_and_response, None, inputs_eos=False)
 
 
 _register_all()

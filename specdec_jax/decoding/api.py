@@ -23,6 +23,7 @@ from specdec_jax.decoding import checks
 from specdec_jax.decoding.checks import compiler_options_key  # noqa: F401  (public)
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import stopping
+from specdec_jax.decoding import widths
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.tokens import DEFAULT_STOP_IDS
@@ -164,10 +165,11 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
 
   Args:
     target: the model whose output distribution is kept.
-    draft: what proposes: a draft model (the same vocabulary size), or any
-      drafter of the `Drafter` protocol: prompt lookup
-      (`sd.prompt_lookup(target)`, copying from the input), an n-gram model
-      (`models.ngram.fit_ngram`), a cascade
+    draft: what proposes: a draft model (its vocabulary the target's or
+      narrower: its ids the target's first ones, `widths`), or any drafter
+      of the `Drafter` protocol: prompt lookup (`sd.prompt_lookup(target)`,
+      copying from the input), an n-gram model (`models.ngram.fit_ngram`),
+      a cascade
       (`sd.cascade(draft, draft_of_draft, gamma=k)`), a horizontal drafter
       (`sd.horizontal(...)`), a token tree (`sd.tree(draft, (3, 2, 1, 1))`,
       gamma its depth), or a drafter of your own (docs/extending.md).
@@ -284,6 +286,7 @@ class SpeculativeDecoder:
           f"sampling must be a SamplingConfig(temperature, top_k, top_p), "
           f"got {self.sampling!r}.")
     checks.check_compatible(self.target, self.draft)
+    put("draft", widths.widen_model(self.draft, self.target.vocab_size))
     if shape is not None:
       checks.check_tree(shape, self.target, self.gamma, self.max_decode_len,
                         self.lenience, self.draft_stop)

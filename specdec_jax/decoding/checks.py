@@ -17,6 +17,7 @@ import numpy as np
 
 from specdec_jax.decoding import composite
 from specdec_jax.decoding import protocol
+from specdec_jax.decoding import widths
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.memory import footprint
@@ -219,8 +220,9 @@ def seeds(seed: Any, batch: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_compatible(target: Model, draft: Model) -> None:
-  """Same vocabulary size, family and (when both carry one) vocabulary as
-  the target, for every model the draft runs (each level of a cascade and
+  """A vocabulary no wider than the target's (`widths`), the same family
+  and (when both carry one) the same SentencePiece model as the target,
+  for every model the draft runs (each level of a cascade and
   each part of a horizontal drafter, `composite.levels_of`), naming the one
   that differs. (`cascade` and `horizontal` refuse parts whose vocabularies
   differ, so the draft's vocabulary stands for all of them.)"""
@@ -233,12 +235,8 @@ def check_compatible(target: Model, draft: Model) -> None:
             f"(params{''.join(f'[{k!r}]' for k in path)})")
 
   for i, (path, model) in enumerate(levels):
-    if target.vocab_size != model.vocab_size:
-      raise ValueError(
-          f"{name(i, path)} and target vocabularies differ in size (target "
-          f"{target.vocab_size}, {name(i, path)} {model.vocab_size}): "
-          f"speculative decoding compares their distributions token by "
-          f"token, so every model must share one vocabulary.")
+    # A narrower draft is widened to the target's ids (`widths.widen`).
+    widths.check_widths(target.vocab_size, model.vocab_size, name(i, path))
   # Each level predicts the target's decoder sequence from the same start;
   # with a target of unknown family, the draft's levels must agree.
   want, what = family_of(target), "target"
@@ -258,8 +256,11 @@ def check_compatible(target: Model, draft: Model) -> None:
   mine = protocol.vocab_fingerprint(target)
   theirs = protocol.vocab_fingerprint(draft)
   if mine is not None and theirs is not None and mine != theirs:
+    sizes = ("of the same size" if target.vocab_size == draft.vocab_size
+             else f"(target {target.vocab_size:,} ids, draft "
+             f"{draft.vocab_size:,})")
     raise ValueError(
-        f"target and draft carry different vocabularies of the same size "
+        f"target and draft carry different vocabularies {sizes} "
         f"(SentencePiece model sha256 {mine[0]}, {mine[1]} extra ids vs "
         f"{theirs[0]}, {theirs[1]}): the same id means different pieces, so "
         f"drafts would almost never be accepted. Use a draft trained with "

@@ -12,6 +12,7 @@ nesting of them without knowing their classes.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import numbers
 from typing import Any
 
@@ -32,7 +33,13 @@ class CompositeDef(abc.ABC):
 
   @abc.abstractmethod
   def parts(self) -> tuple[tuple[str, Any], ...]:
-    """(params key, definition) of each part, top first."""
+    """(params key, definition) of each part, top first; the key also
+    names the dataclass field that holds the part (`with_parts`)."""
+
+  def with_parts(self, **parts: Any) -> "CompositeDef":
+    """The same drafter over other part definitions, by key (a narrow
+    draft widened to its target's vocabulary, `widths.widen`)."""
+    return dataclasses.replace(self, **parts)
 
   @abc.abstractmethod
   def combine_sizes(self, part_sizes):

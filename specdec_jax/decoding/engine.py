@@ -41,6 +41,7 @@ from specdec_jax import sharding
 from specdec_jax.decoding import acceptance
 from specdec_jax.decoding import drafters
 from specdec_jax.decoding import verify
+from specdec_jax.decoding import widths
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor as _cursor
@@ -343,13 +344,14 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
   target verifies at the smallest of `verify_widths(gamma)` covering the
   longest proposal, chosen on device); only the rule's `static()` keys the
   cache, its numbers are traced, so a threshold calibration compiles once.
+  A draft narrower than the target is widened to its ids (`widths.widen`).
   See `LoopConfig` for the rest.
   """
   values = dict(sampler.values(),
                 lenience=np.float32(sampling.validate_lenience(lenience)),
                 stop={} if draft_stop is None else draft_stop.values())
   config = LoopConfig(
-      target=target, draft=draft, gamma=gamma, max_decode_len=max_decode_len,
+      target=target, draft=widths.widen(draft, target.vocab_size), gamma=gamma, max_decode_len=max_decode_len,
       sampler=sampler.static(),
       stop=None if draft_stop is None else draft_stop.static(),
       record_trace=bool(record_trace), check_finite=bool(check_finite),

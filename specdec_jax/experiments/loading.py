@@ -18,6 +18,7 @@ from specdec_jax.drafts import cascades
 from specdec_jax.drafts import trees
 from specdec_jax.models import ngram
 from specdec_jax.decoding import protocol
+from specdec_jax.decoding import widths
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import fit
 from specdec_jax.experiments.experiment_config import ConfigError
@@ -27,6 +28,7 @@ from specdec_jax.experiments.experiment_config import ExperimentConfig
 def load_models(config: ExperimentConfig, mesh=None,
                 target: Model | None = None) -> tuple[Model, Model]:
   """(target, draft) of a config; `target` given: only the draft loads."""
+  check_draft_vocabularies(config)
   overrides = fit.dtype_overrides(config)
   if target is None:
     # A target whose heads, MLP or vocabulary the model axis does not
@@ -57,6 +59,32 @@ def load_models(config: ExperimentConfig, mesh=None,
   if shape is not None:
     draft = trees.tree(draft, shape)
   return target, draft
+
+
+def check_draft_vocabularies(config: ExperimentConfig) -> None:
+  """Refuses, before any weights are read, a draft (or a cascade's level)
+  wider than the target or carrying another SentencePiece model, naming
+  both sizes. A narrower one with the target's tokenizer (Gemma 3 1B's
+  262,144 ids beside 27B's 262,208) decodes exactly (`decoding.widths`)."""
+  target_size, target_vocab = checkpoints.vocabulary_of(
+      config.target, config.target_config)
+  entries = [(config.draft, config.draft_config)] + [
+      (e[0], e[2] if len(e) > 2 else None) for e in config.cascade]
+  for spec, model_config in entries:
+    if spec in fit.NGRAM_DRAFTS:  # fit over the target's ids
+      continue
+    size, vocab = checkpoints.vocabulary_of(spec, model_config)
+    try:
+      widths.check_widths(target_size, size, f"draft {spec!r}")
+    except ValueError as e:
+      raise ConfigError(f"{e} (target {config.target!r})") from None
+    if target_vocab and vocab and vocab != target_vocab:
+      raise ConfigError(
+          f"draft {spec!r} ({size:,} ids) and target {config.target!r} "
+          f"({target_size:,} ids) carry different vocabularies "
+          f"(SentencePiece model sha256 {vocab[0]} vs {target_vocab[0]}): "
+          "the same id names different pieces, so drafts would almost never "
+          "be accepted. Use a draft trained with the target's tokenizer.")
 
 
 def _load_model(role: str, spec: str, model_config: Any, mesh,

@@ -226,18 +226,17 @@ class GPTTransformer(nn.Module):
     return logits
 
 
-@dataclasses.dataclass(frozen=True)
-class GPTDef(base.FlaxModelDef):
-  """`ModelDef` for the decoder-only model.
-
-  Attributes:
-    config: the architecture.
-  """
+class DecoderOnlyDef(base.FlaxModelDef):
+  """The `ModelDef` half every decoder-only model here shares (the GPT-like
+  model, and Gemma 3 in `gemma3.py`): its module has `decode(tokens,
+  positions, cache, return_logits, tree)` and `__call__(tokens)`, its cache
+  is a `GPTCache`, and its config a `max_len` (the longest prompt) and a
+  `dtype`. A subclass is a frozen dataclass with a `config` that sets
+  `module_class` and defines `kv_shape() -> (layers, key/value heads, head
+  dim)`, the shape of its cache."""
 
   family = protocol.DECODER_ONLY
-  module_class = GPTTransformer
   num_init_inputs = 1
-  config: GPTConfig
 
   @property
   def max_input_len(self) -> int | None:
@@ -248,7 +247,7 @@ class GPTDef(base.FlaxModelDef):
 
   def forward(self, params: Any, tokens: jax.Array) -> jax.Array:
     """Uncached causal pass: int [B, T] -> float32 logits [B, T, V]."""
-    return self._apply(params, tokens, method=GPTTransformer.__call__)
+    return self._apply(params, tokens, method=self.module_class.__call__)
 
   def prefill(self, params: Any, input_ids: jax.Array,
               num_decode_positions: int) -> Prefill:
@@ -268,15 +267,15 @@ class GPTDef(base.FlaxModelDef):
     if length > cfg.max_len:
       raise ValueError(
           f"prompt length {length} exceeds max_len={cfg.max_len}; truncate "
-          "the prompts or raise GPTConfig.max_len")
+          f"the prompts or raise {type(cfg).__name__}.max_len")
     slots = length + num_decode_positions + 1
+    num_layers, heads, head_dim = self.kv_shape()
     cache = GPTCache(layers=tuple(
-        layers.KVCache.zeros(batch, slots, cfg.num_heads, cfg.head_dim,
-                             cfg.dtype)
-        for _ in range(cfg.num_layers)))
+        layers.KVCache.zeros(batch, slots, heads, head_dim, cfg.dtype)
+        for _ in range(num_layers)))
     positions = jnp.broadcast_to(jnp.arange(length), input_ids.shape)
     _, kv = self._apply(params, input_ids, positions, cache.layers, False,
-                        method=GPTTransformer.decode)
+                        method=self.module_class.decode)
     # Length = one past the last non-padding token, so a 0 inside a row
     # cannot cut the prompt short.
     nonpad = (input_ids != 0) * jnp.arange(1, length + 1)
@@ -293,14 +292,32 @@ class GPTDef(base.FlaxModelDef):
              tree: Any = None) -> tuple[jax.Array, GPTCache]:
     """Feeds tokens [B, K] at positions [B, K]; see `ModelDef.extend`."""
     logits, kv = self._apply(params, tokens, positions, cache.layers, True,
-                             tree, method=GPTTransformer.decode)
+                             tree, method=self.module_class.decode)
     cache = GPTCache(layers=kv)
     return logits, base.constrain_cache(cache, cache_logical_axes(cache))
 
   def copy_slots(self, cache: GPTCache, src: jax.Array,
                  dst: jax.Array) -> GPTCache:
     """The entries of slots `src` [B, D] copied to `dst` [B, D] (see
-    `protocol`: a token tree's accepted path)."""
+    `protocol`: a token tree's accepted path; a rotary key was rotated by
+    its node's position, the one it moves to)."""
     cache = GPTCache(layers=tuple(kv.copy_slots(src, dst)
                                   for kv in cache.layers))
     return base.constrain_cache(cache, cache_logical_axes(cache))
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTDef(DecoderOnlyDef):
+  """`ModelDef` for the decoder-only model.
+
+  Attributes:
+    config: the architecture.
+  """
+
+  module_class = GPTTransformer
+  config: GPTConfig
+
+  def kv_shape(self) -> tuple[int, int, int]:
+    """(layers, heads, head dim) of the cache."""
+    cfg = self.config
+    return cfg.num_layers, cfg.num_heads, cfg.head_dim

@@ -1,9 +1,9 @@
 """Model configs by name, and the `ModelDef` that runs each.
 
 Real sizes are T5X's (t5x/examples/t5/t5_1_0/*.gin and t5_1_1/*.gin), the
-paper's GPT-like models and the published T5Gemma checkpoints (see
-`_t5gemma` for where each number comes from); the `*_tiny` configs are for
-tests. Each name
+paper's GPT-like models and the published T5Gemma and Gemma 3 checkpoints
+(see `_t5gemma` and `_gemma3` for where each number comes from); the
+`*_tiny` configs are for tests. Each name
 also has a gin file, `configs/models/<name>.gin`, binding the same fields.
 
   >>> from specdec_jax.models import registry
@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 
+from specdec_jax.models.gemma3 import Gemma3Config, Gemma3Def
+from specdec_jax.models.gemma_layers import GLOBAL, SLIDING
 from specdec_jax.models.gpt import GPTConfig, GPTDef
 from specdec_jax.models.t5 import T5Config, T5Def
 from specdec_jax.models.t5gemma import StackConfig
 from specdec_jax.models.t5gemma import T5GemmaConfig, T5GemmaDef
+from specdec_jax.models.t5gemma2 import T5Gemma2Config, T5Gemma2Def
 
 T5_VOCAB = 32128  # 32000 sentencepiece pieces + 100 sentinels, padded to 128.
 GPT_VOCAB = 8192  # The paper's "8k" lm1b vocabulary.
 GEMMA_VOCAB = 256000  # Gemma's SentencePiece vocabulary.
+# Gemma 3's: 262144 ids (270M, 1B); from 4B up 64 more (image tokens).
+GEMMA3_VOCAB, GEMMA3_VOCAB_WIDE = 262_144, 262_208
 
 NAMES = (
     "t5_tiny", "t5_1_1_tiny", "gpt_tiny",
@@ -33,8 +38,12 @@ NAMES = (
     "t5gemma_tiny", "t5gemma_tiny_draft",
     "t5gemma_s_s", "t5gemma_b_b", "t5gemma_l_l", "t5gemma_ml_ml",
     "t5gemma_xl_xl", "t5gemma_2b_2b", "t5gemma_9b_2b", "t5gemma_9b_9b",
+    "gemma3_tiny", "gemma3_tiny_draft",
+    "gemma3_270m", "gemma3_1b", "gemma3_4b", "gemma3_12b", "gemma3_27b",
+    "t5gemma2_tiny",
 )
-ModelConfig = T5Config | GPTConfig | T5GemmaConfig
+ModelConfig = (T5Config | GPTConfig | T5GemmaConfig | Gemma3Config
+               | T5Gemma2Config)
 
 
 def _t5_1_0(emb, heads, layers, head_dim, mlp) -> T5Config:
@@ -105,6 +114,32 @@ def _t5gemma_tiny(emb, heads, kv_heads) -> StackConfig:
                      query_pre_attn_scalar=8.0, sliding_window=4)
 
 
+# Gemma 3 text models, from their config.json files on the Hub (the text
+# config of the 4B, 12B and 27B multimodal checkpoints), as transformers
+# 5.24's Gemma3TextConfig reads them: rotary base 1M (global) and 10k
+# (local), five local layers to one global, vocabularies as above. Every
+# size gives keras-hub's published text-only parameter count, which counts
+# 262144 embedding rows (tests/test_gemma3.py).
+def _gemma3(emb, layers, heads, kv_heads, mlp, *, head_dim=256, window=1024,
+            scalar=256.0, wide=True) -> Gemma3Config:
+  return Gemma3Config(
+      vocab_size=GEMMA3_VOCAB_WIDE if wide else GEMMA3_VOCAB, emb_dim=emb,
+      num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
+      head_dim=head_dim, mlp_dim=mlp, query_pre_attn_scalar=scalar,
+      sliding_window=window, rope_scale=8.0 if wide else 1.0,
+      max_len=131072 if wide else 32768)
+
+
+def _gemma3_tiny(vocab, emb, heads, kv_heads) -> Gemma3Config:
+  # A window of 4 that the contract tests' 8 positions cross, local and
+  # global layers, scaled global rotary, query_pre_attn_scalar != head_dim.
+  return Gemma3Config(vocab_size=vocab, emb_dim=emb, num_layers=3,
+                      num_heads=heads, num_kv_heads=kv_heads, head_dim=8,
+                      mlp_dim=2 * emb, query_pre_attn_scalar=12.0,
+                      sliding_window=4, rope_scale=8.0,
+                      layer_types=(SLIDING, SLIDING, GLOBAL), max_len=64)
+
+
 def _base_config(name: str) -> ModelConfig:
   match name:
     case "t5_tiny":
@@ -167,6 +202,24 @@ def _base_config(name: str) -> ModelConfig:
       return _t5gemma(_GEMMA2_9B, _GEMMA2_2B)
     case "t5gemma_9b_9b":
       return _t5gemma(_GEMMA2_9B)
+    case "gemma3_tiny":
+      return _gemma3_tiny(128, 32, 4, 2)
+    case "gemma3_tiny_draft":  # narrower vocabulary, as 1B next to 27B
+      return _gemma3_tiny(120, 16, 2, 1)
+    case "t5gemma2_tiny":  # both stacks gemma3_tiny's, eoi id in range
+      stack = _gemma3_tiny(128, 32, 4, 2)
+      return T5Gemma2Config(vocab_size=128, encoder=stack, decoder=stack,
+                            eoi_token_id=100, max_input_len=64)
+    case "gemma3_270m":
+      return _gemma3(640, 18, 4, 1, 2048, window=512, wide=False)
+    case "gemma3_1b":
+      return _gemma3(1152, 26, 4, 1, 6912, window=512, wide=False)
+    case "gemma3_4b":
+      return _gemma3(2560, 34, 8, 4, 10240)
+    case "gemma3_12b":
+      return _gemma3(3840, 48, 16, 8, 15360)
+    case "gemma3_27b":
+      return _gemma3(5376, 62, 32, 16, 21504, head_dim=128, scalar=168.0)
   raise ValueError(f"unknown model config {name!r}; known: {', '.join(NAMES)}")
 
 
@@ -178,7 +231,7 @@ def get_config(name: str, **overrides) -> ModelConfig:
     **overrides: config fields to change, e.g. dtype="bfloat16".
 
   Returns:
-    A `T5Config`, `GPTConfig` or `T5GemmaConfig`.
+    A `T5Config`, `GPTConfig`, `T5GemmaConfig` or `Gemma3Config`.
   """
   config = _base_config(name)
   try:
@@ -187,8 +240,13 @@ def get_config(name: str, **overrides) -> ModelConfig:
     raise ValueError(f"bad override for {name!r}: {e}") from None
 
 
-def make_def(config: ModelConfig) -> T5Def | GPTDef | T5GemmaDef:
-  """The `ModelDef` that runs `config`."""
+def make_def(config: ModelConfig):
+  """The `ModelDef` that runs `config` (T5Def, GPTDef, T5GemmaDef,
+  Gemma3Def or T5Gemma2Def)."""
+  if isinstance(config, T5Gemma2Config):
+    return T5Gemma2Def(config)
+  if isinstance(config, Gemma3Config):
+    return Gemma3Def(config)
   if isinstance(config, T5Config):
     return T5Def(config)
   if isinstance(config, T5GemmaConfig):

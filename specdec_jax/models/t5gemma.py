@@ -58,11 +58,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.models import gemma_layers
 from specdec_jax.models import layers
+from specdec_jax.models.gemma_layers import GLOBAL, SLIDING  # noqa: F401
+from specdec_jax.models.gemma_layers import window_bias
 from specdec_jax.models.t5 import EncoderDecoderDef
 
 PAD_ID, EOS_ID, BOS_ID = 0, 1, 2
-SLIDING, GLOBAL = "sliding_attention", "full_attention"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,14 +106,8 @@ class StackConfig:
     if types is None:
       types = tuple(SLIDING if i % 2 == 0 else GLOBAL
                     for i in range(self.num_layers))
-    types = tuple(types)  # gin and JSON hand over lists
-    if len(types) != self.num_layers or set(types) - {SLIDING, GLOBAL}:
-      raise ValueError(
-          f"layer_types must give {SLIDING!r} or {GLOBAL!r} for each of the "
-          f"{self.num_layers} layers, got {types}")
-    if self.sliding_window is None and SLIDING in types:
-      raise ValueError("sliding layers need a sliding_window: set one, or "
-                       f"make every layer {GLOBAL!r}")
+    types = gemma_layers.check_layer_types(types, self.num_layers,
+                                           self.sliding_window)
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
                        f"num_kv_heads={self.num_kv_heads}")
@@ -148,131 +144,26 @@ class T5GemmaConfig:
         object.__setattr__(self, name, StackConfig(**stack))
 
 
-def softcap(x: jax.Array, cap: float | None) -> jax.Array:
-  """tanh(x / cap) * cap (Gemma 2's soft-capping); x itself for None."""
-  return x if cap is None else jnp.tanh(x / cap) * cap
-
-
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """Rotary embedding of x [B, T, N, H] at positions int [B, T] (or
-  [1, T]): the two halves of H are rotated together (transformers'
-  `rotate_half`), angles computed in float32."""
-  half = x.shape[-1] // 2
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, 2 * half, 2, dtype=jnp.float32)
-                              / (2 * half)))
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
-  angles = jnp.concatenate([angles, angles], -1)[:, :, None, :]
-  cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
-  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
-  return x * cos + rotated * sin
-
-
-def window_bias(query_pos: jax.Array, key_pos: jax.Array, window: int,
-                causal: bool) -> jax.Array:
-  """float32 [B, 1, T, S] bias hiding keys outside a query's window:
-  t - W < j (causal) or |t - j| <= W (bidirectional), as transformers."""
-  distance = query_pos[:, None, :, None] - key_pos[:, None, None, :]
-  inside = distance < window if causal else jnp.abs(distance) <= window
-  return layers.mask_to_bias(inside)
-
-
-class GemmaNorm(nn.Module):
-  """Gemma's RMS norm: x / rms(x) * (1 + scale), in float32, scale init 0.
-
-  Attributes:
-    epsilon: added to the mean square.
-    dtype: output dtype.
-    param_dtype: dtype of `scale` [D].
-  """
-
-  epsilon: float = 1e-6
-  dtype: Any = "float32"
-  param_dtype: Any = "float32"
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """[..., D] -> [..., D] in `dtype`."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), -1, keepdims=True)
-                            + self.epsilon)
-    scale = layers._param(  # pylint: disable=protected-access
-        self, "scale", nn.initializers.zeros, (x.shape[-1],),
-        self.param_dtype, ("embed",))
-    return (y * (1.0 + scale.astype(jnp.float32))).astype(self.dtype)
-
-
-class Attention(nn.Module):
-  """Grouped-query attention with rotary positions and soft-capped logits.
-
-  Attributes:
-    stack: the stack's config (heads, head dim, scalar, soft-cap).
-    out_features: width of the output (the stack's).
-    rotary: rotary embeddings on queries and keys (not cross-attention).
-    dtype: compute dtype; logits and softmax are float32.
-    param_dtype: dtype of the kernels.
-  """
-
-  stack: StackConfig
-  out_features: int
-  rotary: bool = True
-  dtype: Any = "float32"
-  param_dtype: Any = "float32"
-
-  def setup(self):
-    s = self.stack
-    proj = lambda heads: layers.DenseGeneral(
-        features=(heads, s.head_dim), kernel_axes=("embed", "joined_kv"),
-        dtype=self.dtype, param_dtype=self.param_dtype)
-    self.query = proj(s.num_heads)
-    self.key = proj(s.num_kv_heads)
-    self.value = proj(s.num_kv_heads)
-    self.out = layers.DenseGeneral(
-        features=self.out_features, axis=(-2, -1),
-        kernel_axes=("joined_kv", "embed"), dtype=self.dtype,
-        param_dtype=self.param_dtype)
-
-  def project_kv(self, x: jax.Array, positions: jax.Array | None
-                 ) -> tuple[jax.Array, jax.Array]:
-    """x [B, S, D or E] -> (keys, values) [B, S, K, H]; keys rotated to
-    `positions` [B, S] when rotary."""
-    k = self.key(x)
-    if self.rotary:
-      k = rope(k, positions, self.stack.rope_theta)
-    k = layers.constrain(k, "batch", "length", "heads", "kv")
-    v = layers.constrain(self.value(x), "batch", "length", "heads", "kv")
-    return k, v
-
-  def __call__(self, x: jax.Array, positions: jax.Array | None,
-               kv: layers.KVCache, bias: jax.Array) -> jax.Array:
-    """Queries from x [B, T, D] at `positions` [B, T] attend to `kv`
-    (keys [B, K, H, S], values [B, K, S, H]); bias float32 broadcastable
-    to [B, 1, T, S] -> [B, T, D]."""
-    s = self.stack
-    q = self.query(x)
-    if self.rotary:
-      q = rope(q, positions, s.rope_theta)
-    q = layers.constrain(q, "batch", "length", "heads", "kv")
-    batch, length = q.shape[:2]
-    groups = s.num_heads // s.num_kv_heads
-    q = q.reshape(batch, length, s.num_kv_heads, groups, s.head_dim)
-    logits = jnp.einsum("BTKGH,BKHS->BKGTS", q, kv.key.astype(self.dtype),
-                        preferred_element_type=jnp.float32)
-    logits = softcap(logits * s.query_pre_attn_scalar**-0.5,
-                     s.attn_logit_softcapping)
-    weights = jax.nn.softmax(logits + bias[:, :, None], axis=-1)
-    out = jnp.einsum("BKGTS,BKSH->BTKGH", weights.astype(self.dtype),
-                     kv.value.astype(self.dtype))
-    out = out.reshape(batch, length, s.num_heads, s.head_dim)
-    out = layers.constrain(out, "batch", "length", "heads", "kv")
-    return layers.constrain(self.out(out), "batch", "length", "embed")
-
-
 def _common(cfg: T5GemmaConfig) -> dict[str, Any]:
   return dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
 
-def _norm(cfg: T5GemmaConfig, stack: StackConfig) -> GemmaNorm:
-  return GemmaNorm(epsilon=stack.layer_norm_epsilon, **_common(cfg))
+def _norm(cfg: T5GemmaConfig, stack: StackConfig) -> gemma_layers.GemmaNorm:
+  return gemma_layers.GemmaNorm(epsilon=stack.layer_norm_epsilon,
+                                **_common(cfg))
+
+
+def _attention(cfg: T5GemmaConfig, stack: StackConfig,
+               rotary: bool = True) -> gemma_layers.Attention:
+  """Gemma 2 attention: soft-capped logits, no QK-norm, one rotary base
+  (none on cross-attention)."""
+  return gemma_layers.Attention(
+      num_heads=stack.num_heads, num_kv_heads=stack.num_kv_heads,
+      head_dim=stack.head_dim, out_features=stack.emb_dim,
+      query_pre_attn_scalar=stack.query_pre_attn_scalar,
+      softcap=stack.attn_logit_softcapping,
+      rotary=gemma_layers.Rotary(stack.rope_theta) if rotary else None,
+      **_common(cfg))
 
 
 def _mlp(cfg: T5GemmaConfig, stack: StackConfig) -> layers.MlpBlock:
@@ -285,12 +176,6 @@ def _embedder(cfg: T5GemmaConfig, stack: StackConfig) -> layers.Embed:
   return layers.Embed(cfg.vocab_size, stack.emb_dim, **_common(cfg))
 
 
-def _embed(embedder: layers.Embed, ids: jax.Array, width: int, dtype):
-  """Embedding times sqrt(width), the factor rounded to the compute dtype
-  as transformers rounds it."""
-  return embedder(ids) * jnp.asarray(width**0.5, dtype)
-
-
 class EncoderLayer(nn.Module):
   """Bidirectional attention and MLP, each between two norms."""
 
@@ -299,7 +184,7 @@ class EncoderLayer(nn.Module):
   def setup(self):
     cfg, s = self.config, self.config.encoder
     self.pre_attention_norm = _norm(cfg, s)
-    self.attention = Attention(s, s.emb_dim, **_common(cfg))
+    self.attention = _attention(cfg, s)
     self.post_attention_norm = _norm(cfg, s)
     self.pre_mlp_norm = _norm(cfg, s)
     self.mlp = _mlp(cfg, s)
@@ -333,7 +218,7 @@ class Encoder(nn.Module):
     bias = layers.padding_bias(input_ids != PAD_ID)
     sliding = (bias if s.sliding_window is None
                else bias + window_bias(pos, pos, s.sliding_window, False))
-    x = _embed(self.token_embedder, input_ids, s.emb_dim, self.config.dtype)
+    x = gemma_layers.embed(self.token_embedder, input_ids, s.emb_dim, self.config.dtype)
     for layer, kind in zip(self.layers, s.layer_types):
       x = layer(x, pos, sliding if kind == SLIDING else bias)
     return layers.constrain(self.encoder_norm(x), "batch", "length", "embed")
@@ -347,11 +232,10 @@ class DecoderLayer(nn.Module):
   def setup(self):
     cfg, s = self.config, self.config.decoder
     self.pre_self_attention_norm = _norm(cfg, s)
-    self.self_attention = Attention(s, s.emb_dim, **_common(cfg))
+    self.self_attention = _attention(cfg, s)
     self.post_self_attention_norm = _norm(cfg, s)
     self.pre_cross_attention_norm = _norm(cfg, s)
-    self.encoder_decoder_attention = Attention(s, s.emb_dim, rotary=False,
-                                               **_common(cfg))
+    self.encoder_decoder_attention = _attention(cfg, s, rotary=False)
     self.post_cross_attention_norm = _norm(cfg, s)
     self.pre_mlp_norm = _norm(cfg, s)
     self.mlp = _mlp(cfg, s)
@@ -437,7 +321,7 @@ class Decoder(nn.Module):
       cache = (None,) * len(self.layers)
     cross_bias = layers.padding_bias(encoder_mask)
     slots = positions if tree is None else tree.slots
-    y = _embed(self.token_embedder, tokens, s.emb_dim, cfg.dtype)
+    y = gemma_layers.embed(self.token_embedder, tokens, s.emb_dim, cfg.dtype)
     new_cache = []
     for layer, kind, layer_cross, layer_cache in zip(
         self.layers, s.layer_types, cross, cache):
@@ -446,8 +330,8 @@ class Decoder(nn.Module):
                              layer_cross, cross_bias, layer_cache)
       new_cache.append(layer_cache)
     y = self.decoder_norm(y)
-    logits = softcap(self.token_embedder.attend(y),
-                     cfg.final_logit_softcapping)
+    logits = gemma_layers.softcap(self.token_embedder.attend(y),
+                                  cfg.final_logit_softcapping)
     logits = layers.constrain(logits, "batch", "length", "vocab")
     return logits, None if uncached else tuple(new_cache)
 

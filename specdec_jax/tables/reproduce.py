@@ -76,7 +76,7 @@ def _draft_key(summary_config: dict) -> str:
 
 # Files under configs/experiments that other configs include rather than run:
 # the checkpoint macros and each task's shared settings.
-_SHARED_CONFIGS = ("ende.gin", "cnndm.gin", "lm1b.gin")
+_SHARED_CONFIGS = ("ende.gin", "cnndm.gin", "lm1b.gin", "instruct.gin")
 
 
 def is_shared_config(path: str) -> bool:

@@ -100,7 +100,7 @@ def model_logits(definition, params, batch: Mapping[str, jax.Array],
                  dropout_rate: float = 0.0, key: jax.Array | None = None):
   """Teacher-forced float32 logits [B, T, V] of a batch (`BucketedData`)."""
   def run():
-    if isinstance(definition, gpt.GPTDef):
+    if isinstance(definition, gpt.DecoderOnlyDef):
       return definition.forward(params, batch["decoder_inputs"])
     return definition.forward(params, batch["inputs"], batch["decoder_inputs"])
   if not dropout_rate:

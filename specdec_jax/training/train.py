@@ -153,7 +153,7 @@ def _prepare(config: TrainConfig, definition,
           f"{teacher.vocab_size}, the student {definition.vocab_size}: "
           "distillation compares distributions token by token, so set the "
           "student's model_overrides['vocab_size'] to the teacher's.")
-  decoder_only = isinstance(definition, gpt.GPTDef)
+  decoder_only = isinstance(definition, gpt.DecoderOnlyDef)
   n = config.eval_examples
   train_files = {}
   if config.train_translations:
