@@ -59,6 +59,11 @@ PLAN = {
     "docs/demo_models.md#4": [TRAINING_CONFIG],
     "docs/demo_models.md#5": [RUN, *[TRAINING_CONFIG] * 4],
     "docs/demo_models.md#6": [TRAINING_CONFIG] * 5,
+    "docs/gemma3.md#1": [INSTALL, CLOUD, CLOUD, CLOUD, CLOUD],
+    "docs/gemma3.md#2": [CLOUD],
+    "docs/gemma3.md#3": [TPU_PLAN],
+    "docs/gemma3.md#4": [TPU_PLAN],
+    "docs/gemma3.md#5": [CLOUD + " (the real checkpoints), and a TPU"],
     "docs/storage.md#1": [INSTALL, RUN, RUN, RUN, RUN, RUN],
     "docs/storage.md#2": [
         "tests/test_multihost.py runs this: two processes into the "
