@@ -222,8 +222,9 @@ def tiny_ende(root, sentences) -> dict[str, str]:
 def uncached_speculative(*args, **kwargs):
   """`engine.build_speculative(*args, **kwargs)` built afresh, outside its
   cache: traced at its first call, under whatever the test has patched
-  then (a `monkeypatch` of `drafters.ModelDrafter.draw`, of
-  `acceptance.rule_for`, ...), and never handed to another test."""
+  then (a `monkeypatch` of `drafters.ModelDrafter.draw`, ...), and never
+  handed to another test. (A wrong acceptance rule needs no patch: it is
+  the loop's `rule=`, part of its key.)"""
   builder = engine._build_speculative  # pylint: disable=protected-access
   engine._build_speculative = builder.__wrapped__
   try:
@@ -240,17 +241,13 @@ def argmax_draw(self, key, q):
   return jnp.argmax(q, -1).astype(jnp.int32)
 
 
-def general_rule(sampler, lenience=1.0):
-  """`acceptance.rule_for` that never takes the greedy shortcut: Algorithm
-  1 on probabilities (one-hot ones at temperature 0)."""
-  del sampler
-  return acceptance.Sampled(lenience)
-
-
+@dataclasses.dataclass(frozen=True)
 class SkipResidual(acceptance.Sampled):
   """Algorithm 1 without its residual: after a rejection the next test (a
   tree's sibling) and the correction use the verifier's p itself. Wrong on
-  purpose (a negative control's acceptance rule)."""
+  purpose (a negative control's acceptance rule, passed as `rule=`)."""
+
+  exact = False
 
   def residual(self, p, q):
     del q

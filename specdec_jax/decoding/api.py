@@ -132,6 +132,7 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
   fn = engine.build_generate(model.definition, max_decode_len, sampler, check,
                              options, stop_ids)
   result = _run(fn, [model.params], [ids, seeds, rows], mesh)
+  result.stats = result.stats.replace(exact=True)
   checks.check_nonfinite(result.stats, on_nonfinite, [("target_nonfinite", "target")])
   return result
 
@@ -141,6 +142,7 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
                          temperature: float = 0.0, top_k: int = 0,
                          top_p: float = 1.0, seed: Any = 0,
                          lenience: float = 1.0,
+                         rule: Any = None,
                          draft_stop: Any = None,
                          record_trace: bool = False,
                          mesh: jax.sharding.Mesh | None = None,
@@ -164,6 +166,11 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
     seed: int, or one int per row.
     lenience: in (0, 1]; 1 (default) is exact, smaller is the paper's lossy
       variant.
+    rule: the acceptance rule: None (Algorithm 1, `acceptance.rule_for`)
+      or any hashable object with the members of
+      `acceptance.AcceptanceRule` (e.g. `sd.TypicalAcceptance()`, lossy;
+      docs/extending.md). Part of the compiled loop's key. A lossy rule's
+      results say so (`stats.exact` False).
     draft_stop: None (exactly gamma draft tokens per iteration, the paper's
       loop), `sd.ConfidenceStop(threshold)` or `sd.ExpectedGainStop(...)`:
       each row stops proposing when the rule says so (see
@@ -189,7 +196,7 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
   decoder = SpeculativeDecoder(
       target, draft, gamma=gamma, max_decode_len=max_decode_len,
       sampling=sampling_lib.SamplingConfig(temperature, top_k, top_p),
-      lenience=lenience, draft_stop=draft_stop, mesh=mesh,
+      lenience=lenience, rule=rule, draft_stop=draft_stop, mesh=mesh,
       on_nonfinite=on_nonfinite, compiler_options=compiler_options,
       stop_ids=stop_ids)
   return decoder(input_ids, seed=seed, record_trace=record_trace)
@@ -221,7 +228,9 @@ class SpeculativeDecoder:
     max_decode_len: the most tokens generated per row.
     sampling: temperature, top-k, top-p, applied to target and draft alike.
     lenience: 1 (default) is exact; below 1 the paper's lossy variant.
-    draft_stop: None or a stop rule (`ConfidenceStop`, `ExpectedGainStop`).
+    rule: None (Algorithm 1) or an acceptance rule (`speculative_generate`).
+    draft_stop: None or a stop rule (`ConfidenceStop`, `ExpectedGainStop`,
+      or any `stopping.StopRule`).
     mesh: run sharded on this mesh.
     on_nonfinite: "error", "warn" or "ignore" (see `speculative_generate`).
     compiler_options: XLA options of the compiled loop.
@@ -234,6 +243,7 @@ class SpeculativeDecoder:
   max_decode_len: int = dataclasses.field(kw_only=True)
   sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig()
   lenience: float = 1.0
+  rule: Any = None
   draft_stop: Any = None
   mesh: jax.sharding.Mesh | None = None
   on_nonfinite: str = "error"
@@ -263,6 +273,7 @@ class SpeculativeDecoder:
         "max_decode_len", self.max_decode_len,
         "It bounds the generated tokens."))
     put("lenience", sampling_lib.validate_lenience(self.lenience))
+    checks.check_rule(self.rule, self.lenience)
     if not isinstance(self.sampling, sampling_lib.SamplingConfig):
       raise TypeError(
           f"sampling must be a SamplingConfig(temperature, top_k, top_p), "
@@ -280,11 +291,19 @@ class SpeculativeDecoder:
             f"draft={_short(self.draft)}, gamma={self.gamma}, "
             f"max_decode_len={self.max_decode_len}, "
             f"sampling=(temperature={s.temperature}, top_k={s.top_k}, "
-            f"top_p={s.top_p}), lenience={self.lenience}, "
+            f"top_p={s.top_p}), lenience={self.lenience}, rule={self.rule!r}, "
             f"draft_stop={self.draft_stop!r}, mesh={mesh}, "
             f"on_nonfinite={self.on_nonfinite!r}, "
             f"compiler_options={self.compiler_options!r}, "
             f"stop_ids={self.stop_ids!r})")
+
+  @property
+  def exact(self) -> bool:
+    """Whether the output is distributed exactly as the target's (False
+    for a lossy rule or lenience < 1)."""
+    if self.rule is not None:
+      return bool(self.rule.exact)
+    return self.lenience == 1.0
 
   def replace(self, **changes: Any) -> "SpeculativeDecoder":
     """The same decoder with some settings changed (checked again)."""
@@ -334,9 +353,10 @@ class SpeculativeDecoder:
         draft_stop=self.draft_stop,
         compiler_options=checks.compiler_options_key(self.compiler_options),
         draft_replicated=_replicated(draft.params, mesh),
-        stop_ids=self.stop_ids)
+        stop_ids=self.stop_ids, rule=self.rule)
     result = _run(fn, [target.params, draft.params], [ids, seeds, rows],
                   mesh)
+    result.stats = result.stats.replace(exact=self.exact)
     checks.check_nonfinite(result.stats, self.on_nonfinite,
                            [("target_nonfinite", "target"),
                             ("draft_nonfinite", "draft")])

@@ -15,10 +15,12 @@ import warnings
 import jax
 import numpy as np
 
+from specdec_jax.decoding import acceptance
 from specdec_jax.decoding import composite
 from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
+from specdec_jax.errors import ContractError
 from specdec_jax.memory import footprint
 from specdec_jax.tokens import EOS_ID
 
@@ -37,6 +39,39 @@ def check_model(name: str, model: Any, cascade_ok: bool = False) -> Model:
         f"sd.horizontal), which can only be the draft of "
         f"speculative_generate; pass its top model here instead.")
   return model
+
+
+def check_rule(rule: Any, lenience: float = 1.0) -> None:
+  """Refuses, before compiling, an acceptance rule without the members of
+  `acceptance.AcceptanceRule`, an unhashable one (it keys the compiled
+  loop), and `lenience` beside it (lenience belongs to the default rule)."""
+  if rule is None:
+    return
+  name = type(rule).__name__
+  missing = [m for m in acceptance.RULE_MEMBERS if not hasattr(rule, m)]
+  if missing:
+    raise ContractError(
+        f"rule {name} has no {', '.join(missing)}: an acceptance rule has "
+        f"the members of acceptance.AcceptanceRule "
+        f"({', '.join(acceptance.RULE_MEMBERS)}); docs/extending.md writes "
+        f"one.")
+  for flag in ("uses_q", "exact"):
+    if not isinstance(getattr(rule, flag), (bool, np.bool_)):
+      raise ContractError(
+          f"rule {name}.{flag} must be True or False, got "
+          f"{getattr(rule, flag)!r}.")
+  try:
+    hash(rule)
+  except TypeError:
+    raise ContractError(
+        f"rule {name} is not hashable: a rule is part of the compiled "
+        f"loop's key; make it a frozen dataclass "
+        f"(@dataclasses.dataclass(frozen=True)).") from None
+  if lenience != 1.0:
+    raise ValueError(
+        f"lenience={lenience} with rule={name}: lenience is the default "
+        f"rule's setting; pass it in the rule instead, e.g. "
+        f"rule=acceptance.Sampled({lenience}).")
 
 
 def compiler_options_key(options: Any) -> tuple:

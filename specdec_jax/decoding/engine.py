@@ -40,6 +40,7 @@ from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax.decoding import acceptance
 from specdec_jax.decoding import drafters
+from specdec_jax.decoding import stopping
 from specdec_jax.decoding import verify
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
@@ -258,7 +259,9 @@ class LoopConfig:
     gamma: the most draft tokens per iteration (a tree's depth).
     max_decode_len: T, the most tokens generated per row.
     sampler: `SamplingConfig.static()`: its numbers are traced.
-    stop: a draft-length rule's `static()` (`stopping.py`), or None.
+    rule: the acceptance rule (`acceptance.AcceptanceRule`), or None for
+      `acceptance.rule_for`'s default (whose lenience is traced).
+    stop: a draft-length rule's key (`stopping.split`), or None.
     record_trace: also record the per-iteration `stats.Trace`.
     check_finite: flag NaN or inf logits per row.
     compiler_options: XLA options, sorted ((name, value), ...).
@@ -275,6 +278,7 @@ class LoopConfig:
   gamma: int
   max_decode_len: int
   sampler: sampling.SamplingConfig
+  rule: Any = None
   stop: Any = None
   record_trace: bool = False
   check_finite: bool = True
@@ -285,9 +289,11 @@ class LoopConfig:
   def drafter(self, sampler: Any = None,
               rule: Any = None) -> Drafter:
     """The top-level drafter (sampler and rule: traced ones in a loop)."""
-    sampler = sampler or self.sampler
-    return drafters.make_drafter(self.draft, self.gamma, sampler, 1,
-                                 rule or acceptance.rule_for(sampler))
+    sampler = self.sampler if sampler is None else sampler
+    if rule is None:
+      rule = self.rule if self.rule is not None else acceptance.rule_for(
+          sampler)
+    return drafters.make_drafter(self.draft, self.gamma, sampler, 1, rule)
 
   def draft_rules(self):
     """Where the draft runs: a replicated draft's constraints must not name
@@ -313,9 +319,11 @@ class Loop:
   @classmethod
   def trace(cls, config: LoopConfig, values: dict) -> "Loop":
     sampler = config.sampler.traced(values)
-    rule = acceptance.rule_for(sampler, values["lenience"])
-    stop = None if config.stop is None else config.stop.traced(
-        values["stop"])
+    rule = config.rule
+    if rule is None:
+      rule = acceptance.rule_for(sampler, values["lenience"])
+    stop = None if config.stop is None else stopping.bind(config.stop,
+                                                          values["stop"])
     return cls(config, sampler, rule, stop, config.drafter(sampler, rule))
 
   @property
@@ -332,7 +340,8 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
                       draft_stop: Any = None,
                       compiler_options: tuple = (),
                       draft_replicated: bool = False,
-                      stop_ids: tuple = DEFAULT_STOP_IDS) -> CompiledLoop:
+                      stop_ids: tuple = DEFAULT_STOP_IDS,
+                      rule: Any = None) -> CompiledLoop:
   """The jitted speculative loop, cached by its `LoopConfig`.
 
   Returns `run(target_params, draft_params, input_ids, seeds, rows) ->
@@ -343,15 +352,18 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
   target verifies at the smallest of `verify_widths(gamma)` covering the
   longest proposal, chosen on device); only the rule's `static()` keys the
   cache, its numbers are traced, so a threshold calibration compiles once.
-  See `LoopConfig` for the rest.
+  `rule`: an acceptance rule (`acceptance.AcceptanceRule`, part of the
+  key), or None for the default (`acceptance.rule_for`, with `lenience`
+  traced). See `LoopConfig` for the rest.
   """
+  stop, stop_values = (None, {}) if draft_stop is None else stopping.split(
+      draft_stop)
   values = dict(sampler.values(),
                 lenience=np.float32(sampling.validate_lenience(lenience)),
-                stop={} if draft_stop is None else draft_stop.values())
+                stop=stop_values)
   config = LoopConfig(
       target=target, draft=draft, gamma=gamma, max_decode_len=max_decode_len,
-      sampler=sampler.static(),
-      stop=None if draft_stop is None else draft_stop.static(),
+      sampler=sampler.static(), rule=rule, stop=stop,
       record_trace=bool(record_trace), check_finite=bool(check_finite),
       compiler_options=tuple(compiler_options),
       draft_replicated=bool(draft_replicated), stop_ids=tuple(stop_ids))
