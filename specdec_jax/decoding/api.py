@@ -18,8 +18,9 @@ import numpy as np
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import sharding
-from specdec_jax.decoding import composite
 from specdec_jax.decoding import checks
+from specdec_jax.decoding import contract
+from specdec_jax.decoding import drafters
 from specdec_jax.decoding.checks import compiler_options_key  # noqa: F401  (public)
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import stopping
@@ -126,7 +127,7 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
   sampler = sampling_lib.SamplingConfig(temperature, top_k, top_p)
   ids = checks.check_inputs(input_ids, [("target", model)])
   seeds, rows = checks.seeds(seed, ids.shape[0])
-  checks.check_memory([model], ids.shape, 0, max_decode_len, False,
+  checks.check_memory([(model, 1)], ids.shape, 0, max_decode_len, False,
                 f"max_decode_len={max_decode_len}")
   check = on_nonfinite != "ignore"
   fn = engine.build_generate(model.definition, max_decode_len, sampler, check,
@@ -259,29 +260,39 @@ class SpeculativeDecoder:
     checks.compiler_options_key(self.compiler_options)
     stopping.check_rule(self.draft_stop)
     put("on_nonfinite", checks.check_on_nonfinite(self.on_nonfinite))
-    shape = composite.tree_shape_of(self.draft.definition)
     if self.gamma is None:
-      if shape is None:
+      probe = drafters.declared(self.draft, 1)
+      if probe.shape.max_children == 1:
         raise ValueError(
             "gamma is required: pass the number of draft tokens per "
             "iteration, e.g. gamma=4 (only a token tree, sd.tree, fixes it: "
             "its depth).")
-      put("gamma", shape.depth)
+      put("gamma", probe.gamma)
     put("gamma", checks.check_positive_int(
         "gamma", self.gamma, "It is the number of draft tokens per step."))
     put("max_decode_len", checks.check_positive_int(
         "max_decode_len", self.max_decode_len,
         "It bounds the generated tokens."))
     put("lenience", sampling_lib.validate_lenience(self.lenience))
-    checks.check_rule(self.rule, self.lenience)
+    contract.check_rule(self.rule, self.lenience)
     if not isinstance(self.sampling, sampling_lib.SamplingConfig):
       raise TypeError(
           f"sampling must be a SamplingConfig(temperature, top_k, top_p), "
           f"got {self.sampling!r}.")
-    checks.check_compatible(self.target, self.draft)
-    if shape is not None:
-      checks.check_tree(shape, self.target, self.gamma, self.max_decode_len,
-                        self.lenience, self.draft_stop)
+    # What the checks, the memory model and the engine read of the draft,
+    # as its drafter declares it.
+    drafter = drafters.declared(self.draft, self.gamma, self.sampling,
+                                self.rule)
+    put("_drafter", drafter)
+    checks.check_compatible(self.target, self.draft, drafter)
+    if drafter.shape.max_children > 1:
+      checks.check_tree(drafter.shape, self.target, self.gamma,
+                        self.max_decode_len, self.lenience, self.draft_stop)
+    elif drafter.gamma != self.gamma:
+      raise ValueError(
+          f"gamma={self.gamma} but the draft's drafter proposes up to "
+          f"{drafter.gamma} tokens per iteration: pass gamma="
+          f"{drafter.gamma}.")
 
   def __repr__(self) -> str:
     """Settings only (the models by their definitions, no arrays)."""
@@ -333,19 +344,19 @@ class SpeculativeDecoder:
     ids = checks.check_inputs(input_ids, [("target", target),
                                           ("draft", draft)])
     seeds, rows = checks.seeds(seed, ids.shape[0])
-    sizes, extra_width = composite.call_sizes(draft.definition)
+    drafter = self._drafter
+    extra_width, shape = drafter.extra_width, drafter.shape
     checks.check_width(max_decode_len + gamma + 1 + extra_width,
                        f"max_decode_len + gamma + 1 (+ {extra_width} for "
                        f"a cascade's inner gammas or a tree's nodes)")
-    shape = composite.tree_shape_of(draft.definition)
-    checks.check_memory([target, *composite.models_of(draft)], ids.shape,
-                        gamma, max_decode_len, bool(record_trace),
-                        f"gamma={gamma}, max_decode_len={max_decode_len}"
-                        + ("" if shape is None else
-                           f", a tree of {shape.num_nodes} nodes"),
-                        tuple(t for _, t in sizes), extra_width,
-                        target_tokens=None if shape is None
-                        else shape.verified)
+    checks.check_memory(
+        [(target, shape.verified)]
+        + [(m, call.tokens)
+           for call, m in drafters.called_models(draft, drafter)],
+        ids.shape, gamma, max_decode_len, bool(record_trace),
+        f"gamma={gamma}, max_decode_len={max_decode_len}"
+        + ("" if shape.max_children == 1 else
+           f", a tree of {shape.num_nodes} nodes"), extra_width)
     fn = engine.build_speculative(
         target.definition, draft.definition, gamma, max_decode_len,
         self.sampling, self.lenience, bool(record_trace),

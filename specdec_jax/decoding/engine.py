@@ -39,6 +39,7 @@ import numpy as np
 from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import contract
 from specdec_jax.decoding import drafters
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding import verify
@@ -254,8 +255,8 @@ class LoopConfig:
   Attributes:
     target: the target's `ModelDef`.
     draft: the draft's definition (a ModelDef, `cascades.CascadeDef`,
-      `horizontal.HorizontalDef`, `trees.TreeDef`, or any definition with
-      a `make_drafter` method, docs/extending.md).
+      `horizontal.HorizontalDef`, `trees.TreeDef`, prompt lookup, or any
+      definition with a `make_drafter` method, docs/extending.md).
     gamma: the most draft tokens per iteration (a tree's depth).
     max_decode_len: T, the most tokens generated per row.
     sampler: `SamplingConfig.static()`: its numbers are traced.
@@ -390,9 +391,24 @@ def run_speculative(config: LoopConfig, target_params, draft_params,
       cond, lambda s: step(loop, target_params, draft_params, keys, s), state)
   stats = state.counters.decode_stats(
       state.stream.length, target_nonfinite=state.target.nonfinite,
-      draft_nonfinite=loop.drafter.nonfinite(state.draft),
+      draft_nonfinite=draft_nonfinite(loop, state.draft, input_ids.shape[0]),
       stop_state=state.stop_state or None)
   return _finish(state.stream, config.max_decode_len), stats
+
+
+def draft_nonfinite(loop: Loop, draft_state, batch: int) -> jax.Array | None:
+  """bool [B], a NaN or inf logit of the drafter's models; None when it
+  checks nothing (it declares `checks_finite` False) or the loop does not
+  check."""
+  if not (loop.drafter.checks_finite and loop.config.check_finite):
+    return None
+  flags = loop.drafter.nonfinite(draft_state)
+  if getattr(flags, "shape", None) != (batch,):
+    raise contract.ContractError(
+        f"the drafter {type(loop.drafter).__name__} declares checks_finite "
+        f"but its nonfinite returned {flags!r:.80}; it must return bool [B] "
+        f"(or declare checks_finite = False).")
+  return flags
 
 
 def init_state(loop: Loop, target_params, draft_params,
@@ -401,13 +417,15 @@ def init_state(loop: Loop, target_params, draft_params,
   inputs, nothing is generated, every counter is zero."""
   c, batch = loop.config, input_ids.shape[0]
   shape = loop.drafter.shape
+  draft = _in(c.draft_rules(), loop.drafter.init, draft_params, input_ids,
+              loop.width, c.check_finite)
+  draft_nonfinite(loop, draft, batch)  # its declaration, at trace time
   return SpeculativeState(
       step=jnp.int32(0),
       stream=_new_stream(batch, loop.width, c.stop_ids),
       target=_cursor(c.target, target_params, input_ids, loop.width,
                      c.check_finite),
-      draft=_in(c.draft_rules(), loop.drafter.init, draft_params, input_ids,
-                loop.width, c.check_finite),
+      draft=draft,
       counters=Counters.zeros(
           batch, c.gamma, loop.drafter.depth, c.max_decode_len,
           c.record_trace,
@@ -448,8 +466,15 @@ def propose(loop: Loop, draft_params, s: SpeculativeState, keys):
                             & ~is_stop(t, c.stop_ids))
     limit = jnp.clip(c.max_decode_len - n - 1, 1, c.gamma)
     limit = jnp.where(s.stream.done, 1, limit)
-  return _in(c.draft_rules(), loop.drafter.propose, draft_params, s.draft,
-             s.stream, keys, keep, limit)
+  prop, state, levels = _in(c.draft_rules(), loop.drafter.propose,
+                            draft_params, s.draft, s.stream, keys, keep,
+                            limit)
+  # At trace time: a drafter that breaks the protocol says so here, not
+  # deep inside the walk or the while_loop.
+  contract.check_proposal(loop.drafter, prop, levels, n.shape[0],
+                          c.target.vocab_size, loop.rule.uses_q)
+  contract.check_state(loop.drafter, s.draft, state, "propose")
+  return prop, state, levels
 
 
 def score(loop: Loop, target_params, s: SpeculativeState,
@@ -496,9 +521,10 @@ def commit(loop: Loop, s: SpeculativeState, target: ModelCursor, draft_state,
   n = s.stream.length
   if loop.drafter.shape.max_children > 1:
     target = target.keep_path(loop.config.target, n, verdict.path)
-  draft_state = _in(loop.config.draft_rules(), loop.drafter.commit,
-                    draft_state, n, verdict.path)
-  return target, draft_state
+  committed = _in(loop.config.draft_rules(), loop.drafter.commit,
+                  draft_state, n, verdict.path)
+  contract.check_state(loop.drafter, draft_state, committed, "commit")
+  return target, committed
 
 
 def count(loop: Loop, s: SpeculativeState, prop: Proposal,

@@ -15,6 +15,7 @@ from specdec_jax import errors
 from specdec_jax import sampling
 from specdec_jax.decoding import api
 from specdec_jax.decoding import checks
+from specdec_jax.decoding import contract
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding.tree_shape import TreeShape
 from specdec_jax.decoding.stopping import StopRule
@@ -242,7 +243,7 @@ def config_problems(config: ExperimentConfig) -> list[str]:
   except TypeError as e:
     problems.append(str(e))
   try:
-    checks.check_rule(config.rule)
+    contract.check_rule(config.rule)
   except (TypeError, ValueError) as e:
     problems.append(str(e))
   for entry in config.cascade:

@@ -45,7 +45,6 @@ from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax import theory
 from specdec_jax.decoding import engine
-from specdec_jax.drafts import trees
 from specdec_jax.infra import chips
 from specdec_jax.experiments import fit
 from specdec_jax.experiments.experiment_config import ExperimentConfig
@@ -356,9 +355,8 @@ def compile_programs(shape: RunShape) -> dict[str, Any]:
                              shape.target, shape.max_decode_len, sampler),
                                                         tparams, *inputs),
                                                on_cpu, cache_bytes))
-  draft, loop_dparams = shape.draft, dparams
+  draft, loop_dparams = shape.draft_definition, dparams
   if shape.tree is not None:
-    draft = trees.TreeDef(shape.draft, shape.tree)
     loop_dparams = {"draft": dparams}
   out["speculative"] = _loop_summary(_compile(engine.build_speculative(
       shape.target, draft, shape.gamma, shape.max_decode_len, sampler,
