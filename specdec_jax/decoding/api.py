@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Iterator
 
 import flax.linen as nn
 import jax
@@ -23,6 +23,8 @@ from specdec_jax.decoding import contract
 from specdec_jax.decoding import drafters
 from specdec_jax.decoding.checks import compiler_options_key  # noqa: F401  (public)
 from specdec_jax.decoding import engine
+from specdec_jax.decoding import iterate as iterate_lib
+from specdec_jax.decoding import stats as stats_lib
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
@@ -56,24 +58,34 @@ class DecodeResult:
   stats: DecodeStats
 
 
-def _run(fn, params: list[Any], arrays: list[np.ndarray],
-         mesh: jax.sharding.Mesh | None) -> DecodeResult:
-  """Calls a jitted loop, on `mesh` when given, and fetches the result.
+def _placed(arrays: list[np.ndarray], mesh: jax.sharding.Mesh | None):
+  """(the per-row inputs, placed over `data` of `mesh` when given, and a
+  function making the context to trace and run a loop under).
 
-  With a mesh, per-row inputs are placed over `data` (replicated when the
-  batch does not divide) and tracing happens under the logical axis rules, so
-  the models' activation and cache constraints take effect. Parameters are
-  used where they already live (see `load_model(mesh=...)`).
+  With a mesh, the inputs are replicated when the batch does not divide,
+  and tracing happens under the logical axis rules, so the models'
+  activation and cache constraints take effect. Parameters are used where
+  they already live (see `load_model(mesh=...)`).
   """
   if mesh is None:
-    context = contextlib.nullcontext()
-  else:
-    rows = sharding.batch_sharding(mesh, arrays[0].shape[0])
-    arrays = [sharding.put(a, rows) for a in arrays]
-    context = contextlib.ExitStack()
-    context.enter_context(jax.set_mesh(mesh))
-    context.enter_context(nn.logical_axis_rules(sharding.logical_axis_rules()))
-  with context:
+    return arrays, contextlib.nullcontext
+  rows = sharding.batch_sharding(mesh, arrays[0].shape[0])
+
+  def context():
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.set_mesh(mesh))
+    stack.enter_context(nn.logical_axis_rules(sharding.logical_axis_rules()))
+    return stack
+
+  return [sharding.put(a, rows) for a in arrays], context
+
+
+def _run(fn, params: list[Any], arrays: list[np.ndarray],
+         mesh: jax.sharding.Mesh | None) -> DecodeResult:
+  """Calls a jitted loop, on `mesh` when given (`_placed`), and fetches
+  the result."""
+  arrays, context = _placed(arrays, mesh)
+  with context():
     tokens, stats = fn(*params, *arrays)
   tokens, stats = sharding.gather((tokens, stats))
   return DecodeResult(tokens=tokens, stats=stats)
@@ -339,8 +351,47 @@ class SpeculativeDecoder:
     """Decodes `input_ids` (int [batch, length], 0-padded, rows ending in
     EOS); `seed` is an int or one per row; `record_trace` also returns the
     per-iteration trace (see `speculative_generate`)."""
+    arrays, loop = self._prepare(input_ids, seed, record_trace)
+    result = _run(engine.build_speculative(**loop),
+                  [self.target.params, self.draft.params], arrays, self.mesh)
+    return self._checked(result)
+
+  def iterate(self, input_ids: Any, *,
+              seed: Any = 0) -> Iterator[stats_lib.Iteration]:
+    """Decodes `input_ids` one iteration at a time, yielding what each did.
+
+    Steps the same compiled iteration as `__call__`'s loop from Python
+    (`decoding/iterate.py`): each `stats.Iteration` (numpy) holds the
+    proposal, the accepted draft tokens per row, the tokens each row
+    emitted (`new_tokens(row)`) and the counters so far. A row's emitted
+    tokens, concatenated over the iterations, are its tokens in
+    `decoder(input_ids, seed=seed)`. One host round trip per iteration:
+    for watching a rule or a drafter work, not for speed.
+    """
+    arrays, loop = self._prepare(input_ids, seed, False)
+    steps = iterate_lib.build_steps(**loop)
+    params = (self.target.params, self.draft.params)
+    arrays, context = _placed(arrays, self.mesh)
+    with context():
+      state, keys = steps.start(*params, *arrays)
+    for _ in range(self.max_decode_len):
+      with context():
+        state, record = steps.next(*params, keys, state)
+      record, done = sharding.gather((record, state.stream.done))
+      yield record
+      if np.all(done):
+        break
+    with context():
+      tokens, stats = steps.finish(state)
+    self._checked(DecodeResult(*sharding.gather((tokens, stats))))
+
+  def _prepare(self, input_ids: Any, seed: Any,
+               record_trace: bool) -> tuple[list[np.ndarray], dict]:
+    """The checked inputs [ids, seeds, rows] and the keywords of the loop
+    (`engine.build_speculative`); refuses inputs and sizes that cannot
+    decode, before anything compiles."""
     target, draft, gamma = self.target, self.draft, self.gamma
-    max_decode_len, mesh = self.max_decode_len, self.mesh
+    max_decode_len = self.max_decode_len
     ids = checks.check_inputs(input_ids, [("target", target),
                                           ("draft", draft)])
     seeds, rows = checks.seeds(seed, ids.shape[0])
@@ -357,16 +408,19 @@ class SpeculativeDecoder:
         f"gamma={gamma}, max_decode_len={max_decode_len}"
         + ("" if shape.max_children == 1 else
            f", a tree of {shape.num_nodes} nodes"), extra_width)
-    fn = engine.build_speculative(
-        target.definition, draft.definition, gamma, max_decode_len,
-        self.sampling, self.lenience, bool(record_trace),
+    loop = dict(
+        target=target.definition, draft=draft.definition, gamma=gamma,
+        max_decode_len=max_decode_len, sampler=self.sampling,
+        lenience=self.lenience, record_trace=bool(record_trace),
         check_finite=self.on_nonfinite != "ignore",
         draft_stop=self.draft_stop,
         compiler_options=checks.compiler_options_key(self.compiler_options),
-        draft_replicated=_replicated(draft.params, mesh),
+        draft_replicated=_replicated(draft.params, self.mesh),
         stop_ids=self.stop_ids, rule=self.rule)
-    result = _run(fn, [target.params, draft.params], [ids, seeds, rows],
-                  mesh)
+    return [ids, seeds, rows], loop
+
+  def _checked(self, result: DecodeResult) -> DecodeResult:
+    """The result marked exact or lossy, its non-finite flags acted on."""
     result.stats = result.stats.replace(exact=self.exact)
     checks.check_nonfinite(result.stats, self.on_nonfinite,
                            [("target_nonfinite", "target"),

@@ -46,13 +46,13 @@ from specdec_jax.decoding import verify
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor as _cursor
-from specdec_jax.decoding.cursor import write_rows as _write
 from specdec_jax.decoding.protocol import Drafter
 from specdec_jax.decoding.protocol import Levels
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.decoding.protocol import Proposal
 from specdec_jax.decoding.stats import Counters
 from specdec_jax.decoding.stats import DecodeStats
+from specdec_jax.decoding.stats import Iteration
 from specdec_jax.tokens import DEFAULT_STOP_IDS
 from specdec_jax.tokens import is_stop
 
@@ -103,39 +103,6 @@ def row_keys(seeds: jax.Array, rows: jax.Array) -> jax.Array:
   """One PRNG key per row: fold_in(key(seed_b), row_b) ([B] typed keys)."""
   return jax.vmap(lambda s, r: jax.random.fold_in(jax.random.key(s), r))(
       seeds, rows)
-
-
-def _advance(stream: Stream, new_tokens: jax.Array, num_new: jax.Array,
-             max_decode_len: int) -> tuple[Stream, jax.Array]:
-  """Appends the first `num_new` [B] of `new_tokens` [B, K] to active rows.
-
-  Truncates after the first stop id (`stream.stop_ids`) and at
-  `max_decode_len`. Returns the new stream and the number of tokens each
-  row really emitted.
-  """
-  first_stop = stream.first_stop(new_tokens, num_new)
-  emitted = jnp.minimum(num_new, first_stop + 1)
-  emitted = jnp.minimum(emitted, max_decode_len - stream.length)
-  emitted = jnp.where(stream.done, 0, emitted)
-  length = stream.length + emitted
-  done = stream.done | (first_stop < emitted) | (length >= max_decode_len)
-  tokens = _write(stream.tokens, stream.length, new_tokens)
-  # Rows already done keep their buffer as it was.
-  tokens = jnp.where(stream.done[:, None], stream.tokens, tokens)
-  return stream.replace(tokens=tokens, length=length, done=done), emitted
-
-
-def _finish(stream: Stream, max_decode_len: int) -> jax.Array:
-  """[B, T] tokens with 0 at and past each row's length."""
-  tokens = stream.tokens[:, :max_decode_len]
-  keep = jnp.arange(max_decode_len)[None, :] < stream.length[:, None]
-  return jnp.where(keep, tokens, 0)
-
-
-def _new_stream(batch: int, width: int, stop_ids: tuple) -> Stream:
-  return Stream(tokens=jnp.zeros((batch, width), jnp.int32),
-                length=jnp.zeros((batch,), jnp.int32),
-                done=jnp.zeros((batch,), jnp.bool_), stop_ids=stop_ids)
 
 
 # ----------------------------------------------------------------------------
@@ -198,7 +165,7 @@ def _build_generate(model, max_decode_len, static_sampler, check_finite,
     keys = row_keys(seeds, rows)
     state = AutoregressiveState(
         step=jnp.int32(0),
-        stream=_new_stream(batch, max_decode_len + 1, stop_ids),
+        stream=Stream.empty(batch, max_decode_len + 1, stop_ids),
         model=_cursor(model, params, input_ids, max_decode_len + 1,
                       check_finite),
         target_calls=jnp.zeros((batch,), jnp.int32))
@@ -216,8 +183,8 @@ def _build_generate(model, max_decode_len, static_sampler, check_finite,
         token = jax.vmap(sampling.sample)(step_keys,
                                           sampler.probs(logits[:, 0]))
       active = ~s.stream.done
-      stream, _ = _advance(s.stream, token[:, None], jnp.ones_like(token),
-                           max_decode_len)
+      stream, _ = s.stream.advance(token[:, None], jnp.ones_like(token),
+                                   max_decode_len)
       return AutoregressiveState(step=s.step + 1, stream=stream, model=cursor,
                                  target_calls=s.target_calls + active)
 
@@ -225,7 +192,7 @@ def _build_generate(model, max_decode_len, static_sampler, check_finite,
     stats = DecodeStats(length=state.stream.length,
                         target_calls=state.target_calls,
                         target_nonfinite=state.model.nonfinite)
-    return _finish(state.stream, max_decode_len), stats
+    return state.stream.finished(max_decode_len), stats
 
   return jit_with_options(run, compiler_options)
 
@@ -357,6 +324,22 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
   key), or None for the default (`acceptance.rule_for`, with `lenience`
   traced). See `LoopConfig` for the rest.
   """
+  return CompiledLoop(*loop_config(
+      target, draft, gamma, max_decode_len, sampler, lenience, record_trace,
+      check_finite, draft_stop, compiler_options, draft_replicated, stop_ids,
+      rule, build=_build_speculative))
+
+
+def loop_config(target: ModelDef, draft: Any, gamma: int,
+                max_decode_len: int, sampler: sampling.SamplingConfig,
+                lenience: float = 1.0, record_trace: bool = False,
+                check_finite: bool = True, draft_stop: Any = None,
+                compiler_options: tuple = (), draft_replicated: bool = False,
+                stop_ids: tuple = DEFAULT_STOP_IDS, rule: Any = None, *,
+                build: Callable) -> tuple[Any, dict]:
+  """(build(the `LoopConfig`), the traced numbers) of `build_speculative`'s
+  arguments: the key and the values every compiled form of the loop (the
+  whole loop, `iterate.build_steps`) shares."""
   stop, stop_values = (None, {}) if draft_stop is None else stopping.split(
       draft_stop)
   values = dict(sampler.values(),
@@ -368,7 +351,7 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
       record_trace=bool(record_trace), check_finite=bool(check_finite),
       compiler_options=tuple(compiler_options),
       draft_replicated=bool(draft_replicated), stop_ids=tuple(stop_ids))
-  return CompiledLoop(_build_speculative(config), values)
+  return build(config), values
 
 
 @functools.lru_cache(maxsize=64)
@@ -388,12 +371,19 @@ def run_speculative(config: LoopConfig, target_params, draft_params,
     return (s.step < config.max_decode_len) & ~jnp.all(s.stream.done)
 
   state = jax.lax.while_loop(
-      cond, lambda s: step(loop, target_params, draft_params, keys, s), state)
+      cond, lambda s: step(loop, target_params, draft_params, keys, s)[0],
+      state)
+  return finish(loop, state)
+
+
+def finish(loop: Loop, state: SpeculativeState):
+  """(tokens [B, T], `DecodeStats`) of a loop's final state."""
+  batch = state.stream.length.shape[0]
   stats = state.counters.decode_stats(
       state.stream.length, target_nonfinite=state.target.nonfinite,
-      draft_nonfinite=draft_nonfinite(loop, state.draft, input_ids.shape[0]),
+      draft_nonfinite=draft_nonfinite(loop, state.draft, batch),
       stop_state=state.stop_state or None)
-  return _finish(state.stream, config.max_decode_len), stats
+  return state.stream.finished(loop.config.max_decode_len), stats
 
 
 def draft_nonfinite(loop: Loop, draft_state, batch: int) -> jax.Array | None:
@@ -422,7 +412,7 @@ def init_state(loop: Loop, target_params, draft_params,
   draft_nonfinite(loop, draft, batch)  # its declaration, at trace time
   return SpeculativeState(
       step=jnp.int32(0),
-      stream=_new_stream(batch, loop.width, c.stop_ids),
+      stream=Stream.empty(batch, loop.width, c.stop_ids),
       target=_cursor(c.target, target_params, input_ids, loop.width,
                      c.check_finite),
       draft=draft,
@@ -434,8 +424,9 @@ def init_state(loop: Loop, target_params, draft_params,
 
 
 def step(loop: Loop, target_params, draft_params, keys,
-         s: SpeculativeState) -> SpeculativeState:
-  """One iteration: propose, score, accept, commit, advance, count."""
+         s: SpeculativeState) -> tuple[SpeculativeState, Iteration]:
+  """One iteration: propose, score, accept, commit, advance, count; the
+  new state and what the iteration did (the loop keeps the state only)."""
   gamma = loop.config.gamma
   step_keys = jax.vmap(
       lambda k: jax.random.split(jax.random.fold_in(k, s.step), gamma + 1)
@@ -445,12 +436,14 @@ def step(loop: Loop, target_params, draft_params, keys,
   logits, target = score(loop, target_params, s, prop)
   verdict = accept(loop, logits, prop, step_keys[:, gamma])
   target, draft_state = commit(loop, s, target, draft_state, verdict)
-  stream, emitted = _advance(s.stream, verdict.tokens, verdict.count,
-                             loop.config.max_decode_len)
+  stream, emitted = s.stream.advance(verdict.tokens, verdict.count,
+                                     loop.config.max_decode_len)
   counters, stop_state = count(loop, s, prop, verdict, emitted, levels)
-  return SpeculativeState(step=s.step + 1, stream=stream, target=target,
-                          draft=draft_state, counters=counters,
-                          stop_state=stop_state)
+  return SpeculativeState(
+      step=s.step + 1, stream=stream, target=target, draft=draft_state,
+      counters=counters, stop_state=stop_state), Iteration(
+          proposal=prop, accepted=verdict.accepted, tokens=verdict.tokens,
+          emitted=emitted, counters=counters)
 
 
 def propose(loop: Loop, draft_params, s: SpeculativeState, keys):

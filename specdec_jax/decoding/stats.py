@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import theory
+from specdec_jax.decoding.protocol import Proposal
 
 
 @flax.struct.dataclass
@@ -227,3 +228,29 @@ class Counters:
         trace_next=None if trace is None else trace.next,
         trace_proposed=None if trace is None else trace.proposed,
         **more)
+
+
+@flax.struct.dataclass
+class Iteration:
+  """What one iteration of the speculative loop did, per row (the record
+  `SpeculativeDecoder.iterate` yields).
+
+  Attributes:
+    proposal: the drafter's `Proposal` (tokens [B, M], length [B], ...).
+    accepted: int32 [B] draft tokens the walk accepted.
+    tokens: int32 [B, G + 1] the walk's tokens: the accepted ones, then the
+      target's correction or bonus token.
+    emitted: int32 [B] how many of `tokens` the row appended (cut after a
+      stop id and at max_decode_len; 0 for a row already done).
+    counters: the `stats.Counters` after the iteration.
+  """
+
+  proposal: Proposal
+  accepted: jax.Array
+  tokens: jax.Array
+  emitted: jax.Array
+  counters: Counters
+
+  def new_tokens(self, row: int) -> np.ndarray:
+    """The tokens row `row` appended in this iteration (on the host)."""
+    return np.asarray(self.tokens)[row, :int(np.asarray(self.emitted)[row])]
