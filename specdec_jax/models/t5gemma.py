@@ -45,7 +45,7 @@ dim, F mlp hidden, V vocabulary.
 
 Logical axes as for T5 (`layers`): kernels (`embed`, `joined_kv`) and
 (`joined_kv`, `embed`), norms (`embed`,), embeddings (`vocab`, `embed`);
-caches (`t5.cache_logical_axes`, the same `T5Cache` pytree) with K as
+caches (`encoder_decoder.cache_logical_axes`, the same `T5Cache` pytree) with K as
 `cache_heads`.
 """
 
@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.models import layers
-from specdec_jax.models.t5 import EncoderDecoderDef
+from specdec_jax.models.encoder_decoder import EncoderDecoderDef
 
 PAD_ID, EOS_ID, BOS_ID = 0, 1, 2
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
