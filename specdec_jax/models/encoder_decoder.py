@@ -1,9 +1,11 @@
 """What every encoder-decoder here shares (T5 in `t5.py`, T5Gemma in
-`t5gemma.py`): the decoding cache (`T5Cache`: the decoder's self-attention
-keys/values by position, the cross-attention keys/values of the encoder
-output, the encoder padding mask) with its logical axes, and the
-`ModelDef` half (`EncoderDecoderDef`: prefill encodes once, extend runs the
-cached decoder, copy_slots moves a token tree's accepted path).
+`t5gemma.py`): the module's body (`EncoderDecoderModule`: encode, the
+cross-attention keys/values, the cached decoder, the teacher-forced pass),
+the decoding cache (`T5Cache`: the decoder's self-attention keys/values by
+position, the cross-attention keys/values of the encoder output, the
+encoder padding mask) with its logical axes, and the `ModelDef` half
+(`EncoderDecoderDef`: prefill encodes once, extend runs the cached
+decoder, copy_slots moves a token tree's accepted path).
 
 Dimension letters: B batch, L encoder length, S decoder cache slots.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -22,6 +25,34 @@ from specdec_jax.models import base
 from specdec_jax.models import layers
 
 P = jax.sharding.PartitionSpec
+PAD_ID = 0  # input padding, for T5 and T5Gemma alike
+
+
+class EncoderDecoderModule(nn.Module):
+  """The body of an encoder-decoder: a subclass's `setup` makes `encoder`
+  (int [B, L] -> [B, L, D]) and `decoder` (`cross_kv(encoded)` and a cached
+  `__call__(tokens, positions, cross, encoder_mask, cache, tree)`);
+  `__call__` here is the uncached teacher-forced pass."""
+
+  def encode(self, input_ids):
+    return self.encoder(input_ids)
+
+  def cross_kv(self, encoded):
+    return self.decoder.cross_kv(encoded)
+
+  def decode(self, tokens, positions, cross, encoder_mask, cache, tree=None):
+    return self.decoder(tokens, positions, cross, encoder_mask, cache, tree)
+
+  def __call__(self, input_ids: jax.Array,
+               decoder_input_ids: jax.Array) -> jax.Array:
+    """int [B, L], int [B, T] -> float32 logits [B, T, V]."""
+    encoded = self.encode(input_ids)
+    positions = jnp.broadcast_to(jnp.arange(decoder_input_ids.shape[1]),
+                                 decoder_input_ids.shape)
+    logits, _ = self.decode(decoder_input_ids, positions,
+                            self.cross_kv(encoded), input_ids != PAD_ID,
+                            None)
+    return logits
 
 
 @flax.struct.dataclass

@@ -50,6 +50,7 @@ from specdec_jax.models import layers
 # The half every encoder-decoder shares, and its names as `t5.X`.
 from specdec_jax.models.encoder_decoder import cache_logical_axes  # noqa: F401  (public)
 from specdec_jax.models.encoder_decoder import EncoderDecoderDef
+from specdec_jax.models.encoder_decoder import EncoderDecoderModule
 from specdec_jax.models.encoder_decoder import T5Cache  # noqa: F401  (public)
 
 
@@ -280,8 +281,9 @@ class Decoder(nn.Module):
     return logits, None if uncached else tuple(new_cache)
 
 
-class T5Transformer(nn.Module):
-  """The T5 encoder-decoder; `__call__` is the uncached teacher-forced pass."""
+class T5Transformer(EncoderDecoderModule):
+  """The T5 encoder-decoder (the shared body, `EncoderDecoderModule`), its
+  embedding shared by the encoder and the decoder."""
 
   config: T5Config
 
@@ -291,25 +293,6 @@ class T5Transformer(nn.Module):
                                        **_common(cfg))
     self.encoder = Encoder(cfg, self.token_embedder)
     self.decoder = Decoder(cfg, self.token_embedder)
-
-  def encode(self, input_ids):
-    return self.encoder(input_ids)
-
-  def cross_kv(self, encoded):
-    return self.decoder.cross_kv(encoded)
-
-  def decode(self, tokens, positions, cross, encoder_mask, cache, tree=None):
-    return self.decoder(tokens, positions, cross, encoder_mask, cache, tree)
-
-  def __call__(self, input_ids: jax.Array,
-               decoder_input_ids: jax.Array) -> jax.Array:
-    """int [B, L], int [B, T] -> float32 logits [B, T, V]."""
-    encoded = self.encode(input_ids)
-    positions = jnp.broadcast_to(jnp.arange(decoder_input_ids.shape[1]),
-                                 decoder_input_ids.shape)
-    logits, _ = self.decode(decoder_input_ids, positions,
-                            self.cross_kv(encoded), input_ids > 0, None)
-    return logits
 
 
 @dataclasses.dataclass(frozen=True)

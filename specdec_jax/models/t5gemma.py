@@ -60,6 +60,7 @@ import jax.numpy as jnp
 
 from specdec_jax.models import layers
 from specdec_jax.models.encoder_decoder import EncoderDecoderDef
+from specdec_jax.models.encoder_decoder import EncoderDecoderModule
 
 PAD_ID, EOS_ID, BOS_ID = 0, 1, 2
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
@@ -452,34 +453,15 @@ class Decoder(nn.Module):
     return logits, None if uncached else tuple(new_cache)
 
 
-class T5GemmaTransformer(nn.Module):
-  """The encoder-decoder; `__call__` is the uncached teacher-forced pass."""
+class T5GemmaTransformer(EncoderDecoderModule):
+  """The encoder-decoder (the shared body, `EncoderDecoderModule`): two
+  stacks, each with its own embedding."""
 
   config: T5GemmaConfig
 
   def setup(self):
     self.encoder = Encoder(self.config)
     self.decoder = Decoder(self.config)
-
-  def encode(self, input_ids):
-    return self.encoder(input_ids)
-
-  def cross_kv(self, encoded):
-    return self.decoder.cross_kv(encoded)
-
-  def decode(self, tokens, positions, cross, encoder_mask, cache, tree=None):
-    return self.decoder(tokens, positions, cross, encoder_mask, cache, tree)
-
-  def __call__(self, input_ids: jax.Array,
-               decoder_input_ids: jax.Array) -> jax.Array:
-    """int [B, L], int [B, T] -> float32 logits [B, T, V]."""
-    encoded = self.encode(input_ids)
-    positions = jnp.broadcast_to(jnp.arange(decoder_input_ids.shape[1]),
-                                 decoder_input_ids.shape)
-    logits, _ = self.decode(decoder_input_ids, positions,
-                            self.cross_kv(encoded), input_ids != PAD_ID,
-                            None)
-    return logits
 
 
 @dataclasses.dataclass(frozen=True)
