@@ -28,6 +28,28 @@ P = jax.sharding.PartitionSpec
 PAD_ID = 0  # input padding, for T5 and T5Gemma alike
 
 
+class DecoderStack(nn.Module):
+  """The decoder of an `EncoderDecoderModule`: `layers`, each with
+  `cross_kv(encoded)`, and a `__call__(tokens, positions, cross,
+  encoder_mask, cache, tree=None)` that runs it on T tokens per row:
+
+    tokens: int [B, T].
+    positions: int [B, T], their decoder positions.
+    cross: per layer, KVCache of the encoder output.
+    encoder_mask: bool [B, L].
+    cache: per layer, KVCache of S slots; None for a plain causal pass over
+      the T tokens (teacher forcing).
+    tree: None, or a `protocol.TreeMask`: the T tokens are tree nodes
+      written at its slots, seeing what it says.
+
+  and returns (float32 logits [B, T, V], the updated caches or None).
+  """
+
+  def cross_kv(self, encoded: jax.Array) -> tuple[layers.KVCache, ...]:
+    """Per layer, the keys/values of the encoder output [B, L, D]."""
+    return tuple(layer.cross_kv(encoded) for layer in self.layers)
+
+
 class EncoderDecoderModule(nn.Module):
   """The body of an encoder-decoder: a subclass's `setup` makes `encoder`
   (int [B, L] -> [B, L, D]) and `decoder` (`cross_kv(encoded)` and a cached

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 from specdec_jax.models import layers
 # The half every encoder-decoder shares, and its names as `t5.X`.
 from specdec_jax.models.encoder_decoder import cache_logical_axes  # noqa: F401  (public)
+from specdec_jax.models.encoder_decoder import DecoderStack
 from specdec_jax.models.encoder_decoder import EncoderDecoderDef
 from specdec_jax.models.encoder_decoder import EncoderDecoderModule
 from specdec_jax.models.encoder_decoder import T5Cache  # noqa: F401  (public)
@@ -219,7 +220,7 @@ class DecoderLayer(nn.Module):
     return x + self.mlp(self.pre_mlp_layer_norm(x)), cache
 
 
-class Decoder(nn.Module):
+class Decoder(DecoderStack):
   """Token embedding, decoder layers, final norm and output layer."""
 
   config: T5Config
@@ -236,27 +237,10 @@ class Decoder(nn.Module):
           cfg.vocab_size, kernel_axes=("embed", "vocab"), dtype="float32",
           param_dtype=cfg.param_dtype)
 
-  def cross_kv(self, encoded: jax.Array) -> tuple[layers.KVCache, ...]:
-    return tuple(layer.cross_kv(encoded) for layer in self.layers)
-
   def __call__(self, tokens, positions, cross, encoder_mask, cache,
                tree=None):
-    """Runs the decoder on T tokens per row.
-
-    Args:
-      tokens: int [B, T].
-      positions: int [B, T], their decoder positions.
-      cross: per layer, KVCache of the encoder output.
-      encoder_mask: bool [B, L].
-      cache: per layer, KVCache of S slots; None for a plain causal pass
-        over the T tokens (teacher forcing), whose keys are then the tokens
-        themselves at `positions`.
-      tree: None, or a `protocol.TreeMask`: the T tokens are tree nodes
-        written at its slots, seeing what it says.
-
-    Returns:
-      (float32 logits [B, T, V], the updated caches or None).
-    """
+    """Runs the decoder on T tokens per row (`DecoderStack`); without a
+    cache the keys are the tokens themselves at `positions`."""
     cfg = self.config
     uncached = cache is None
     key_pos, mask = layers.attention_bias(

@@ -59,6 +59,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.models import layers
+from specdec_jax.models.encoder_decoder import DecoderStack
 from specdec_jax.models.encoder_decoder import EncoderDecoderDef
 from specdec_jax.models.encoder_decoder import EncoderDecoderModule
 
@@ -365,22 +366,11 @@ class DecoderLayer(nn.Module):
 
   def __call__(self, x, positions, slots, self_bias, cross, cross_bias,
                cache):
-    """One decoder layer.
-
-    Args:
-      x: [B, T, D].
-      positions: int [B, T], the decoder positions of the T tokens (what
-        rotary embeddings rotate by).
-      slots: int [B, T], their cache slots (the positions, except for the
-        nodes of a token tree).
-      self_bias: float32 [B, 1, T, S] (S = T when uncached).
-      cross: KVCache of the encoder output (L positions).
-      cross_bias: float32 [B, 1, 1, L].
-      cache: KVCache of S slots, or None to attend to the T tokens only.
-
-    Returns:
-      ([B, T, D], the updated cache or None).
-    """
+    """One decoder layer on x [B, T, D]: ([B, T, D], the updated cache or
+    None), as T5's, except that the T tokens rotate by their decoder
+    `positions` [B, T] and are written at their cache `slots` [B, T] (the
+    positions, but for a token tree's nodes), and `self_bias` is
+    float32 [B, 1, T, S]: one mask for every head."""
     h = self.pre_self_attention_norm(x)
     k, v = self.self_attention.project_kv(h, positions)
     if cache is not None:
@@ -396,7 +386,7 @@ class DecoderLayer(nn.Module):
     return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x))), cache
 
 
-class Decoder(nn.Module):
+class Decoder(DecoderStack):
   """Embedding (times sqrt(D)), decoder layers, final norm, tied output
   layer with soft-capped logits."""
 
@@ -408,26 +398,9 @@ class Decoder(nn.Module):
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.decoder.num_layers)]
     self.decoder_norm = _norm(cfg, cfg.decoder)
 
-  def cross_kv(self, encoded: jax.Array) -> tuple[layers.KVCache, ...]:
-    return tuple(layer.cross_kv(encoded) for layer in self.layers)
-
   def __call__(self, tokens, positions, cross, encoder_mask, cache,
                tree=None):
-    """Runs the decoder on T tokens per row.
-
-    Args:
-      tokens: int [B, T].
-      positions: int [B, T], their decoder positions.
-      cross: per layer, KVCache of the encoder output.
-      encoder_mask: bool [B, L].
-      cache: per layer, KVCache of S slots; None for a plain causal pass
-        over the T tokens (teacher forcing).
-      tree: None, or a `protocol.TreeMask`: the T tokens are tree nodes
-        written at its slots, seeing what it says.
-
-    Returns:
-      (float32 logits [B, T, V], the updated caches or None).
-    """
+    """Runs the decoder on T tokens per row (`DecoderStack`)."""
     cfg, s = self.config, self.config.decoder
     uncached = cache is None
     key_pos, mask = layers.attention_bias(
