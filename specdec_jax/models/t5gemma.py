@@ -178,25 +178,15 @@ def window_bias(query_pos: jax.Array, key_pos: jax.Array, window: int,
   return layers.mask_to_bias(inside)
 
 
-class GemmaNorm(nn.Module):
-  """Gemma's RMS norm: x / rms(x) * (1 + scale), in float32, scale init 0.
-
-  Attributes:
-    epsilon: added to the mean square.
-    dtype: output dtype.
-    param_dtype: dtype of `scale` [D].
-  """
-
-  epsilon: float = 1e-6
-  dtype: Any = "float32"
-  param_dtype: Any = "float32"
+class GemmaNorm(layers.RmsNorm):
+  """Gemma's RMS norm: x / rms(x) * (1 + scale), in float32, scale init 0
+  (T5's `layers.RmsNorm` multiplies by the scale itself, in the compute
+  dtype; the fields are the same)."""
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     """[..., D] -> [..., D] in `dtype`."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), -1, keepdims=True)
-                            + self.epsilon)
+    y = layers.rms_normalize(x, self.epsilon)
     scale = layers._param(  # pylint: disable=protected-access
         self, "scale", nn.initializers.zeros, (x.shape[-1],),
         self.param_dtype, ("embed",))
