@@ -74,15 +74,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.infra import paths
-from specdec_jax.checkpoints.errors import CheckpointError
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
 from specdec_jax.checkpoints.errors import MissingParameterError
-from specdec_jax.checkpoints.errors import ParameterShapeError
+from specdec_jax.checkpoints.errors import ParameterShapeError  # noqa: F401  (public)
 from specdec_jax.checkpoints.errors import UnsupportedCheckpointError
 # The files' I/O, whatever the model (`hf_io.py`); its names stay
 # reachable as `hf.X` (the T5Gemma mapping, scripts, tests).
 from specdec_jax.checkpoints.hf_io import CONFIG_FILE
 from specdec_jax.checkpoints.hf_io import convert_tensor
+from specdec_jax.checkpoints.hf_io import export_tensors
 from specdec_jax.checkpoints.hf_io import local_directory
 from specdec_jax.checkpoints.hf_io import SAFETENSORS_FILE
 from specdec_jax.checkpoints.hf_io import SAFETENSORS_INDEX  # noqa: F401  (public)
@@ -399,25 +399,5 @@ def save_t5(model: Any, directory: str, *, overwrite: bool = False) -> str:
 
 def _hf_tensors(config: T5Config, params: Any) -> dict[str, np.ndarray]:
   """HF name -> tensor in HF's layout, for every parameter of `config`."""
-  shapes = T5Def(config).param_shapes()
-  expected = dict(tree_paths(shapes))
-  found = dict(tree_paths(params))
-  extra = sorted("/".join(p) for p in set(found) - set(expected))
-  if extra:
-    raise CheckpointError(
-        f"{len(extra)} parameter(s) not in the config {config}: "
-        f"{', '.join(extra[:8])}{' ...' if len(extra) > 8 else ''}")
-  tensors: dict[str, np.ndarray] = {}
-  for ours, shape_dtype in expected.items():
-    ours_name = "/".join(ours)
-    if ours not in found:
-      raise MissingParameterError(
-          f"missing parameter {ours_name} that the config needs")
-    value = np.asarray(found[ours])
-    if value.shape != tuple(shape_dtype.shape):
-      raise ParameterShapeError(
-          f"parameter {ours_name} has shape {value.shape}, expected "
-          f"{tuple(shape_dtype.shape)} from the config")
-    name, transpose = _hf_name(ours)
-    tensors[name] = np.ascontiguousarray(value.T if transpose else value)
-  return tensors
+  expected = dict(tree_paths(T5Def(config).param_shapes()))
+  return export_tensors(expected, params, _hf_name, str(config))

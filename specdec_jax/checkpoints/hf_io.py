@@ -215,3 +215,41 @@ def convert_tensor(tensors: Tensors, name: str, ours: tuple[str, ...],
     value = value.astype(np.float32) * np.float32(scale)
   # jnp.dtype also knows bfloat16, which plain numpy does not.
   return np.ascontiguousarray(value.astype(jnp.dtype(param_dtype)))
+
+
+def export_tensors(expected: dict, params: Any, hf_name, what: str
+                   ) -> dict[str, np.ndarray]:
+  """HF name -> tensor in HF's layout, for every parameter an export
+  writes, checked against the shapes its config gives.
+
+  Args:
+    expected: our parameter path -> ShapeDtypeStruct, from the config.
+    params: the model's parameter tree.
+    hf_name: our path -> (HF name, whether to transpose).
+    what: the config, as errors name it.
+
+  Raises:
+    CheckpointError: parameters the config does not have.
+    MissingParameterError, ParameterShapeError: parameters the config
+      needs are missing or shaped otherwise.
+  """
+  found = dict(tree_paths(params))
+  extra = sorted("/".join(p) for p in set(found) - set(expected))
+  if extra:
+    raise CheckpointError(
+        f"{len(extra)} parameter(s) not in the config {what}: "
+        f"{', '.join(extra[:8])}{' ...' if len(extra) > 8 else ''}")
+  tensors: dict[str, np.ndarray] = {}
+  for ours, shape_dtype in expected.items():
+    ours_name = "/".join(ours)
+    if ours not in found:
+      raise MissingParameterError(
+          f"missing parameter {ours_name} that the config needs")
+    value = np.asarray(found[ours])
+    if value.shape != tuple(shape_dtype.shape):
+      raise ParameterShapeError(
+          f"parameter {ours_name} has shape {value.shape}, expected "
+          f"{tuple(shape_dtype.shape)} from the config")
+    name, transpose = hf_name(ours)
+    tensors[name] = np.ascontiguousarray(value.T if transpose else value)
+  return tensors

@@ -44,9 +44,8 @@ import numpy as np
 
 from specdec_jax.infra import paths
 from specdec_jax.checkpoints import hf
+from specdec_jax.checkpoints import hf_io
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
-from specdec_jax.checkpoints.errors import MissingParameterError
-from specdec_jax.checkpoints.errors import ParameterShapeError
 from specdec_jax.checkpoints.errors import UnsupportedCheckpointError
 from specdec_jax.models import t5gemma
 from specdec_jax.models.t5gemma import StackConfig, T5GemmaConfig, T5GemmaDef
@@ -286,27 +285,17 @@ def save_t5gemma(model: Any, directory: str, *,
 
   Raises:
     TypeError: not a T5Gemma model.
-    MissingParameterError, ParameterShapeError: the parameters do not fit
-      the config.
+    CheckpointError, MissingParameterError, ParameterShapeError: the
+      parameters do not fit the config (`hf_io.export_tensors`).
     FileExistsError: `directory` holds a checkpoint and not overwrite.
   """
   config = getattr(getattr(model, "definition", None), "config", None)
   if not isinstance(config, T5GemmaConfig):
     raise TypeError(f"save_t5gemma exports T5Gemma models only; got config "
                     f"{type(config).__name__} (hf.save_t5 exports T5)")
-  found = dict(hf.tree_paths(model.params))
-  tensors = {}
-  for ours, shape in hf.tree_paths(
-      T5GemmaDef(config).param_shapes()):
-    if ours not in found:
-      raise MissingParameterError(f"missing parameter {'/'.join(ours)}")
-    value = np.asarray(found[ours])
-    if value.shape != tuple(shape.shape):
-      raise ParameterShapeError(
-          f"parameter {'/'.join(ours)} has shape {value.shape}, expected "
-          f"{tuple(shape.shape)} from the config")
-    name, transpose = _hf_name(ours)
-    tensors[name] = np.ascontiguousarray(value.T if transpose else value)
+  tensors = hf_io.export_tensors(
+      dict(hf.tree_paths(T5GemmaDef(config).param_shapes())), model.params,
+      _hf_name, type(config).__name__)
   hf_config = hf_config_from_t5gemma(config)
   dtypes = {str(t.dtype) for t in tensors.values()}
   if len(dtypes) == 1:
