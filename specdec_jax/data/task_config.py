@@ -64,7 +64,9 @@ def default_local_data_dir() -> Path:
   return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
-@gin.configurable
+# Registered under `tasks` (its home before the split), so every binding
+# written `tasks.TaskConfig.x` (gin files, --gin flags) still names it.
+@gin.configurable(module="specdec_jax.data.tasks")
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
   """Where the tasks find their vocabulary and data.
