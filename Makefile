@@ -19,18 +19,24 @@ $(STAMP): setup.py
 
 # libtpu (about 700 MB) for the TPU compile checks of `make test`
 # (tests/test_tpu_compile.py, scripts/plan_run.py): the real TPU compiler,
-# compiling for TPU slices that are not there. Where pip has no libtpu
-# (another platform) those tests skip and say why. It also installs
-# everything $(STAMP) does, so `make demo` after `make test` installs nothing.
+# compiling for TPU slices that are not there. pip has libtpu for Linux on
+# x86_64 only: there a failed install fails `make test` (as the TPU tests
+# would: they are its only checks of the TPU programs); elsewhere the tests
+# skip and say why. It also installs everything $(STAMP) does, so
+# `make demo` after `make test` installs nothing.
 TPU_STAMP := $(VENV)/.libtpu-$(shell cat setup.py | sha1sum | cut -c1-12)
+LIBTPU_PLATFORM := $(shell test "$$(uname -s)-$$(uname -m)" = Linux-x86_64 && echo yes)
 
 # One pip run for both on a fresh machine (a second would resolve again).
 $(TPU_STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(INSTALL) -e '.[test,tpu]' --config-settings editable_mode=compat \
-	  || { echo "libtpu is not installable here: the TPU compile tests will skip"; \
-	       $(INSTALL) -e '.[test]' --config-settings editable_mode=compat; }
+ifeq ($(LIBTPU_PLATFORM),yes)
+	$(INSTALL) -e '.[test,tpu]' --config-settings editable_mode=compat
+else
+	@echo "libtpu has no build for $$(uname -s) $$(uname -m): the TPU compile tests will skip"
+	$(INSTALL) -e '.[test]' --config-settings editable_mode=compat
+endif
 	$(BYTECOMPILE)
 	rm -f $(VENV)/.installed-* $(VENV)/.libtpu-* && touch $(STAMP) $@
 

@@ -12,9 +12,9 @@ that the shipped files are its output.
 
 import os
 
-from absl import app
 from absl import flags
 
+from specdec_jax.launch import cli
 from specdec_jax.data import paragraphs
 from specdec_jax.data import tasks
 
@@ -34,4 +34,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -31,6 +31,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from specdec_jax.launch import cli
 from specdec_jax import checkpoints
 from specdec_jax.infra import paths
 from specdec_jax.checkpoints import hf
@@ -93,4 +94,4 @@ def _convert():
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -6,9 +6,9 @@ r"""Ships a trained model as demo:NAME (bfloat16 on disk, float32 on load).
       --out_dir=/tmp/candidates     # /tmp/candidates/draft_base, not shipped
 """
 
-from absl import app
 from absl import flags
 
+from specdec_jax.launch import cli
 from specdec_jax.tables import demo
 
 _SOURCE = flags.DEFINE_string("source", None, "load_model spec of the model.",
@@ -26,4 +26,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -12,9 +12,9 @@ Reads TFDS read-only (nothing downloads); an unprepared dataset fails with
 the `tfds build` command that prepares it. Prints the number of lines.
 """
 
-from absl import app
 from absl import flags
 
+from specdec_jax.launch import cli
 from specdec_jax.data import tasks
 from specdec_jax.data import readers
 
@@ -41,4 +41,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -46,6 +46,7 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
                              f" {_FLAG}=16").strip()
 
 from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
 import gin  # noqa: E402
 import jax  # noqa: E402
 
@@ -106,7 +107,8 @@ def main(argv):
     text = plan_table.project_table(
         files, lambda f, run: _config([f, run], flags.FLAGS.gin_bindings),
         input_len=_INPUT_LEN.value, setups=setups,
-        command="python scripts/plan_run.py " + " ".join(sys.argv[1:]))
+        command="python scripts/plan_run.py " + " ".join(sys.argv[1:]),
+        log=lambda line: logging.info("%s", line))
     if _OUTPUT.value:
       with open(_OUTPUT.value, "w") as f:
         f.write(text)

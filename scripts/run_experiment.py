@@ -31,6 +31,7 @@ import gin
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax.experiments import experiment
+from specdec_jax.experiments import report
 from specdec_jax.launch import gin_flags
 from specdec_jax.experiments import workdir
 from specdec_jax.data import tasks  # noqa: F401  (registers tasks and TaskConfig)
@@ -64,9 +65,7 @@ def main(argv):
   if not primary:
     return
   gin_flags.write_operative_config(_WORKDIR.value)
-  logging.info("alpha=%.3f c=%.4f speedup=%.2fx (Theorem 3.8 predicts %.2fx)",
-               summary["alpha"], summary["c"], summary["speedup"],
-               summary["predicted_speedup"])
+  logging.info("%s", report.closing_line(summary))
   print(paths.read_text(paths.join(_WORKDIR.value, "table.md")))
 
 

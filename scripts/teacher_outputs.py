@@ -23,11 +23,11 @@ last writes the files. An output that does not end within --max_decode_len
 tokens keeps the reference instead, and is counted.
 """
 
-from absl import app
 from absl import flags
 from absl import logging
 
 import specdec_jax as sd
+from specdec_jax.launch import cli
 from specdec_jax.data import tasks
 from specdec_jax.data import readers
 from specdec_jax.training import teacher
@@ -76,4 +76,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

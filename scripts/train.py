@@ -4,6 +4,10 @@ r"""Trains a model as a gin file says; resumes from the workdir if restarted.
       --gin_file=configs/training/demo_target.gin \
       [--gin.train.TrainConfig.num_epochs=2] [--workdir=workdir/demo/target]
 
+A run is num_steps or num_epochs long: a command-line binding of one
+replaces the other that a gin file gives (--gin.train.TrainConfig.num_steps=2
+trains 2 steps of a config written in epochs).
+
 A run file (configs/runs/*.gin, the same ones run_experiment.py and
 plan_run.py take) says which machine: its mesh, multi-host job and dtype.
   --gin_file=runs/cpu_8_model_parallel.gin   the (2, 4) mesh of a v4-8 on 8
@@ -37,6 +41,7 @@ from absl import logging
 import gin
 
 from specdec_jax.launch import gin_flags
+from specdec_jax.training import config as config_lib
 from specdec_jax.training import train
 
 _WORKDIR = flags.DEFINE_string("workdir", None,
@@ -45,7 +50,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None,
 
 def main(argv):
   del argv
-  gin_flags.parse(flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
+  bindings = flags.FLAGS.gin_bindings
+  gin_flags.parse(flags.FLAGS.gin_file,
+                  bindings + config_lib.length_from_command_line(bindings))
   run = gin_flags.run_settings()
   gin_flags.simulate_cpu_devices(run["mesh_shape"], flags.FLAGS.process_count)
   config = gin.get_configurable(train.TrainConfig)().on_run(**run)

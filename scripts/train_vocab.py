@@ -10,9 +10,9 @@ Source-side lines get the task's input prefix, as the task feeds them.
 
 import os
 
-from absl import app
 from absl import flags
 
+from specdec_jax.launch import cli
 from specdec_jax.data import tasks
 from specdec_jax.data import vocabularies
 
@@ -42,4 +42,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

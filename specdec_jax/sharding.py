@@ -202,8 +202,15 @@ def batch_sharding(mesh: Mesh, batch: int) -> NamedSharding:
 
 
 def gather(tree: Any) -> Any:
-  """Device arrays -> host numpy, across processes when there are several."""
-  if jax.process_count() > 1:
+  """Device arrays -> host numpy, across processes where they span several.
+
+  Arrays on a mesh of several processes are gathered collectively (every
+  process must call this); arrays on this process's own devices are only
+  fetched. So process 0 alone may decode on its first device (a training
+  run's evaluation) without a collective its peers never join."""
+  spans = any(isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
+              for leaf in jax.tree.leaves(tree))
+  if spans:
     # only on multi-host runs.
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     tree = multihost_utils.process_allgather(tree, tiled=True)

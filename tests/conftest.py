@@ -123,21 +123,7 @@ def gemma_vocab(tmp_path_factory):
   sentences shipped in the package (Gemma's own model is gated and 4 MB),
   so nothing outside the repository is read.
   """
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  data = os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                      "specdec_jax", "demo_data")
-  lines = ["translate English to German: summarize:"]
-  for side in ("en", "de"):
-    with open(os.path.join(data, f"sentences.{side}"), encoding="utf-8") as f:
-      lines += f.read().splitlines()
-  model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(lines), model_writer=model, vocab_size=600,
-      model_type="bpe", pad_id=0, eos_id=1, bos_id=2, unk_id=3,
-      user_defined_symbols=["<start_of_turn>", "<end_of_turn>"],
-      normalization_rule_name="identity", add_dummy_prefix=False,
-      remove_extra_whitespaces=False, byte_fallback=True,
-      hard_vocab_limit=False, character_coverage=1.0, minloglevel=2)
-  path = tmp_path_factory.mktemp("gemma_vocab") / "tokenizer.model"
-  path.write_bytes(model.getvalue())
-  return str(path)
+  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiments import tiny_checkpoints
+  return tiny_checkpoints.gemma_like_vocab(str(
+      tmp_path_factory.mktemp("gemma_vocab") / "tokenizer.model"))

@@ -22,8 +22,10 @@ import logging
 import os
 import re
 import runpy
+import subprocess
 import sys
 import traceback
+from typing import Sequence
 
 from absl import flags
 from absl import logging as absl_logging
@@ -336,6 +338,53 @@ def library_errors(stderr: str) -> list[str]:
   works prints none)."""
   return [line for line in stderr.splitlines()
           if re.match(r"[EF]\d{4} ", line) or "Source Location Trace" in line]
+
+
+# TensorFlow's and absl's notices at start-up (tensorflow_env drops them):
+# one of these in a script's output means a TensorFlow import got past it.
+TENSORFLOW_BANNER = ("oneDNN custom operations", "Could not find cuda drivers",
+                     "This TensorFlow binary is optimized",
+                     "Resetting cache at <empty>")
+
+
+def launch(command: Sequence[str] | str, *, cwd: str = REPO,
+           env: dict[str, str] | None = None, timeout: float = 600,
+           **overrides: str) -> subprocess.CompletedProcess:
+  """Runs what a user types, from the repository's root: `command` is a
+  script's argv (`["scripts/train.py", "--gin_file=..."]`, Python added in
+  front) or a shell string (run by bash). Output is text; stdout and
+  stderr kept apart."""
+  if isinstance(command, str):
+    args = ["bash", "-euo", "pipefail", "-c", command]
+  else:
+    args = [sys.executable, *command]
+  return subprocess.run(args, cwd=cwd, env=env or script_env(**overrides),
+                        capture_output=True, text=True, timeout=timeout,
+                        check=False)
+
+
+def assert_succeeded(proc: subprocess.CompletedProcess) -> None:
+  """Status 0, no error-level line from any library, and no TensorFlow or
+  JAX start-up notice."""
+  assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
+  output = proc.stdout + proc.stderr
+  assert not library_errors(output), library_errors(output)
+  banner = [line for line in output.splitlines()
+            if any(b in line for b in TENSORFLOW_BANNER)]
+  assert not banner, banner
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess,
+                          *expected: str) -> str:
+  """A user's mistake: status 1, no traceback, and the last line of stderr
+  is `TypeName: message`, naming each of `expected`. Returns that line."""
+  assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert re.match(r"^[A-Za-z]+Error: ", last), last
+  for text in expected:
+    assert text in last, (text, last)
+  return last
 
 
 # ----------------------------------------------------------------------------

@@ -388,3 +388,58 @@ def test_save_t5_live_against_transformers(tmp_path, spec):
                                     decoder_ids.astype(np.int32))
   assert np.asarray(logits).dtype == np.float32
   np.testing.assert_allclose(logits, expected.numpy(), atol=1e-4)
+
+
+def _safetensors_header(path: str) -> dict:
+  """A safetensors file's tensors: name -> (dtype, shape), from its header
+  (what a reader sees before any weight)."""
+  with open(path, "rb") as f:
+    size = int.from_bytes(f.read(8), "little")
+    header = json.loads(f.read(size))
+  return {name: (entry["dtype"], tuple(entry["shape"]))
+          for name, entry in header.items() if name != "__metadata__"}
+
+
+# The fields of config.json where our export differs from transformers'
+# own, on purpose: its version, and T5 v1.1's output layer, which we state
+# as untied (tie_word_embeddings false, as the Hub's v1.1 configs do) so
+# that transformers 4 reads it as 5 does (checkpoints/hf.py's docstring);
+# our n_positions (the longest input) is a field transformers ignores.
+_ON_PURPOSE = {"transformers_version": None,
+               "tie_word_embeddings": "hf_t5_v1_1_tf5",
+               "n_positions": None}
+
+
+@pytest.mark.parametrize("name", ["hf_t5_v1_0_tf5", "hf_t5_v1_1_tf5",
+                                  "hf_t5gemma_target", "hf_t5gemma_draft"])
+def test_our_export_is_what_transformers_writes(name, tmp_path):
+  """Without torch in the suite, CI still checks what transformers will
+  read: a directory transformers 5.24 wrote (`save_pretrained`), loaded and
+  exported again by us, has the same tensor names, dtypes and shapes in
+  model.safetensors, and every config.json field transformers wrote with
+  the same value (its version aside). The live tests (`hf` extra) load the
+  export with transformers itself."""
+  from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from specdec_jax.checkpoints import hf_t5gemma  # pylint: disable=g-import-not-at-top
+  source = os.path.join(TESTDATA, name)
+  with open(os.path.join(source, "config.json")) as f:
+    dtype = json.load(f).get("dtype", "float32")
+  model = checkpoints.load_model(f"hf:{source}", param_dtype=dtype)
+  out = str(tmp_path / "export")
+  if name.startswith("hf_t5gemma"):
+    hf_t5gemma.save_t5gemma(model, out)
+  else:
+    hf.save_t5(model, out)
+  assert _safetensors_header(os.path.join(out, "model.safetensors")) == (
+      _safetensors_header(os.path.join(source, "model.safetensors")))
+  with open(os.path.join(source, "config.json")) as f:
+    theirs = json.load(f)
+  with open(os.path.join(out, "config.json")) as f:
+    ours = json.load(f)
+  def on_purpose(key):
+    return key in _ON_PURPOSE and _ON_PURPOSE[key] in (None, name)
+
+  differ = {k: (theirs.get(k, "<missing>"), ours.get(k, "<missing>"))
+            for k in set(theirs) | set(ours)
+            if not on_purpose(k) and ours.get(k) != theirs.get(k)}
+  assert not differ, differ

@@ -413,6 +413,15 @@ def test_run_experiment_script_with_gin(setup, tmp_path):
   assert "gamma = 2" in (workdir / "config.gin").read_text()
   assert len(_lines(str(workdir))) == 2
   assert "| wmt14_ende_local |" in (workdir / "table.md").read_text()
+  # The closing line: the measured speedup beside Theorem 3.8 at the
+  # measured verification cost, and the ideal prediction named as such.
+  summary = json.loads((workdir / "summary.json").read_text())
+  closing = (f"speedup {summary['speedup']:.2f}x, Theorem 3.8 predicts "
+             f"{summary['predicted_at_lengths_with_verify_cost']:.2f}x at the "
+             f"measured verification cost (v={summary['verify_cost']:.2f}), "
+             f"{summary['predicted_speedup']:.2f}x if verifying gamma + 1 "
+             "tokens cost one step")
+  assert closing in proc.stderr, proc.stderr[-2000:]
   cached = os.listdir(tmp_path / "xla")
   assert any(name.startswith("jit_run") for name in cached), cached
   # The script's one real launch is above; these two run in this process.
@@ -499,6 +508,8 @@ def test_a_refused_run_leaves_no_trace_and_ctrl_c_stops_in_one_line(
   assert done < len(SENTENCES), "the run ended before the Ctrl-C"
   resumed = helpers.run_script("run_experiment", *args)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert (f"resuming: {done} of {len(SENTENCES)} examples already in "
+          f"{workdir}") in resumed.stderr, resumed.stderr[-3000:]
   ids = [r["id"] for r in _lines(str(workdir))]
   assert sorted(ids) == sorted(set(ids)) and len(ids) == len(SENTENCES), ids
 

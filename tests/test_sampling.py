@@ -18,6 +18,7 @@ from scipy import stats
 
 from specdec_jax import sampling
 from specdec_jax import theory
+from specdec_jax.decoding import acceptance
 from specdec_jax.decoding import verify
 
 pytestmark = pytest.mark.quick  # `make test-quick`
@@ -296,6 +297,22 @@ def test_lenience_accepts_more_and_uses_its_residual():
   residual = np.maximum(p[0] - lenience * q[0], 0)
   counts = np.bincount(emitted[n == 0, 0], minlength=VOCAB)
   assert _chisquare_pvalue(counts, residual / residual.sum()) > SIGNIFICANCE
+
+
+def test_lenience_with_the_exact_residual_fails(monkeypatch):
+  """Negative control of the test above: the lenient acceptance with the
+  exact rule's residual norm(max(0, p - q)) instead of its own must fail
+  the same chi-square test on the rejected rows."""
+  p, q = _dists("random")
+  lenience = 0.5
+  monkeypatch.setattr(acceptance.Sampled, "residual",
+                      lambda self, p_, q_: sampling.residual(p_, q_))
+  fn = jax.jit(functools.partial(verify.speculative_accept,
+                                 lenience=lenience))
+  n, emitted = _draw(p, q, fn)
+  residual = np.maximum(p[0] - lenience * q[0], 0)
+  counts = np.bincount(emitted[n == 0, 0], minlength=VOCAB)
+  assert _chisquare_pvalue(counts, residual / residual.sum()) < SIGNIFICANCE
 
 
 def test_argmax_is_first_maximum_like_numpy():

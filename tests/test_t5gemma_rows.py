@@ -21,57 +21,28 @@ import pytest
 import sentencepiece as spm
 
 from specdec_jax import checkpoints
-from specdec_jax.checkpoints import hf_t5gemma
 from specdec_jax.data import tasks
-from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import experiment
 from specdec_jax.experiments import loading
+from specdec_jax.experiments import tiny_checkpoints
 from specdec_jax.launch import gin_flags
-from specdec_jax.models import registry
 
 ROW = "experiments/t5gemma/ende_s_s_t0.gin"
-SENTENCES = ["A man in a hat.", "Two dogs play on the grass.",
-             "A woman is reading a book."]
-GERMAN = ["Ein Mann mit Hut.", "Zwei Hunde spielen.", "Eine Frau liest."]
-
-
-def _architecture(vocab_size: int, layers: int) -> dict:
-  stack = {"emb_dim": 32, "num_layers": layers, "num_heads": 2,
-           "num_kv_heads": 1, "head_dim": 16, "mlp_dim": 64,
-           "query_pre_attn_scalar": 16.0, "sliding_window": 8}
-  return {"vocab_size": vocab_size, "encoder": dict(stack),
-          "decoder": dict(stack)}
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, gemma_vocab):
-  """The local EnDe files, and a 2+2-layer target and a 1+1-layer draft
-  saved as Hugging Face T5Gemma directories with the vocabulary in them;
-  returns the bindings a user would pass for them."""
+  """What scripts/tiny_checkpoints.py writes for a dry run: the first three
+  demo sentence pairs as local EnDe files, and a 2+2-layer target and a
+  1+1-layer draft saved as Hugging Face T5Gemma directories with the
+  vocabulary in them; returns the bindings of its tiny.gin, the
+  vocabulary's size and the sentence pairs."""
   root = tmp_path_factory.mktemp("t5gemma_row")
-  for side, lines in (("en", SENTENCES), ("de", GERMAN)):
-    (root / f"mini.{side}").write_text("".join(s + "\n" for s in lines))
+  bindings = tiny_checkpoints.write_t5gemma(str(root), vocab=gemma_vocab)
   size = spm.SentencePieceProcessor(model_file=gemma_vocab).get_piece_size()
-  bindings = {"T5GEMMA_VOCAB": repr(gemma_vocab),
-              "tasks.TaskConfig.local_data_dir": repr(str(root)),
-              "tasks.TaskConfig.wmt_ende_files": "{'test': 'mini'}",
-              "experiment.ExperimentConfig.task": "'wmt14_ende_local'",
-              "experiment.ExperimentConfig.max_decode_len": "8",
-              "experiment.ExperimentConfig.cost_repeats": "1",
-              "experiment.ExperimentConfig.trace_examples": "0"}
-  for name, layers, seed, spec, arch in (
-      ("target", 2, 0, "T5GEMMA_ENDE_9B_9B", "T5GEMMA_TARGET_CONFIG"),
-      ("draft", 1, 1, "T5GEMMA_ENDE_S_S", "T5GEMMA_S_S_CONFIG")):
-    fields = _architecture(size, layers)
-    definition = registry.make_def(checkpoints.resolve_config(fields))
-    params = definition.init_params(jax.random.PRNGKey(seed))
-    directory = root / name
-    hf_t5gemma.save_t5gemma(Model(definition, params), str(directory))
-    (directory / hf_t5gemma.TOKENIZER_FILE).write_bytes(
-        open(gemma_vocab, "rb").read())
-    bindings[spec] = repr(f"hf:{directory}")
-    bindings[arch] = repr(fields)
-  return bindings, size
+  pairs = [(root / f"mini.{side}").read_text().splitlines()
+           for side in ("en", "de")]
+  return bindings, size, pairs
 
 
 def _run_row(bindings: dict, workdir: str, **extra: str) -> dict:
@@ -92,7 +63,7 @@ def _run_row(bindings: dict, workdir: str, **extra: str) -> dict:
 @pytest.fixture(scope="module")
 def default_run(setup, tmp_path_factory):
   """The row as its header sets it up: (summary, examples.jsonl records)."""
-  bindings, _ = setup
+  bindings = setup[0]
   workdir = tmp_path_factory.mktemp("t5gemma_row_run") / "run"
   summary = _run_row(bindings, str(workdir))
   with open(workdir / "examples.jsonl") as f:
@@ -101,7 +72,7 @@ def default_run(setup, tmp_path_factory):
   return summary, records
 
 
-def test_a_t5gemma_row_runs_end_to_end(default_run, gemma_vocab):
+def test_a_t5gemma_row_runs_end_to_end(default_run, setup, gemma_vocab):
   """ende_s_s_t0 decodes every example with the target alone and
   speculatively, with identical greedy outputs; each encoder input is
   [BOS] + the tokenizer's ids + [EOS] (its recorded length counts both),
@@ -111,9 +82,10 @@ def test_a_t5gemma_row_runs_end_to_end(default_run, gemma_vocab):
   assert row["gamma"] == 7 and row["identical"] is True
   assert 0.0 <= row["alpha"] <= 1.0
   sp = spm.SentencePieceProcessor(model_file=gemma_vocab)
+  english, german = setup[2]
   assert [r["input_length"] for r in records] == [
-      len(sp.encode(tasks.TRANSLATE_PREFIX + s)) + 2 for s in SENTENCES]
-  assert [r["target_text"] for r in records] == GERMAN
+      len(sp.encode(tasks.TRANSLATE_PREFIX + s)) + 2 for s in english]
+  assert [r["target_text"] for r in records] == german
   for r in records:
     assert r["speculative"]["7"]["tokens"] == r["baseline"]["tokens"]
     assert r["baseline"]["text"] == sp.decode(
@@ -123,7 +95,7 @@ def test_a_t5gemma_row_runs_end_to_end(default_run, gemma_vocab):
 def test_the_it_flags_stop_at_end_of_turn(setup):
   """The two -it flags of checkpoints.gin set the chat template and
   stop_ids (1, 107); without them the row stops at EOS alone."""
-  bindings, _ = setup
+  bindings = setup[0]
   lines = [f"{k} = {v}" for k, v in bindings.items()]
   bound = {}
   for name, flags in (("plain", []), ("it", [
@@ -150,7 +122,7 @@ def test_stop_ids_cut_the_decodes_and_the_recorded_text(
   first = default[0]["baseline"]["tokens"]
   stop = next((t for k, t in enumerate(first)
                if k and t != 1 and t not in first[:k]), first[0])
-  bindings, _ = setup
+  bindings = setup[0]
   summary = _run_row(bindings, str(tmp_path / "run"),
                      T5GEMMA_STOP_IDS=f"(1, {stop})")
   assert summary["rows"][0]["identical"] is True
@@ -180,7 +152,7 @@ def test_t5s_sentinels_are_refused(setup, tmp_path, monkeypatch,
   read where the row names the target's architecture (as every T5Gemma
   row does), and after the models load, before any decode, where it names
   none."""
-  bindings, size = setup
+  bindings, size, _ = setup
   if architecture == "none":
     bindings = {**bindings, "T5GEMMA_TARGET_CONFIG": "None",
                 "T5GEMMA_S_S_CONFIG": "None"}

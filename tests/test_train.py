@@ -301,7 +301,7 @@ def test_teacher_outputs_script_translates_and_refuses_other_settings(
         [sys.executable, os.path.join(repo, "scripts", "teacher_outputs.py"),
          f"--model={model}", f"--output={output}", "--max_examples=6",
          "--batch_size=4", *flags],
-        env=dict(os.environ, SPECDEC_SHARED_DATA=str(data)), cwd=repo,
+        env=helpers.script_env(SPECDEC_SHARED_DATA=str(data)), cwd=repo,
         capture_output=True, text=True, timeout=300)
 
   done = run("--max_decode_len=8")
@@ -326,7 +326,10 @@ def test_teacher_outputs_script_translates_and_refuses_other_settings(
     other = helpers.run_script(
         "teacher_outputs", f"--model={model}", f"--output={output}",
         "--max_examples=6", "--batch_size=4", "--max_decode_len=9")
-  assert other.returncode != 0 and "'max_decode_len': 8" in other.stderr
+  assert other.returncode == 1 and "Traceback" not in other.stderr
+  assert other.stderr.strip().splitlines()[-1].startswith(
+      "OtherSettingsError: ")
+  assert "'max_decode_len': 8" in other.stderr
 
 
 def test_a_diverging_run_stops_at_the_first_nonfinite_step(corpus, tmp_path):

@@ -109,3 +109,22 @@ def test_reprs_name_settings_not_arrays():
   assert "params=" in repr(model) and "array(" not in repr(model)
   assert len(repr(decoder)) < 2000, repr(decoder)
   assert "gamma=4" in repr(decoder) and "array(" not in repr(decoder)
+  # What a decode returns: shapes and per-row summaries, not the padded
+  # [B, max_decode_len] tokens (issue 66: the whole array was printed).
+  result = sd.DecodeResult(
+      tokens=np.zeros((2, 512), np.int32),
+      stats=stats.DecodeStats(length=np.array([3, 7], np.int32),
+                              target_calls=np.array([2, 4], np.int32),
+                              alpha=np.array([0.5, 0.75], np.float32)))
+  text = repr(result)
+  assert text == ("DecodeResult(tokens=int32[2, 512], length=[3, 7], "
+                  "target_calls=[2, 4], alpha=[0.5, 0.75])"), text
+
+
+def test_the_decoders_docstring_names_every_kind_of_drafter():
+  """help(sd.speculative_generate) says what `draft` takes: models, prompt
+  lookup, n-grams, cascades, horizontal drafters, trees and one's own."""
+  doc = sd.speculative_generate.__doc__
+  for name in ("sd.prompt_lookup(target)", "fit_ngram", "sd.cascade(",
+               "sd.horizontal(", "sd.tree(", "docs/extending.md"):
+    assert name in doc, name

@@ -313,13 +313,15 @@ def hf_config_from_t5(config: T5Config) -> dict[str, Any]:
       "relative_attention_num_buckets": config.relative_attention_num_buckets,
       "relative_attention_max_distance":
           config.relative_attention_max_distance,
-      "feed_forward_proj": proj,
+      "feed_forward_proj": proj, "is_gated_act": proj.startswith("gated-"),
+      # What transformers' T5Config derives from feed_forward_proj.
+      "dense_act_fn": ("gelu_new" if proj == "gated-gelu"
+                       else proj.split("-")[-1]),
       "layer_norm_epsilon": config.layer_norm_epsilon,
       "dropout_rate": 0.1,
       "initializer_factor": 1.0,
-      "is_encoder_decoder": True,
-      "use_cache": True,
-      "pad_token_id": 0,
+      "is_encoder_decoder": True, "is_decoder": False,
+      "classifier_dropout": 0.0, "use_cache": True, "pad_token_id": 0,
       "eos_token_id": 1,
       "decoder_start_token_id": 0,
       "tie_word_embeddings": tied,

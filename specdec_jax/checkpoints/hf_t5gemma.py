@@ -251,6 +251,9 @@ def _stack_to_hf(stack: StackConfig, vocab: int, final_cap) -> dict:
       "pad_token_id": t5gemma.PAD_ID, "eos_token_id": t5gemma.EOS_ID,
       "bos_token_id": t5gemma.BOS_ID,
       "tie_word_embeddings": True,
+      # transformers' defaults, written as its save_pretrained writes them.
+      "attention_dropout": 0.0, "dropout_rate": 0.0,
+      "initializer_range": 0.02, "use_cache": True,
   }
 
 
@@ -264,11 +267,14 @@ def hf_config_from_t5gemma(config: T5GemmaConfig) -> dict[str, Any]:
                          config.final_logit_softcapping)
   decoder["max_position_embeddings"] = config.max_input_len
   decoder["cross_attention_hidden_size"] = config.encoder.emb_dim
+  encoder["is_decoder"], decoder["is_decoder"] = False, True
   return {
       "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE,
       "encoder": encoder, "decoder": decoder,
       "vocab_size": config.vocab_size, "is_encoder_decoder": True,
       "tie_word_embeddings": True, "dropout_rate": 0.0,
+      "attention_dropout": 0.0, "classifier_dropout_rate": 0.0,
+      "initializer_range": 0.02,
       "pad_token_id": t5gemma.PAD_ID, "eos_token_id": t5gemma.EOS_ID,
       "bos_token_id": t5gemma.BOS_ID,
       "decoder_start_token_id": t5gemma.BOS_ID,

@@ -27,10 +27,27 @@ from typing import Callable
 from specdec_jax.data import tensorflow_env  # noqa: F401  # pylint: disable=unused-import
 import tensorflow as tf
 
+from specdec_jax import errors
 from specdec_jax.infra import paths
 from specdec_jax.data import paragraphs
 
 SHARED_DATA_ENV = "SPECDEC_SHARED_DATA"
+
+# Where the files the demo's tasks read come from, for the message of a
+# missing one (a clone without the data folder beside it).
+_SOURCES = {
+    "multi30k": ("Multi30k's Task 1 captions are github.com/multi30k/dataset's "
+                 "data/task1/raw/{train,val}.{en,de}.gz, gunzipped to "
+                 "multi30k.{train,val}.{en,de}"),
+}
+
+
+class LocalDataError(ValueError, errors.UsageError):
+  """A local data file that cannot be read as its task needs."""
+
+
+class LocalDataNotFoundError(FileNotFoundError, errors.UsageError):
+  """A local data file that is not there."""
 SplitPath = Callable[[str], str]
 DatasetFn = Callable[..., tf.data.Dataset]
 
@@ -39,15 +56,17 @@ def read_text(path: str, task: str, field: str) -> str:
   """A data file's text, local or gs:// (through `specdec_jax.infra.paths`)."""
   data = paths.read_bytes(path)
   if data is None:
-    raise FileNotFoundError(
+    source = next((f" {text}." for key, text in _SOURCES.items()
+                   if key in path.rsplit("/", 1)[-1]), "")
+    raise LocalDataNotFoundError(
         f"Local data file not found: {path} (task {task!r}). Create it, or "
         f"point `TaskConfig.{field}` (or `TaskConfig.local_data_dir`, or "
-        f"${SHARED_DATA_ENV}) at an existing file.")
+        f"${SHARED_DATA_ENV}) at an existing file.{source}")
   try:
     return data.decode("utf-8")
   except UnicodeDecodeError as e:
     line = data[:e.start].count(b"\n") + 1
-    raise ValueError(
+    raise LocalDataError(
         f"Local data file {path} (task {task!r}) is not UTF-8: line {line} "
         f"has the byte {data[e.start:e.start + 1]!r} ({e.reason}). Convert "
         f"the file to UTF-8 (e.g. iconv -f latin1 -t utf-8), or fix that "
@@ -61,7 +80,7 @@ def read_lines(path: str, task: str, field: str) -> list[str]:
   if lines[-1] == "":  # The file's final newline ends a line, not starts one.
     lines.pop()
   if not lines:
-    raise ValueError(f"Local data file {path} (task {task!r}) is empty.")
+    raise LocalDataError(f"Local data file {path} (task {task!r}) is empty.")
   return [line.strip() for line in lines]
 
 
@@ -71,13 +90,13 @@ def read_parallel(prefix: str, task: str,
   en = read_lines(prefix + ".en", task, field)
   de = read_lines(prefix + ".de", task, field)
   if len(en) != len(de):
-    raise ValueError(
+    raise LocalDataError(
         f"Misaligned parallel files for task {task!r}: {prefix}.en has "
         f"{len(en)} lines but {prefix}.de has {len(de)}.")
   # A blank segment would be decoded (and an empty reference scored).
   blank = [n for n, pair in enumerate(zip(en, de), start=1) if not all(pair)]
   if blank:
-    raise ValueError(
+    raise LocalDataError(
         f"Parallel files {prefix}.en/.de (task {task!r}) have {len(blank)} "
         f"pair(s) with a blank line, at line(s) {blank[:10]}"
         f"{' ...' if len(blank) > 10 else ''}: delete those lines from both "
@@ -157,7 +176,7 @@ def jsonl_fn(task: str, field: str, split_path: SplitPath) -> DatasetFn:
         if not (isinstance(article, str) and isinstance(highlights, str)):
           raise TypeError("'article' and 'highlights' must be strings")
       except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(
+        raise LocalDataError(
             f"{path} line {number} (task {task!r}) is not a JSON object with "
             f"string fields 'article' and 'highlights': {e!r}") from e
       # Without an id, a record is known by its position among the records.
@@ -165,7 +184,7 @@ def jsonl_fn(task: str, field: str, split_path: SplitPath) -> DatasetFn:
       rows["article"].append(article)
       rows["highlights"].append(highlights)
     if not rows["id"]:
-      raise ValueError(f"Local data file {path} (task {task!r}) is empty.")
+      raise LocalDataError(f"Local data file {path} (task {task!r}) is empty.")
     return tf.data.Dataset.from_tensor_slices(rows)
 
   return dataset_fn

@@ -18,6 +18,7 @@ from specdec_jax.data import tensorflow_env  # noqa: F401  # pylint: disable=unu
 import gin
 import seqio
 
+from specdec_jax import errors
 from specdec_jax.data import local_files
 from specdec_jax.infra import paths
 from specdec_jax.data import text
@@ -53,7 +54,7 @@ def resolve_package_path(path: str) -> str:
     return str(_PACKAGE_DIR / path[len(PACKAGE_PREFIX):])
   return path
 
-class VocabularyError(OSError):
+class VocabularyError(OSError, errors.UsageError):
   """The SentencePiece vocabulary file could not be read or parsed."""
 
 
@@ -187,18 +188,30 @@ def override_config(**changes: Any) -> Iterator[TaskConfig]:
 
 
 def _vocabulary_error(path: str, error: Exception) -> VocabularyError:
-  local_copy = default_local_data_dir() / "t5" / "spiece.model"
-  hint = (f" A local copy of the T5 vocabulary is at {local_copy}."
-          if local_copy.exists() else "")
+  """The error for a vocabulary that does not load: the path, why, and
+  where the vocabulary this path was meant to be usually comes from."""
+  name = os.path.basename(str(path))
+  if name.startswith("multi30k_"):
+    hint = ("The demo's vocabulary ships with the package: "
+            "'package:demo_models/target/vocab.model' (TrainConfig.vocab_path "
+            "or TaskConfig.vocab_path); scripts/train_vocab.py makes this "
+            "file from Multi30k's training text.")
+  elif name.startswith("lm1b_"):
+    hint = ("The lm1b tasks' 8k vocabulary is made by scripts/train_vocab.py "
+            "(docs/tpu.md, Table 3).")
+  elif name == "tokenizer.model":
+    hint = ("Gemma's tokenizer.model comes with the checkpoint's Hugging "
+            "Face directory.")
+  else:
+    local_copy = default_local_data_dir() / "t5" / "spiece.model"
+    hint = ("T5's is cc_all.32000 (gs://t5-data/vocabs/cc_all.32000.100extra/"
+            "sentencepiece.model" + (f", or the local copy {local_copy}"
+                                     if local_copy.exists() else "") + ").")
   return VocabularyError(
-      f"Could not load the SentencePiece vocabulary from {path!r} "
-      f"({type(error).__name__}: {error}). Point the tasks at a readable copy "
-      "of the vocabulary (T5's cc_all.32000; for the lm1b tasks the 8k model "
-      "your GPT-like models use): in gin "
-      "`TaskConfig.vocab_path = '/path/to/spiece.model'` (or the flag "
-      "--gin.TaskConfig.vocab_path=\"'/path/to/spiece.model'\"), in Python "
-      "`tasks.set_config(tasks.TaskConfig(vocab_path=...))` or "
-      f"`tasks.get_vocabulary(path)`.{hint}")
+      f"Could not load the SentencePiece vocabulary {path!r} "
+      f"({type(error).__name__}: {error}). Point the config at a readable "
+      "copy: gin `TaskConfig.vocab_path = '/path/to/spiece.model'` (training: "
+      f"`TrainConfig.vocab_path`). {hint}")
 
 
 class _TaskVocabulary(seqio.SentencePieceVocabulary):

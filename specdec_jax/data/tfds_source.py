@@ -10,12 +10,13 @@ from specdec_jax.data import tensorflow_env  # noqa: F401  # pylint: disable=unu
 import seqio
 import tensorflow as tf
 
+from specdec_jax import errors
 from specdec_jax.data.task_config import current_config
 
 SPLITS = ("train", "validation", "test")
 
 
-class TfdsNotPreparedError(FileNotFoundError):
+class TfdsNotPreparedError(FileNotFoundError, errors.UsageError):
   """A TFDS dataset has not been downloaded and prepared in the data dir."""
 
 

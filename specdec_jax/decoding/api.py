@@ -57,6 +57,19 @@ class DecodeResult:
   tokens: np.ndarray
   stats: DecodeStats
 
+  def __repr__(self) -> str:
+    # Shapes and per-row summaries, never the padded arrays themselves.
+    tokens = np.asarray(self.tokens)
+    parts = [f"tokens={tokens.dtype}{list(tokens.shape)}"]
+    for name in ("length", "target_calls", "alpha"):
+      value = getattr(self.stats, name, None)
+      if value is not None:
+        row = np.asarray(value).reshape(-1)
+        shown = ", ".join(f"{v:.3g}" if row.dtype.kind == "f" else str(v)
+                          for v in row[:8])
+        parts.append(f"{name}=[{shown}{', ...' if row.size > 8 else ''}]")
+    return f"DecodeResult({', '.join(parts)})"
+
 
 def _placed(arrays: list[np.ndarray], mesh: jax.sharding.Mesh | None):
   """(the per-row inputs, placed over `data` of `mesh` when given, and a
@@ -166,10 +179,13 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
 
   Args:
     target: the model whose output distribution is kept.
-    draft: the cheaper approximation model; same vocabulary size. A cascade
+    draft: what proposes: a draft model (the same vocabulary size), or any
+      drafter of the `Drafter` protocol: prompt lookup
+      (`sd.prompt_lookup(target)`, copying from the input), an n-gram model
+      (`models.ngram.fit_ngram`), a cascade
       (`sd.cascade(draft, draft_of_draft, gamma=k)`), a horizontal drafter
-      and a token tree (`sd.tree(draft, (3, 2, 1, 1))`, gamma its depth)
-      work here too.
+      (`sd.horizontal(...)`), a token tree (`sd.tree(draft, (3, 2, 1, 1))`,
+      gamma its depth), or a drafter of your own (docs/extending.md).
     input_ids: int [batch, length], 0-padded, each row ending in EOS (1).
     gamma: draft tokens per iteration (static; >= 1); with a `draft_stop`
       rule, the most draft tokens per iteration; with a token tree, its

@@ -76,7 +76,10 @@ def validate(config: ExperimentConfig) -> None:
         "the task's SentencePiece model (see README, 'Reproduce the paper on "
         "Cloud TPU')")
   if problems:
-    raise ConfigError("bad experiment config:\n  - " + "\n  - ".join(problems))
+    # One line for one mistake; a line each for several.
+    raise ConfigError(
+        f"bad experiment config: {problems[0]}" if len(problems) == 1 else
+        "bad experiment config:\n  - " + "\n  - ".join(problems))
 
 
 # ----------------------------------------------------------------------------
@@ -268,6 +271,12 @@ def _decode_missing_examples(arms: _Arms, timings: dict
       up.callback(writer.close)
     todo = [b for b in arms.batches
             if any(b.ids[0] not in d for d in done_ids)]
+    total = len(arms.batches)
+    for workdir, finished in zip(arms.workdirs, done_ids):
+      kept = sum(b.ids[0] in finished for b in arms.batches)
+      if kept:  # a rerun: what an earlier run finished is kept
+        logging.info("resuming: %d of %d examples already in %s", kept,
+                     total, workdir)
     for batch in todo:
       ids = batch.input_ids
       needed = [a for a in range(len(arms.configs))

@@ -230,6 +230,9 @@ def config_problems(config: ExperimentConfig) -> list[str]:
         f"summary_every_examples={config.summary_every_examples} and "
         f"summary_every_seconds={config.summary_every_seconds} must be "
         f"positive")
+  if config.max_examples is not None and config.max_examples < 1:
+    problems.append(f"max_examples={config.max_examples}: give a number >= 1 "
+                    "of the split's first examples, or None for all of them")
   if config.repeats < 1:
     problems.append(f"repeats={config.repeats} must be >= 1")
   for field in ("target", "draft"):

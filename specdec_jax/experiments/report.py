@@ -174,6 +174,23 @@ def summarize(config, records: Sequence[ExampleRecord], costs_by_gamma: dict,
   return summary
 
 
+def closing_line(summary: dict) -> str:
+  """The run's last log line: the measured speedup beside Theorem 3.8's
+  prediction at the measured verification cost v (at these output lengths
+  where known), and the ideal prediction (a verification costing one step)
+  named as such."""
+  predicted = summary.get("predicted_at_lengths_with_verify_cost")
+  if predicted is None:
+    predicted = summary.get("predicted_with_verify_cost")
+  verify = summary.get("verify_cost")
+  at = f"v={verify:.2f}" if verify is not None else "v unmeasured, 1"
+  return (f"alpha={summary['alpha']:.3f} c={summary['c']:.4f} gamma="
+          f"{summary['gamma']}: speedup {summary['speedup']:.2f}x, Theorem 3.8 "
+          f"predicts {predicted:.2f}x at the measured verification cost ({at}"
+          f"), {summary['predicted_speedup']:.2f}x if verifying gamma + 1 "
+          "tokens cost one step")
+
+
 def _jsonable(obj):
   return json.loads(json.dumps(obj, default=str))
 

@@ -165,6 +165,10 @@ _PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
               "ALL_PROXY", "all_proxy")
 # The endpoints a connection was made to (checked once per process).
 _REACHED: set[str] = set()
+# The buckets whose first call was announced in the log.
+_ANNOUNCED: set[tuple[str, str]] = set()
+# A call still waiting after this many seconds says so, and again as often.
+_PROGRESS_S = 10.0
 
 
 def _refuse_refused(path: str, what: str, wait: float) -> None:
@@ -206,10 +210,25 @@ def _remote(path: str, what: str, make_future, size: int = 0,
   """Runs one tensorstore call on `path` within the bounded wait (or
   `timeout` seconds)."""
   wait = timeout_s() if timeout is None else timeout
+  if (endpoint(), bucket(path)) not in _ANNOUNCED:
+    _ANNOUNCED.add((endpoint(), bucket(path)))
+    logging.info("contacting gs://%s at %s (a call gives up after %g s; %s "
+                 "sets it)", bucket(path), endpoint(), wait, TIMEOUT_ENV)
   _refuse_refused(path, what, wait)
   limit = wait + size / _MIN_RATE
+  started = time.monotonic()
   try:
-    return make_future(_context(wait)).result(timeout=limit)
+    future = make_future(_context(wait))
+    while True:
+      left = limit - (time.monotonic() - started)
+      try:
+        return future.result(timeout=max(min(_PROGRESS_S, left), 0.0))
+      except TimeoutError:
+        if left <= _PROGRESS_S:
+          raise
+        logging.info("%s %s: no answer from %s after %.0f s, waiting up to "
+                     "%g s", what, path, endpoint(),
+                     time.monotonic() - started, limit)
   except TimeoutError as e:
     raise _explain(path, what, TimeoutError(
         f"no answer within {limit:g} s")) from e

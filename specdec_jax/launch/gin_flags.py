@@ -25,7 +25,6 @@ import importlib.util
 import logging as py_logging
 import os
 import shlex
-import signal
 import sys
 from typing import Callable, Sequence
 
@@ -45,6 +44,7 @@ from specdec_jax.experiments import workdir as workdir_lib
 from specdec_jax.infra import locks
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
+from specdec_jax.launch import cli
 from specdec_jax.launch import supervise
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -101,11 +101,17 @@ def search_paths(extra: Sequence[str] | None = None) -> list[str]:
     extra = flags.FLAGS.gin_search_paths if flags.FLAGS.is_parsed() else []
   # configs/ before the current directory: the shipped configs' includes
   # are found at the first place gin looks (it logs every miss).
-  return [*extra, CONFIGS_DIR, os.getcwd(), os.path.dirname(CONFIGS_DIR)]
+  # Once each (run from the repository's root, the last two are one).
+  return list(dict.fromkeys(
+      [*extra, CONFIGS_DIR, os.getcwd(), os.path.dirname(CONFIGS_DIR)]))
 
 
 class GinBindingError(errors.UsageError, ValueError):
   """A `--gin.X=V` / `--gin_bindings` binding that gin cannot apply."""
+
+
+class GinFileError(errors.UsageError, FileNotFoundError):
+  """A `--gin_file` that is not found in any folder of the search path."""
 
 
 def parse(gin_files: Sequence[str], bindings: Sequence[str],
@@ -134,13 +140,14 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
       try:
         resolved.append(paths.local_copy(f))
       except FileNotFoundError:
-        raise FileNotFoundError(f"gin file {f} not found.") from None
+        raise GinFileError(f"gin file {f} not found: check the path, or "
+                           "upload the file there.") from None
       continue
     candidates = [f] + [os.path.join(p, f) for p in folders]
     # A path as given (relative to the current directory) comes first.
     found = [c for c in candidates if os.path.exists(c)]
     if not found:
-      raise FileNotFoundError(
+      raise GinFileError(
           f"gin file {f!r} not found (looked in {', '.join(folders)}). Pass a "
           "path like configs/experiments/table2/ende_small_t0.gin, or add "
           "its folder with --gin_search_paths.")
@@ -236,7 +243,13 @@ def run_settings() -> dict:
   """The machine the parsed run file describes (configs/runs/*.gin bind
   `ExperimentConfig`'s mesh_shape, distributed, topology and dtype): those
   fields, for a script that is not an experiment (scripts/train.py)."""
-  config = gin.get_configurable(ExperimentConfig)()
+  try:
+    config = gin.get_configurable(ExperimentConfig)()
+  except ValueError:
+    # No run file: gin registers `ExperimentConfig` only when a file names
+    # it (`dynamic_registration`), and then there is nothing to read but
+    # its defaults (one device, no multi-host job).
+    config = ExperimentConfig()
   out = {name: getattr(config, name) for name in RUN_FIELDS}
   if out["mesh_shape"] is not None:
     out["mesh_shape"] = tuple(int(n) for n in out["mesh_shape"])
@@ -305,8 +318,15 @@ def use_compilation_cache(path: str) -> None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs",
                     _CACHE_MIN_COMPILE_SECONDS)
   # JAX decides whether to use the cache at its first compile, which an
-  # import may already have done: make it decide again.
-  compilation_cache.reset_cache()
+  # import may already have done: make it decide again (quietly: JAX logs
+  # "Resetting cache at <empty>" at info level).
+  logger = py_logging.getLogger("jax._src.compilation_cache")
+  level = logger.level
+  logger.setLevel(py_logging.WARNING)
+  try:
+    compilation_cache.reset_cache()
+  finally:
+    logger.setLevel(level)
 
 
 def skip_absent_tpu() -> None:
@@ -330,9 +350,7 @@ def skip_absent_tpu() -> None:
   jax.config.update("jax_platforms", "cpu")
 
 
-# A script stopped by Ctrl-C exits as a shell reports a SIGINT death
-# (128 + 2), so callers (make, a startup script) see it was interrupted.
-INTERRUPTED_STATUS = 128 + signal.SIGINT
+INTERRUPTED_STATUS = cli.INTERRUPTED_STATUS
 
 
 def _finished_examples(workdir: str) -> int | None:
@@ -386,14 +404,6 @@ def run(main: Callable[[Sequence[str]], None]) -> None:
     versions.check()
     use_compilation_cache(flags.FLAGS.compilation_cache_dir)
     use_tfds_data_dir(flags.FLAGS.tfds_data_dir)
-    try:
-      return main(argv)
-    except errors.UsageError as e:
-      raise SystemExit(f"{type(e).__name__}: {e}") from None
+    return main(argv)
 
-  try:
-    app.run(main_with_cache, argv=rewrite_gin_args(sys.argv))
-  except KeyboardInterrupt:
-    sys.stdout.flush()
-    print(stopped_by_user_line(), file=sys.stderr, flush=True)
-    raise SystemExit(INTERRUPTED_STATUS) from None
+  cli.run(main_with_cache, stopped_by_user_line, rewrite_gin_args(sys.argv))

@@ -17,6 +17,7 @@ import dataclasses
 import time
 from typing import Any
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -248,29 +249,43 @@ def compile_programs(shape: RunShape) -> dict[str, Any]:
   common = (shape.mesh_shape, shape.input_len, shape.batch,
             shape.max_decode_len, devices[0].platform, shape.topology)
 
-  def memo(key, make):
+  where = (f"{shape.topology or devices[0].platform} mesh "
+           f"{tuple(shape.mesh_shape)}, {topology.compiler_name(devices)}")
+
+  def announced(what, make):
+    # A TPU compile of a large row takes minutes: say which, before it.
+    logging.info("compiling %s for %s (%.0f s so far) ...", what, where,
+                 time.perf_counter() - started)
+    return make()
+
+  def memo(key, make, what):
     if key not in _COMPILED:
-      _COMPILED[key] = make()
+      _COMPILED[key] = announced(what, make)
     return _COMPILED[key]
 
   out["generate"] = memo(("generate", shape.target, sampler, common),
                          lambda: _loop_summary(_compile(engine.build_generate(
                              shape.target, shape.max_decode_len, sampler),
                                                         tparams, *inputs),
-                                               on_cpu, cache_bytes))
+                                               on_cpu, cache_bytes),
+                         "the target's decoding loop")
   draft, loop_dparams = shape.draft_definition, dparams
   if shape.tree is not None:
     loop_dparams = {"draft": dparams}
-  out["speculative"] = _loop_summary(_compile(engine.build_speculative(
-      shape.target, draft, shape.gamma, shape.max_decode_len, sampler,
-      draft_replicated=shape.replicate_draft), tparams, loop_dparams,
-                                              *inputs), on_cpu, cache_bytes)
+  out["speculative"] = announced(
+      f"the speculative loop (gamma {shape.gamma})",
+      lambda: _loop_summary(_compile(engine.build_speculative(
+          shape.target, draft, shape.gamma, shape.max_decode_len, sampler,
+          draft_replicated=shape.replicate_draft), tparams, loop_dparams,
+                                     *inputs), on_cpu, cache_bytes))
   out["target_step"] = memo(
       ("step", shape.target, False, 1, shape.positions, common),
-      lambda: _step(shape.target, tparams, shape, mesh, 1))
+      lambda: _step(shape.target, tparams, shape, mesh, 1),
+      "the target's one-token step")
   out["verify_step"] = memo(
       ("step", shape.target, False, shape.verified, shape.positions, common),
-      lambda: _step(shape.target, tparams, shape, mesh, shape.verified))
+      lambda: _step(shape.target, tparams, shape, mesh, shape.verified),
+      f"the target's step on {shape.verified} tokens")
   # A replicated draft's step is compiled on one device: passing its cache
   # replicated on the mesh would add all-gathers the loop does not have (the
   # loop keeps the cache as the model's constraints lay it out); its
@@ -285,7 +300,7 @@ def compile_programs(shape: RunShape) -> dict[str, Any]:
     draft_step = lambda: _step(shape.draft, dparams, shape, mesh, 1)  # noqa: E731
   out["draft_step"] = memo(
       ("step", shape.draft, shape.replicate_draft, 1, shape.positions, common),
-      draft_step)
+      draft_step, "the draft's one-token step")
   out["compile_seconds"] = time.perf_counter() - started
   out["compiler"] = topology.compiler_name(devices)
   out["device_kind"] = devices[0].device_kind

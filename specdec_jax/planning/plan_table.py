@@ -107,6 +107,8 @@ def project_table(files: Sequence[str], make_config: Callable,
           # size about a GB per row with the TPU compiler): let it go.
           jax.clear_caches()
           gc.collect()
+          log(f"{name} on {title}: compiling its programs "
+              f"({len(compiled) + 1} distinct so far)")
           compiled[shape] = plan.compile_programs(shape)
           log(f"{name} on {shape.mesh_shape}: compiled in "
               f"{time.perf_counter() - started:.0f} s")

@@ -10,8 +10,13 @@ import dataclasses
 import os
 from typing import Any, Mapping, Sequence
 
+from specdec_jax import errors
 from specdec_jax.data import tasks
 from specdec_jax.models import registry
+
+
+class TrainConfigError(ValueError, errors.UsageError):
+  """A `TrainConfig` that cannot train; the message names the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,11 +157,14 @@ class TrainConfig:
             self.max_target_len or lengths["targets"])
 
   def check(self) -> None:
-    """Raises ValueError naming the fix for a config that cannot train."""
+    """Raises `TrainConfigError` naming the fix for a config that cannot
+    train."""
     problems = [message for bad, message in (
         (not self.workdir, "workdir is required (--workdir)"),
         ((self.num_steps is None) == (self.num_epochs is None),
-         "give exactly one of num_steps and num_epochs"),
+         "give exactly one of num_steps and num_epochs (a command-line "
+         "--gin binding of one replaces the other set by a gin file; "
+         "set the other to None where both are given)"),
         (self.optimizer not in ("adamw", "adafactor"),
          f"optimizer {self.optimizer!r} is not 'adamw' or 'adafactor'"),
         (self.schedule not in ("rsqrt", "cosine", "constant"),
@@ -185,7 +193,7 @@ class TrainConfig:
          "e.g. with --gin_file=runs/cpu_8_model_parallel.gin"))
                 if bad]
     if problems:
-      raise ValueError("Bad TrainConfig: " + "; ".join(problems) + ".")
+      raise TrainConfigError("Bad TrainConfig: " + "; ".join(problems) + ".")
 
 
 def _file_in_the_way(path: str) -> str:
@@ -199,3 +207,36 @@ def _file_in_the_way(path: str) -> str:
   if not os.path.exists(part) or os.path.isdir(part):
     return ""
   return "is" if part == os.path.abspath(path) else f"lies under {part}, which is"
+
+
+_LENGTH_FIELDS = ("num_steps", "num_epochs")
+
+
+def length_from_command_line(bindings: Sequence[str]) -> list[str]:
+  """Bindings that let a command line's length replace a gin file's.
+
+  A run is `num_steps` or `num_epochs` long, never both. The demo's gin
+  files give `num_epochs`; a command that adds
+  `--gin.train.TrainConfig.num_steps=2` means "2 steps instead", so the
+  other field is bound to None after it. Where the command line binds both
+  (or neither), nothing changes and `check` judges.
+
+  Args:
+    bindings: the command line's gin bindings (`NAME = VALUE`).
+
+  Returns:
+    Extra bindings to apply after `bindings`: `[...num_epochs = None]` when
+    only num_steps was bound (under the same name prefix), and vice versa.
+  """
+  given = {}
+  for binding in bindings:
+    name = binding.split("=", 1)[0].strip()
+    for field in _LENGTH_FIELDS:
+      if name == f"TrainConfig.{field}" or name.endswith(
+          f".TrainConfig.{field}"):
+        given[field] = name
+  if len(given) != 1:
+    return []
+  (field, name), = given.items()
+  other, = (f for f in _LENGTH_FIELDS if f != field)
+  return [f"{name[:-len(field)]}{other} = None"]

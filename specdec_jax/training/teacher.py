@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from specdec_jax import errors
 from specdec_jax.data import batching
 from specdec_jax.data import tasks
 from specdec_jax.data import vocabularies
@@ -37,13 +38,17 @@ from specdec_jax.decoding.protocol import Model
 from specdec_jax.tokens import EOS_ID
 
 
+class OtherSettingsError(ValueError, errors.UsageError):
+  """An output prefix that holds a run made with other settings."""
+
+
 def check_settings(path: str, settings: dict[str, Any]) -> None:
   """Records the settings, or refuses to resume a run made with others."""
   if os.path.exists(path):
     with open(path) as f:
       recorded = json.load(f)
     if recorded != settings:
-      raise ValueError(
+      raise OtherSettingsError(
           f"{path} records another run ({recorded}); this one is "
           f"{settings}. Choose another output prefix, or delete that run's "
           "files to start over.")
@@ -115,7 +120,8 @@ def write_translations(model: Model, examples: Sequence[batching.Example],
     examples, equal_to_reference, kept_reference.
   """
   if not 0 <= shard < shards:
-    raise ValueError(f"shard must be in [0, {shards}), got {shard}")
+    raise OtherSettingsError(
+        f"--shard must be in [0, {shards}) for --shards={shards}, got {shard}")
   for e in examples:
     if not e.inputs_text.startswith(tasks.TRANSLATE_PREFIX):
       raise ValueError(f"not an English-German translation example: input "

@@ -132,8 +132,8 @@ def _prepare(config: TrainConfig, definition,
              placement: Placement | None = None):
   """Vocabulary, teacher (on `placement`; default: the config's) and data,
   all checked before anything compiles."""
-  vocab_path = (os.path.abspath(config.vocab_path) if config.vocab_path
-                else tasks.current_config().vocab_path)
+  vocab_path = (os.path.abspath(tasks.resolve_package_path(config.vocab_path))
+                if config.vocab_path else tasks.current_config().vocab_path)
   vocab = tasks.get_vocabulary(vocab_path)
   if vocab.vocab_size > definition.vocab_size:
     raise ValueError(
@@ -383,13 +383,17 @@ def _train(config: TrainConfig,
     writer.scalars(row["kind"], row, row["step"])
 
   def run_eval(step):
-    # On the host's first device, from gathered parameters: decoding and
-    # BLEU need no mesh, and only process 0 reports them.
+    # On each host's first device, from gathered parameters: decoding and
+    # BLEU need no mesh. Every process evaluates, only process 0 reports:
+    # the processes then reach the next collective (a step, a save) together
+    # instead of the others waiting in it past gloo's timeout, and no
+    # process runs a collective its peers do not (`sharding.gather` fetches
+    # one process's arrays without one).
     params = placement.host(state.params)
-    if not primary:
-      return {}
     result = steps.evaluate(Model(definition, params, vocab), eval_data,
                             examples, config)
+    if not primary:
+      return {}
     logging.info("eval at step %d: %s", step, result)
     record({"kind": "eval", "step": step, **result})
     return result
