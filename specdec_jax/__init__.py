@@ -32,6 +32,7 @@ from specdec_jax.decoding.stopping import ExpectedGainStop  # noqa: E402
 from specdec_jax.drafts.trees import tree  # noqa: E402
 from specdec_jax.decoding.tree_shape import TreeShape  # noqa: E402
 from specdec_jax.decoding.protocol import Model  # noqa: E402
+from specdec_jax.rules.typical import TypicalAcceptance  # noqa: E402
 from specdec_jax.sharding import make_mesh  # noqa: E402
 
 __version__ = "0.1.0"

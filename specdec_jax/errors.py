@@ -11,3 +11,10 @@ builtin base (ValueError, OSError, ...), so existing `except` clauses hold.
 
 class UsageError(Exception):
   """Mixed into the user-facing error classes; see the module docstring."""
+
+
+class ContractError(TypeError, UsageError):
+  """An object handed to the decoder (an acceptance rule, a stop rule, a
+  drafter or its definition) lacks a member of its contract or returns the
+  wrong thing; the message names the member and what it must be. Raised
+  before the loop compiles."""

@@ -63,7 +63,10 @@ MODULE_SECONDS = {
     "test_checkpoints_hf.py": 22, "test_t5.py": 22,
     "test_traced_numbers.py": 22, "test_plan_training.py": 21,
     "test_sampling.py": 18, "test_reliability.py": 17,
-    "test_prompt_lookup.py": 20, "test_extending.py": 20,
+    "test_prompt_lookup.py": 20,
+    # Issue 67's modules, timed with -n 0 beside other work (load ~4).
+    "test_extending.py": 43, "test_rules.py": 19, "test_composites.py": 19,
+    "test_iterate.py": 7,
     "test_footprint.py": 15, "test_quiet_import.py": 15,
     # Measured on the same 2 cores under a load of 5-7 (2026-12-07), halved.
     "test_gemma3.py": 70, "test_gemma3_rows.py": 17,

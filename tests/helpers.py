@@ -227,8 +227,9 @@ def tiny_ende(root, sentences) -> dict[str, str]:
 def uncached_speculative(*args, **kwargs):
   """`engine.build_speculative(*args, **kwargs)` built afresh, outside its
   cache: traced at its first call, under whatever the test has patched
-  then (a `monkeypatch` of `drafters.ModelDrafter.draw`, of
-  `acceptance.rule_for`, ...), and never handed to another test."""
+  then (a `monkeypatch` of `drafters.ModelDrafter.draw`, ...), and never
+  handed to another test. (A wrong acceptance rule needs no patch: it is
+  the loop's `rule=`, part of its key.)"""
   builder = engine._build_speculative  # pylint: disable=protected-access
   engine._build_speculative = builder.__wrapped__
   try:
@@ -245,17 +246,13 @@ def argmax_draw(self, key, q):
   return jnp.argmax(q, -1).astype(jnp.int32)
 
 
-def general_rule(sampler, lenience=1.0):
-  """`acceptance.rule_for` that never takes the greedy shortcut: Algorithm
-  1 on probabilities (one-hot ones at temperature 0)."""
-  del sampler
-  return acceptance.Sampled(lenience)
-
-
+@dataclasses.dataclass(frozen=True)
 class SkipResidual(acceptance.Sampled):
   """Algorithm 1 without its residual: after a rejection the next test (a
   tree's sibling) and the correction use the verifier's p itself. Wrong on
-  purpose (a negative control's acceptance rule)."""
+  purpose (a negative control's acceptance rule, passed as `rule=`)."""
+
+  exact = False
 
   def residual(self, p, q):
     del q
@@ -289,24 +286,14 @@ def two_token_table(p1, p2, eos=1):
 
 
 def speculative_samples(target, draft, ids, gamma, max_decode_len, setting,
-                        seed, monkeypatch=None):
+                        seed, rule=None):
   """Tokens [N, max_decode_len] of speculative sampling (`setting`: the
   SamplingConfig's fields) from the rows `ids` [N, L], each with its own
-  key of `seed`; with a `monkeypatch`, of the same loop whose acceptance
-  rule skips the residual (`SkipResidual`): a negative control."""
-  if monkeypatch is None:
-    return sd.speculative_generate(target, draft, ids, gamma=gamma,
-                                   max_decode_len=max_decode_len, seed=seed,
-                                   **setting).tokens
-  monkeypatch.setattr(acceptance, "rule_for",
-                      lambda sampler, lenience=1.0: SkipResidual())
-  fn = uncached_speculative(target.definition, draft.definition, gamma,
-                            max_decode_len, sampling.SamplingConfig(**setting))
-  rows = ids.shape[0]
-  tokens, _ = fn(target.params, draft.params, ids,
-                 np.full((rows,), seed, np.int32),
-                 np.arange(rows, dtype=np.int32))
-  return np.asarray(tokens)
+  key of `seed`, with the default acceptance rule or `rule` (e.g.
+  `SkipResidual()`, a negative control)."""
+  return sd.speculative_generate(target, draft, ids, gamma=gamma,
+                                 max_decode_len=max_decode_len, seed=seed,
+                                 rule=rule, **setting).tokens
 
 
 def sequence_counts(tokens):

@@ -75,14 +75,12 @@ def test_greedy_speculative_equals_greedy_target(decoder_only, gamma):
 
 
 @pytest.mark.parametrize("decoder_only", [False, True])
-def test_greedy_fast_path_equals_general_rejection_sampler(decoder_only,
-                                                          monkeypatch):
+def test_greedy_fast_path_equals_general_rejection_sampler(decoder_only):
   """At temperature 0 the acceptance rule is `acceptance.Greedy` (argmax +
   comparison, no probabilities). It must give exactly what Algorithm 1
   (`acceptance.Sampled`) gives on one-hot p and q: same tokens and same
   stats (alpha, accepted histogram, calls) for every row. The general rule
-  is forced by patching `acceptance.rule_for` (helpers.general_rule) in a
-  loop built outside the cache."""
+  is passed as `rule=`."""
   target = helpers.table_model(VOCAB, seed=3, eos_bias=1.0,
                                   decoder_only=decoder_only)
   draft = helpers.table_model(VOCAB, seed=4, base=target, noise=1.5)
@@ -90,11 +88,9 @@ def test_greedy_fast_path_equals_general_rejection_sampler(decoder_only,
   sampler = sampling.SamplingConfig()
   runs = []
   assert isinstance(acceptance.rule_for(sampler), acceptance.Greedy)
-  for general in (False, True):
-    if general:
-      monkeypatch.setattr(acceptance, "rule_for", helpers.general_rule)
-    fn = helpers.uncached_speculative(target.definition, draft.definition,
-                                      3, 12, sampler)
+  for rule in (None, acceptance.Sampled()):
+    fn = engine.build_speculative(target.definition, draft.definition, 3, 12,
+                                  sampler, rule=rule)
     seeds, rows = np.zeros(4, np.int32), np.arange(4, dtype=np.int32)
     tokens, stats = fn(target.params, draft.params, ids, seeds, rows)
     runs.append((np.asarray(tokens), jax.tree.map(np.asarray, stats)))

@@ -17,6 +17,8 @@ import time
 import numpy as np
 import pytest
 
+import specdec_jax as sd
+
 from specdec_jax import checkpoints
 from specdec_jax.experiments import step_timers
 from specdec_jax.experiments import experiment
@@ -312,21 +314,28 @@ def test_reproduce_assembles_tables_with_paper_columns(setup, tmp_path):
 
 
 def test_adaptive_draft_length_and_cascade_rows(setup, tmp_path):
-  """ExperimentConfig.draft_stop and .cascade reach the decoder: a cascaded
-  draft under ConfidenceStop keeps greedy outputs identical, records its
-  proposal lengths (one per target call, at most gamma) and a call count and
-  alpha per level, and its costs are measured on the cascade's top model."""
+  """ExperimentConfig.draft_stop, .cascade and .rule reach the decoder: a
+  cascaded draft under ConfidenceStop and a lossy rule (typical acceptance,
+  which leaves greedy unchanged) keeps greedy outputs identical, records its
+  proposal lengths (one per target call, at most gamma), a call count and
+  alpha per level and the measured acceptance, marks records and row lossy,
+  and its costs are measured on the cascade's top model."""
   from specdec_jax.decoding import stopping  # pylint: disable=g-import-not-at-top
   _, models, task_config = setup
   workdir = str(tmp_path / "run")
   config = _config(models, gamma=3, draft_stop=stopping.ConfidenceStop(0.3),
-                   cascade=((models["draft"], 2),), trace_examples=1)
+                   cascade=((models["draft"], 2),), trace_examples=1,
+                   rule=sd.TypicalAcceptance())
   with tasks.override_config(**task_config):
     summary = experiment.run(config, workdir)
   row = summary["rows"][0]
   assert row["identical"] is True
+  assert row["exact"] is False and 0 <= row["acceptance_rate"] <= 1
+  assert "acceptance_rate | exact" in open(
+      os.path.join(workdir, "table.md")).read()
   for record in _lines(workdir):
     spec = record["speculative"]["3"]
+    assert spec["exact"] is False and "exact" not in record["baseline"]
     assert sum(spec["proposal_histogram"]) == spec["target_calls"]
     assert len(spec["proposal_histogram"]) == 4
     assert spec["level_calls"][0] == spec["target_calls"]

@@ -17,7 +17,7 @@ import pytest
 
 import specdec_jax as sd
 from specdec_jax import sampling
-from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import engine
 from tests import helpers
 
 SIGNIFICANCE = 1e-3
@@ -31,12 +31,12 @@ def target():
   return helpers.chi_square_family()[0]
 
 
-def _tokens(target, build=None, **setting):
+def _tokens(target, rule=None, **setting):
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
   draft = sd.prompt_lookup(target, ngram=1)
-  fn = (build or helpers.uncached_speculative)(
+  fn = engine.build_speculative(
       target.definition, draft.definition, GAMMA, SEQ_LEN,
-      sampling.SamplingConfig(**setting))
+      sampling.SamplingConfig(**setting), rule=rule)
   tokens, stats = fn(target.params, draft.params, ids,
                      np.full((N_SEQ,), 11, np.int32),
                      np.arange(N_SEQ, dtype=np.int32))
@@ -56,13 +56,11 @@ def test_prompt_lookup_samples_the_targets_distribution(target, setting):
   assert np.asarray(stats.draft_calls).sum() == 0
 
 
-def test_prompt_lookup_without_the_residual_fails(target, monkeypatch):
+def test_prompt_lookup_without_the_residual_fails(target):
   setting = {"temperature": 1.0}
   exact = helpers.exact_distribution(target, np.array([2, 3, 1]), SEQ_LEN,
                                      **setting)
-  monkeypatch.setattr(acceptance, "rule_for",
-                      lambda sampler, lenience=1.0: helpers.SkipResidual())
-  tokens, _ = _tokens(target, **setting)
+  tokens, _ = _tokens(target, rule=helpers.SkipResidual(), **setting)
   assert helpers.chisquare_vs_exact(tokens, exact) < SIGNIFICANCE
 
 

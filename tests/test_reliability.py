@@ -247,7 +247,8 @@ def test_impossible_sizes_are_refused_with_the_number_before_compiling(
   # Ordinary sizes are not estimated at all (no tracing per call).
   monkeypatch.setattr(footprint, "model_bytes",
                       lambda *a: pytest.fail("estimated an ordinary size"))
-  checks.check_memory([target, draft], (8, 64), 7, 128, True, "ordinary")
+  checks.check_memory([(target, 8), (draft, 2)], (8, 64), 7, 128, True,
+                     "ordinary")
 
 
 # -- The fuzz test -------------------------------------------------------

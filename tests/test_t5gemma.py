@@ -267,11 +267,12 @@ def exact(models):
   return out
 
 
-def _sample(models, setting, monkeypatch=None):
+def _sample(models, setting, rule=None):
   ids = np.tile(_reference("hf_t5gemma_target")["input_ids"][:1], (N, 1))
-  return helpers.speculative_samples(
-      models["hf_t5gemma_target"], models["hf_t5gemma_draft"], ids, GAMMA,
-      MAX_DECODE_LEN, SETTINGS[setting], 5, monkeypatch)
+  target, draft = models["hf_t5gemma_target"], models["hf_t5gemma_draft"]
+  return sd.speculative_generate(
+      target, draft, ids, gamma=GAMMA, max_decode_len=MAX_DECODE_LEN,
+      seed=5, rule=rule, **SETTINGS[setting]).tokens
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
@@ -287,11 +288,11 @@ def test_sampled_first_two_tokens_follow_the_target(models, exact, setting):
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-def test_skipping_the_residual_fails(models, exact, monkeypatch, setting):
+def test_skipping_the_residual_fails(models, exact, setting):
   """Negative control, in each setting the test above covers: the same
   harness with a rule that samples the correction from p instead of the
   residual must be rejected."""
-  tokens = _sample(models, setting, monkeypatch)
+  tokens = _sample(models, setting, helpers.SkipResidual())
   p_value = helpers.chisquare_vs_exact(tokens[:, :2], exact[setting])
   assert p_value < SIGNIFICANCE, (setting, p_value)
   print(f"p-value skip-residual {setting}: {p_value:.3g}")

@@ -44,14 +44,13 @@ def toy():
   return helpers.chi_square_family()
 
 
-def _sampled(target, draft, shape, build=engine.build_speculative,
-             **setting):
+def _sampled(target, draft, shape, rule=None, **setting):
   """Tokens [N_SEQ, SEQ_LEN] of the tree loop from one tiled input."""
   ids = np.tile(np.array([[2, 3, 1]], np.int32), (N_SEQ, 1))
   tree = sd.tree(draft, shape)
-  fn = build(
+  fn = engine.build_speculative(
       target.definition, tree.definition, tree.definition.tree_shape.depth,
-      SEQ_LEN, sampling.SamplingConfig(**setting))
+      SEQ_LEN, sampling.SamplingConfig(**setting), rule=rule)
   tokens, stats = fn(target.params, tree.params, ids,
                      np.full((N_SEQ,), 11, np.int32),
                      np.arange(N_SEQ, dtype=np.int32))
@@ -75,21 +74,19 @@ def test_tree_samples_the_targets_distribution(toy, setting, shape):
   assert ranks[1] > 0, ranks
 
 
-def test_skipping_the_sibling_residual_fails(toy, monkeypatch):
+def test_skipping_the_sibling_residual_fails(toy):
   """Negative control: each child tested against the target's p itself
   instead of the residual its rejected elder siblings left (and the
   correction drawn from p) over-accepts the tokens the draft over-proposes;
   the same chi-square test must reject it (p < SIGNIFICANCE) where the
   exact walk passes (above, same shape, models, seed and N). The wrong rule
-  (`helpers.SkipResidual`) is patched in as `acceptance.rule_for`."""
+  (`helpers.SkipResidual`) is passed as the loop's `rule`."""
   target, draft, _, _ = toy
   setting = SETTINGS["t1_top_k3"]
   exact = helpers.exact_distribution(target, np.array([2, 3, 1]), SEQ_LEN,
                                      **setting)
-  monkeypatch.setattr(acceptance, "rule_for",
-                      lambda sampler, lenience=1.0: helpers.SkipResidual())
   tokens, _ = _sampled(target, draft, (2, 2, 1),
-                       build=helpers.uncached_speculative, **setting)
+                       rule=helpers.SkipResidual(), **setting)
   p_value = helpers.chisquare_vs_exact(tokens, exact)
   assert p_value < SIGNIFICANCE, p_value
 

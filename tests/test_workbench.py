@@ -22,6 +22,7 @@ import numpy as np
 import specdec_jax as sd
 from specdec_jax import sampling
 from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import contract
 from specdec_jax.decoding import drafters
 from specdec_jax.decoding import engine
 from specdec_jax.decoding import protocol
@@ -60,12 +61,11 @@ def test_public_entry_points_take_no_test_seam():
 
 def test_every_shipped_drafter_has_the_protocols_members():
   assert issubclass(protocol.Drafter, typing.Protocol)
-  members = {"shape", "depth", "extra_width", "init", "nonfinite",
-             "propose", "commit"}
+  members = set(contract.DRAFTER_MEMBERS)
   declared = {name for name in vars(protocol.Drafter)
               if not name.startswith("_")} | set(
                   protocol.Drafter.__annotations__)
-  assert members <= declared, members - declared
+  assert members == declared, members ^ declared
   gpt = registry.make_def(registry.get_config("gpt_tiny"))
   definition = sd.Model(gpt, {})
   built = [
@@ -81,8 +81,7 @@ def test_every_shipped_drafter_has_the_protocols_members():
           3, sampling.SamplingConfig(), 1, acceptance.Greedy()),
   ]
   for drafter in built:
-    missing = [m for m in members if not hasattr(drafter, m)]
-    assert not missing, (type(drafter).__name__, missing)
+    contract.check_drafter(drafter, gpt)  # raises naming what is missing
     assert drafter.shape.depth == (2 if isinstance(
         drafter, trees.TreeDrafter) else 3)
 

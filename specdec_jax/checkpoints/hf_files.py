@@ -16,9 +16,8 @@ import numpy as np
 
 from specdec_jax.infra import paths
 from specdec_jax.checkpoints import hf
+from specdec_jax.checkpoints import hf_io
 from specdec_jax.checkpoints.errors import CheckpointNotFoundError
-from specdec_jax.checkpoints.errors import MissingParameterError
-from specdec_jax.checkpoints.errors import ParameterShapeError
 from specdec_jax.checkpoints.errors import UnsupportedCheckpointError
 
 
@@ -80,25 +79,18 @@ def export_tensors(definition: Any, params: Any,
                    hf_name: Callable[[tuple[str, ...]], tuple[str, bool]]
                    ) -> dict[str, np.ndarray]:
   """{HF name: tensor in HF's layout} of every parameter `definition`
-  needs, named (and transposed or not) by `hf_name(our path)`.
+  needs, named (and transposed or not) by `hf_name(our path)`: the one
+  export shape check (`hf_io.export_tensors`) against the definition's
+  shapes.
 
   Raises:
+    CheckpointError: parameters the definition does not have.
     MissingParameterError, ParameterShapeError: the parameters do not fit
       the definition's config.
   """
-  found = dict(hf.tree_paths(params))
-  tensors = {}
-  for ours, shape in hf.tree_paths(definition.param_shapes()):
-    if ours not in found:
-      raise MissingParameterError(f"missing parameter {'/'.join(ours)}")
-    value = np.asarray(found[ours])
-    if value.shape != tuple(shape.shape):
-      raise ParameterShapeError(
-          f"parameter {'/'.join(ours)} has shape {value.shape}, expected "
-          f"{tuple(shape.shape)} from the config")
-    name, transpose = hf_name(ours)
-    tensors[name] = np.ascontiguousarray(value.T if transpose else value)
-  return tensors
+  return hf_io.export_tensors(
+      dict(hf_io.tree_paths(definition.param_shapes())), params, hf_name,
+      type(getattr(definition, "config", definition)).__name__)
 
 
 def write_directory(directory: str, tensors: dict[str, np.ndarray],

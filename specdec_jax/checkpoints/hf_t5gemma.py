@@ -265,8 +265,8 @@ def save_t5gemma(model: Any, directory: str, *,
 
   Raises:
     TypeError: not a T5Gemma model.
-    MissingParameterError, ParameterShapeError: the parameters do not fit
-      the config.
+    CheckpointError, MissingParameterError, ParameterShapeError: the
+      parameters do not fit the config (`hf_io.export_tensors`).
     FileExistsError: `directory` holds a checkpoint and not overwrite.
   """
   config = getattr(getattr(model, "definition", None), "config", None)

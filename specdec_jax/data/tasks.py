@@ -70,54 +70,46 @@ seqio are imported here and in nothing the core library imports.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import os
-from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Mapping
 
 # First: TensorFlow's import quiet on a machine without a GPU.
 from specdec_jax.data import tensorflow_env  # noqa: F401  # pylint: disable=unused-import
-import gin
 import seqio
-import tensorflow as tf
 
-from specdec_jax import errors
 from specdec_jax.data import local_files
-from specdec_jax.infra import paths
 from specdec_jax.data import metrics
-from specdec_jax.data import text
-
-DEFAULT_VOCAB_PATH = (
-    "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model")
-# T5's sentinel ids: the default of `TaskConfig.vocab_extra_ids`. What a run
-# uses is `current_config().vocab_extra_ids` (`get_vocabulary().extra_ids`).
-NUM_EXTRA_IDS = 100
-# `TaskConfig.prompt_template`'s placeholder for the task's input text, and
-# the default template: the input as it is.
-INPUT_PLACEHOLDER = "{input}"
-PLAIN_PROMPT = INPUT_PLACEHOLDER
-# The user turn and generation prompt of Gemma's chat template (Hugging
-# Face's for Gemma and T5Gemma -it checkpoints) without its leading `<bos>`,
-# which `TaskConfig.inputs_bos` adds as an id. `<start_of_turn>` (106) and
-# `<end_of_turn>` (107) are single pieces of Gemma's SentencePiece model.
-GEMMA_CHAT_TEMPLATE = ("<start_of_turn>user\n" + INPUT_PLACEHOLDER +
-                       "<end_of_turn>\n<start_of_turn>model\n")
-TRANSLATE_PREFIX = text.TRANSLATE_PREFIX
-SUMMARIZE_PREFIX = text.SUMMARIZE_PREFIX
-SHARED_DATA_ENV = local_files.SHARED_DATA_ENV
-# Paths that start with this name files shipped inside the package, e.g.
-# 'package:demo_data/sentences' or 'package:demo_models/target/vocab.model',
-# so a gin file can point at them wherever the package is installed.
-PACKAGE_PREFIX = "package:"
-_PACKAGE_DIR = Path(__file__).resolve().parents[1]
-
-
-def resolve_package_path(path: str) -> str:
-  """`package:REL` as a path inside the installed package; others as given."""
-  if path.startswith(PACKAGE_PREFIX):
-    return str(_PACKAGE_DIR / path[len(PACKAGE_PREFIX):])
-  return path
+# The tasks' settings, preprocessors and sources live in their own modules;
+# their public names stay reachable here (`tasks.TaskConfig`, gin's
+# `tasks.TaskConfig.vocab_path`, ...).
+from specdec_jax.data.preprocessors import apply_prompt_template  # noqa: F401  (public)
+from specdec_jax.data.preprocessors import instruction_and_response
+from specdec_jax.data.preprocessors import lm1b_prompt_and_continuation
+from specdec_jax.data.preprocessors import prepend_bos_to_inputs  # noqa: F401  (public)
+from specdec_jax.data.preprocessors import summarize_article
+from specdec_jax.data.preprocessors import TOKENIZE_BOS_AND_EOS
+from specdec_jax.data.preprocessors import translate_en_to_de
+from specdec_jax.data.task_config import current_config
+from specdec_jax.data.task_config import output_features
+from specdec_jax.data.task_config import default_local_data_dir  # noqa: F401  (public)
+from specdec_jax.data.task_config import DEFAULT_VOCAB_PATH  # noqa: F401  (public)
+from specdec_jax.data.task_config import GEMMA_CHAT_TEMPLATE  # noqa: F401  (public)
+from specdec_jax.data.task_config import get_vocabulary  # noqa: F401  (public)
+from specdec_jax.data.task_config import INPUT_PLACEHOLDER  # noqa: F401  (public)
+from specdec_jax.data.task_config import NUM_EXTRA_IDS  # noqa: F401  (public)
+from specdec_jax.data.task_config import override_config  # noqa: F401  (public)
+from specdec_jax.data.task_config import PACKAGE_PREFIX  # noqa: F401  (public)
+from specdec_jax.data.task_config import PLAIN_PROMPT  # noqa: F401  (public)
+from specdec_jax.data.task_config import resolve_package_path  # noqa: F401  (public)
+from specdec_jax.data.task_config import set_config  # noqa: F401  (public)
+from specdec_jax.data.task_config import SHARED_DATA_ENV  # noqa: F401  (public)
+from specdec_jax.data.task_config import SUMMARIZE_PREFIX  # noqa: F401  (public)
+from specdec_jax.data.task_config import TaskConfig  # noqa: F401  (public)
+from specdec_jax.data.task_config import TRANSLATE_PREFIX  # noqa: F401  (public)
+from specdec_jax.data.task_config import VocabularyError  # noqa: F401  (public)
+from specdec_jax.data.tfds_source import read_tfds_split  # noqa: F401  (public)
+from specdec_jax.data.tfds_source import SPLITS as _SPLITS
+from specdec_jax.data.tfds_source import TfdsNotPreparedError  # noqa: F401  (public)
+from specdec_jax.data.tfds_source import TfdsSource as _TfdsSource
 
 WMT14_ENDE = "wmt14_ende"
 WMT_T2T_ENDE = "wmt_t2t_ende"
@@ -135,7 +127,6 @@ PROMPT_SUFFIX = "_prompt"
 PROMPT_TASKS = tuple(name + PROMPT_SUFFIX for name in (
     "wmt14_ende", "wmt14_ende_local", "cnn_dailymail", "cnn_dailymail_local"))
 
-_SPLITS = ("train", "validation", "test")
 _LM1B_SPLITS = ("train", "test")  # lm1b has no validation split.
 
 # T5 fine-tuned and evaluated both WMT EnDe and CNN/DM with 512 input and 512
@@ -176,488 +167,6 @@ FEATURE_LENGTHS.update({name: FEATURE_LENGTHS[name.removesuffix(
     PROMPT_SUFFIX)] for name in PROMPT_TASKS})
 
 
-class VocabularyError(OSError, errors.UsageError):
-  """The SentencePiece vocabulary file could not be read or parsed."""
-
-
-class TfdsNotPreparedError(FileNotFoundError, errors.UsageError):
-  """A TFDS dataset has not been downloaded and prepared in the data dir."""
-
-
-def default_local_data_dir() -> Path:
-  """`$SPECDEC_SHARED_DATA`, else the `shared/data` folder beside the repo."""
-  if os.environ.get(SHARED_DATA_ENV):
-    return Path(os.environ[SHARED_DATA_ENV])
-  return Path(__file__).resolve().parents[3] / "shared" / "data"
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class TaskConfig:
-  """Where the tasks find their vocabulary and data.
-
-  Relative local paths resolve against `local_data_dir`; absolute paths and
-  `gs://` paths are used as they are; `package:REL` names a file shipped in
-  the package (`resolve_package_path`), e.g. the demo's data and vocabulary.
-
-  Attributes:
-    vocab_path: the SentencePiece model every task tokenizes with (default
-      T5's cc_all.32000; Gemma's tokenizer.model for T5Gemma).
-    vocab_extra_ids: sentinel ids appended to the SentencePiece model's
-      pieces on load (`<extra_id_0>` the highest, seqio's order): T5's 100
-      by default, 0 for a vocabulary without sentinels (Gemma's). The
-      vocabulary's `vocab_size` counts them, and the target's must be at
-      least that (`check_vocabulary_fits`).
-    inputs_bos: whether each task's inputs start with the SentencePiece
-      model's BOS id, before the tokens (and the EOS that ends encoder
-      inputs): False for T5 (its vocabulary has no BOS), True for Gemma's
-      (BOS 2, as Hugging Face's GemmaTokenizer adds it). A vocabulary
-      without a BOS id is then an error. Targets never get one (the
-      decoder starts from the model's start id).
-    prompt_template: the text each task's input (the preprocessed text, task
-      prefix included) is placed in; it holds `{input}` exactly once, and
-      everything else is literal. The default `PLAIN_PROMPT` ("{input}")
-      leaves the input as it is; any other template gets the input with
-      leading and trailing whitespace stripped, as Gemma's chat template
-      trims a message. `GEMMA_CHAT_TEMPLATE` is the format of T5Gemma's
-      instruction-tuned (-it) checkpoints.
-    tfds_data_dir: the TFDS data dir holding prepared datasets. None: seqio's
-      override (t5x's --tfds_data_dir) or TFDS's default ($TFDS_DATA_DIR or
-      ~/tensorflow_datasets).
-    local_data_dir: base of relative local paths. None:
-      `default_local_data_dir()`.
-    wmt_ende_files: split -> path prefix of aligned `<prefix>.en` and
-      `<prefix>.de` files (one segment a line) for `wmt14_ende_local`.
-    multi30k_files: the same for the `multi30k_ende*_local` tasks.
-    cnndm_files: split -> JSONL file, one object a line with string fields
-      `article` and `highlights` (and optionally `id`), for
-      `cnn_dailymail_local`.
-    lm1b_files: split -> text file, one sentence a line, for `lm1b_local`;
-      empty by default (there is no shared lm1b data).
-    lm1b_prompt_words: how many leading words of an lm1b sentence form the
-      prompt (`inputs`); the rest are the `targets`. At least 1.
-    instruction_files: split -> JSONL file of instructions (`instruction`,
-      optional `context` and `response`: databricks-dolly-15k's format) for
-      `instructions_local`; empty by default.
-  """
-
-  vocab_path: str = DEFAULT_VOCAB_PATH
-  vocab_extra_ids: int = NUM_EXTRA_IDS
-  inputs_bos: bool = False
-  prompt_template: str = PLAIN_PROMPT
-  tfds_data_dir: str | None = None
-  local_data_dir: str | None = None
-  wmt_ende_files: Mapping[str, str] = dataclasses.field(
-      default_factory=lambda: {"test": "newstest2014.dev100"})
-  multi30k_files: Mapping[str, str] = dataclasses.field(
-      default_factory=lambda: {"train": "multi30k.train",
-                               "validation": "multi30k.val"})
-  cnndm_files: Mapping[str, str] = dataclasses.field(
-      default_factory=lambda: {"test": "cnndm_test_frank250.dev100.jsonl"})
-  lm1b_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
-  lm1b_prompt_words: int = 4
-  instruction_files: Mapping[str, str] = dataclasses.field(
-      default_factory=dict)
-
-  def __post_init__(self):
-    extra = self.vocab_extra_ids
-    if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
-      raise ValueError(
-          f"TaskConfig.vocab_extra_ids must be an int >= 0 (T5's vocabulary "
-          f"takes 100 sentinel ids, Gemma's 0), got {extra!r}.")
-    if not isinstance(self.inputs_bos, bool):
-      raise ValueError(f"TaskConfig.inputs_bos must be True or False, got "
-                       f"{self.inputs_bos!r}.")
-    template = self.prompt_template
-    if (not isinstance(template, str)
-        or template.count(INPUT_PLACEHOLDER) != 1):
-      raise ValueError(
-          f"TaskConfig.prompt_template must be a string holding "
-          f"{INPUT_PLACEHOLDER!r} exactly once (where the input text goes), "
-          f"got {template!r}; the input as it is: {PLAIN_PROMPT!r}.")
-
-  def resolve(self, path: str) -> str:
-    """`path` made absolute against `local_data_dir` unless it already is."""
-    if path.startswith(PACKAGE_PREFIX):
-      return resolve_package_path(path)
-    if "://" in path or os.path.isabs(path):
-      return path
-    base = (resolve_package_path(self.local_data_dir) if self.local_data_dir
-            else str(default_local_data_dir()))
-    return os.path.join(base, path)
-
-
-_config_override: TaskConfig | None = None
-
-
-def current_config() -> TaskConfig:
-  """The config in force: the one `set_config` installed, else gin's."""
-  return _config_override if _config_override is not None else TaskConfig()
-
-
-def set_config(config: TaskConfig | None) -> TaskConfig | None:
-  """Installs `config` for every task (None: back to gin); returns the old."""
-  global _config_override
-  previous, _config_override = _config_override, config
-  return previous
-
-
-@contextlib.contextmanager
-def override_config(**changes: Any) -> Iterator[TaskConfig]:
-  """Within the block, `current_config()` with `changes` applied."""
-  config = dataclasses.replace(current_config(), **changes)
-  previous = set_config(config)
-  try:
-    yield config
-  finally:
-    set_config(previous)
-
-
-# ------------------------------- vocabulary ----------------------------------
-
-
-def _vocabulary_error(path: str, error: Exception) -> VocabularyError:
-  """The error for a vocabulary that does not load: the path, why, and
-  where the vocabulary this path was meant to be usually comes from."""
-  name = os.path.basename(str(path))
-  if name.startswith("multi30k_"):
-    hint = ("The demo's vocabulary ships with the package: "
-            "'package:demo_models/target/vocab.model' (TrainConfig.vocab_path "
-            "or TaskConfig.vocab_path); scripts/train_vocab.py makes this "
-            "file from Multi30k's training text.")
-  elif name.startswith("lm1b_"):
-    hint = ("The lm1b tasks' 8k vocabulary is made by scripts/train_vocab.py "
-            "(docs/tpu.md, Table 3).")
-  elif name == "tokenizer.model":
-    hint = ("Gemma's tokenizer.model comes with the checkpoint's Hugging "
-            "Face directory.")
-  else:
-    local_copy = default_local_data_dir() / "t5" / "spiece.model"
-    hint = ("T5's is cc_all.32000 (gs://t5-data/vocabs/cc_all.32000.100extra/"
-            "sentencepiece.model" + (f", or the local copy {local_copy}"
-                                     if local_copy.exists() else "") + ").")
-  return VocabularyError(
-      f"Could not load the SentencePiece vocabulary {path!r} "
-      f"({type(error).__name__}: {error}). Point the config at a readable "
-      "copy: gin `TaskConfig.vocab_path = '/path/to/spiece.model'` (training: "
-      f"`TrainConfig.vocab_path`). {hint}")
-
-
-class _TaskVocabulary(seqio.SentencePieceVocabulary):
-  """A SentencePieceVocabulary whose file and sentinels are looked up when it
-  loads.
-
-  Its sentinel count is always `current_config().vocab_extra_ids`; with no
-  fixed path its file is `current_config().vocab_path`. So the tasks
-  registered at import honour a vocabulary configured afterwards: if either
-  setting changes, the next use loads anew. A file that does not load raises
-  `VocabularyError` naming the path and the fix.
-  """
-
-  def __init__(self, path: str | None):
-    super().__init__(path or "", extra_ids=NUM_EXTRA_IDS)
-    self._fixed_path = path
-    self._loaded_from = None
-
-  @property
-  def sentencepiece_model_file(self) -> str:
-    return resolve_package_path(self._fixed_path or
-                                current_config().vocab_path)
-
-  @property
-  def extra_ids(self) -> int:
-    return current_config().vocab_extra_ids
-
-  def _model_context(self):
-    path, extra_ids = self.sentencepiece_model_file, self.extra_ids
-    if self._model is None or self._loaded_from != (path, extra_ids):
-      self._model = None
-      self._loaded_from = (path, extra_ids)
-      self._extra_ids = extra_ids  # what seqio's loader appends
-      try:
-        # A gs:// file comes through the one I/O layer (its endpoint,
-        # bounded waits), not TensorFlow's own client: seqio reads the
-        # local copy.
-        self._sentencepiece_model_file = paths.local_copy(path)
-        super()._model_context()
-      except Exception as e:  # tf.errors, protobuf and sentencepiece errors.
-        raise _vocabulary_error(path, e) from e
-    return self._model
-
-
-_CONFIGURED_VOCABULARY = _TaskVocabulary(None)
-
-
-def get_vocabulary(path: str | None = None) -> seqio.SentencePieceVocabulary:
-  """The task vocabulary, loaded lazily on first use.
-
-  Args:
-    path: a SentencePiece model file. None: `current_config().vocab_path`,
-      looked up at each load (the vocabulary every task here uses).
-
-  Returns:
-    A seqio vocabulary with `current_config().vocab_extra_ids` sentinels
-    (looked up at each load): pad 0, EOS 1, `vocab_size` 32100 for T5's
-    (UNK 2, 100 sentinels), 256000 for Gemma's (BOS 2, none). Its first use
-    raises `VocabularyError` if the file does not load.
-  """
-  return _CONFIGURED_VOCABULARY if path is None else _TaskVocabulary(path)
-
-
-def _output_features(inputs_eos: bool = True) -> dict[str, seqio.Feature]:
-  """inputs and targets in the configured vocabulary; targets end in EOS.
-
-  Args:
-    inputs_eos: whether `inputs` end in EOS: True for encoder inputs, False
-      for a decoder-only prompt, which the model continues (an EOS there
-      would tell it the text is over). `append_eos_after_trim` and
-      `specdec_jax.data.batching` both honour the feature's `add_eos`.
-  """
-  vocab = get_vocabulary()
-  return {"inputs": seqio.Feature(vocab, add_eos=inputs_eos),
-          "targets": seqio.Feature(vocab, add_eos=True)}
-
-
-# ------------------------------ preprocessors --------------------------------
-
-
-def _with_id(example: Mapping[str, tf.Tensor], out: dict[str, tf.Tensor]):
-  if "id" in example:
-    out["id"] = example["id"]
-  return out
-
-
-@seqio.map_over_dataset
-def translate_en_to_de(
-    example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-  """{'en', 'de'[, 'id']} -> {'inputs': prefix + en, 'targets': de[, 'id']}."""
-  return _with_id(example, {
-      "inputs": tf.strings.join([TRANSLATE_PREFIX, example["en"]]),
-      "targets": example["de"]})
-
-
-@seqio.map_over_dataset
-def summarize_article(
-    example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-  """{'article', 'highlights'[, 'id']} -> {'inputs', 'targets'[, 'id']}."""
-  return _with_id(example, {
-      "inputs": tf.strings.join([SUMMARIZE_PREFIX, example["article"]]),
-      "targets": example["highlights"]})
-
-
-def lm1b_prompt_and_continuation(dataset: tf.data.Dataset) -> tf.data.Dataset:
-  """{'text'[, 'id']} -> {'inputs': prompt, 'targets': continuation[, 'id']}.
-
-  The prompt is the sentence's first `TaskConfig.lm1b_prompt_words` words,
-  the continuation the rest (empty for a shorter sentence), each joined by
-  single spaces; SentencePiece marks a word start itself, so the two
-  tokenized halves read as the sentence. Sentences without a word are
-  dropped: a decoder-only model has nothing to continue.
-
-  Args:
-    dataset: examples with a string `text` (and optionally `id`).
-
-  Returns:
-    The split examples.
-  """
-  n = current_config().lm1b_prompt_words  # Read when the pipeline is built.
-  if not isinstance(n, int) or n < 1:
-    raise ValueError(f"TaskConfig.lm1b_prompt_words must be an int >= 1 (the "
-                     f"prompt needs a word), got {n!r}.")
-
-  def split(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    words = tf.strings.split(example["text"])
-    return _with_id(example, {
-        "inputs": tf.strings.reduce_join(words[:n], separator=" "),
-        "targets": tf.strings.reduce_join(words[n:], separator=" ")})
-
-  dataset = dataset.filter(
-      lambda ex: tf.size(tf.strings.split(ex["text"])) > 0)
-  return dataset.map(split, num_parallel_calls=tf.data.AUTOTUNE)
-
-
-@seqio.map_over_dataset
-def instruction_and_response(
-    example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-  """{'instruction', 'context', 'response'[, 'id']} -> {'inputs': the
-  instruction, then a blank line and the context when there is one;
-  'targets': the response[, 'id']}."""
-  context = example["context"]
-  joined = tf.strings.join([example["instruction"], "\n\n", context])
-  return _with_id(example, {
-      "inputs": tf.where(tf.strings.length(context) > 0, joined,
-                         example["instruction"]),
-      "targets": example["response"]})
-
-
-def apply_prompt_template(dataset: tf.data.Dataset) -> tf.data.Dataset:
-  """Places each example's `inputs` text in `TaskConfig.prompt_template`.
-
-  The template is read when the pipeline is built. `PLAIN_PROMPT` returns
-  the dataset as it is; another template gets the input stripped of
-  leading and trailing whitespace in place of its `{input}`.
-
-  Args:
-    dataset: examples with a string `inputs`.
-
-  Returns:
-    The examples, `inputs` templated.
-  """
-  template = current_config().prompt_template
-  if template == PLAIN_PROMPT:
-    return dataset
-  before, after = template.split(INPUT_PLACEHOLDER)
-
-  def wrap(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    return {**example, "inputs": tf.strings.join(
-        [before, tf.strings.strip(example["inputs"]), after])}
-
-  return dataset.map(wrap, num_parallel_calls=tf.data.AUTOTUNE)
-
-
-def prepend_bos_to_inputs(
-    dataset: tf.data.Dataset,
-    output_features: Mapping[str, seqio.Feature]) -> tf.data.Dataset:
-  """With `TaskConfig.inputs_bos`, tokenized `inputs` start with BOS.
-
-  Read when the pipeline is built; without the setting the dataset is
-  returned as it is.
-
-  Args:
-    dataset: tokenized examples (int `inputs`).
-    output_features: the task's; `inputs`' vocabulary gives the BOS id.
-
-  Returns:
-    The examples, `inputs` = [BOS] + tokens.
-
-  Raises:
-    ValueError: the SentencePiece model defines no BOS id.
-  """
-  if not current_config().inputs_bos:
-    return dataset
-  vocab = output_features["inputs"].vocabulary
-  bos = vocab.bos_id
-  if bos is None or bos < 0:
-    raise ValueError(
-        f"TaskConfig.inputs_bos is True but the SentencePiece model "
-        f"{vocab.sentencepiece_model_file!r} defines no BOS id (T5's and the "
-        "demo's have none): set TaskConfig.inputs_bos = False, or point "
-        "TaskConfig.vocab_path at the model's own tokenizer (Gemma's "
-        "tokenizer.model has BOS 2).")
-
-  def prepend(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    inputs = example["inputs"]
-    return {**example, "inputs": tf.concat(
-        [tf.constant([bos], dtype=inputs.dtype), inputs], axis=0)}
-
-  return dataset.map(prepend, num_parallel_calls=tf.data.AUTOTUNE)
-
-
-# After the task's text preprocessor: the template, tokens, BOS, EOS.
-_TOKENIZE_BOS_AND_EOS = (apply_prompt_template,
-                         seqio.preprocessors.tokenize,
-                         prepend_bos_to_inputs,
-                         seqio.preprocessors.append_eos_after_trim)
-
-# ------------------------------- TFDS sources --------------------------------
-
-
-_TFDS_ERRORS = (AssertionError, KeyError, OSError, tf.errors.OpError)
-
-
-def _not_prepared_error(tfds_name: str, data_dir: str | None, split: str,
-                        error: Exception,
-                        offline_task: str | None) -> TfdsNotPreparedError:
-  # tensorflow_datasets only when a TFDS split is read.
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  data_dir = data_dir or tfds.core.constants.DATA_DIR
-  offline = (f" Offline, use the task {offline_task!r} on local files "
-             "instead." if offline_task else "")
-  return TfdsNotPreparedError(
-      f"TFDS dataset {tfds_name!r} (split {split!r}) is not prepared "
-      f"in {data_dir} ({type(error).__name__}: {error}). Prepare it once "
-      f"on a machine with network access: `tfds build {tfds_name} "
-      f"--data_dir={data_dir}`, then point the tasks at that dir: gin "
-      "`TaskConfig.tfds_data_dir = '<dir>'`, t5x's --tfds_data_dir, or "
-      f"$TFDS_DATA_DIR.{offline}")
-
-
-def read_tfds_split(tfds_name: str, split: str) -> tf.data.Dataset:
-  """A prepared TFDS split in its stored order, read-only (never downloads).
-
-  Args:
-    tfds_name: e.g. "lm1b" (the version the installed TFDS builds) or
-      "lm1b:1.1.0".
-    split: a split name or slice, e.g. "train" or "train[:1000]".
-
-  Returns:
-    The raw examples, from `TaskConfig.tfds_data_dir` (else TFDS's default).
-
-  Raises:
-    TfdsNotPreparedError: the dataset is not prepared there; the message
-      gives the `tfds build` command.
-  """
-  # tensorflow_datasets only when a TFDS split is read.
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  data_dir = current_config().tfds_data_dir
-  try:
-    # A builder only reads; nothing here calls download_and_prepare.
-    builder = tfds.builder(tfds_name, data_dir=data_dir)
-    return builder.as_dataset(split=split, shuffle_files=False)
-  except _TFDS_ERRORS as e:
-    raise _not_prepared_error(tfds_name, data_dir, split, e, None) from e
-
-
-class _TfdsSource(seqio.TfdsDataSource):
-  """A TFDS source that reads `TaskConfig.tfds_data_dir` when it loads.
-
-  It never downloads (read_only), and an unprepared dataset raises
-  `TfdsNotPreparedError` with the command that prepares it.
-  """
-
-  def __init__(self, tfds_name: str, offline_task: str,
-               splits: tuple[str, ...] = _SPLITS):
-    super().__init__(tfds_name=tfds_name, splits=splits, read_only=True)
-    self._tfds_name = tfds_name
-    self._offline_task = offline_task
-    self._split_names = splits
-    self._loaders: dict[str | None, seqio.LazyTfdsLoader] = {}
-
-  @property
-  def tfds_dataset(self) -> seqio.LazyTfdsLoader:
-    data_dir = current_config().tfds_data_dir
-    if data_dir not in self._loaders:
-      self._loaders[data_dir] = seqio.LazyTfdsLoader(
-          self._tfds_name, data_dir=data_dir,
-          split_map={s: s for s in self._split_names}, read_only=True)
-    return self._loaders[data_dir]
-
-  def _not_prepared(self, split: str, error: Exception) -> TfdsNotPreparedError:
-    return _not_prepared_error(self._tfds_name, self.tfds_dataset.data_dir,
-                               split, error, self._offline_task)
-
-  def _check_split(self, split: str) -> None:
-    if split not in self._split_names:
-      raise ValueError(f"TFDS dataset {self._tfds_name!r} has no split "
-                       f"{split!r}; it has {list(self._split_names)}.")
-
-  def get_dataset(self, split=None, shuffle=True, seed=None, shard_info=None,
-                  **kwargs) -> tf.data.Dataset:
-    split = split or "train"
-    self._check_split(split)
-    try:
-      return super().get_dataset(split, shuffle, seed, shard_info, **kwargs)
-    except _TFDS_ERRORS as e:
-      raise self._not_prepared(split, e) from e
-
-  def num_input_examples(self, split: str) -> int | None:
-    self._check_split(split)
-    try:
-      return super().num_input_examples(split)
-    except _TFDS_ERRORS as e:
-      raise self._not_prepared(split, e) from e
-
-
 # ------------------------------- local sources -------------------------------
 
 
@@ -690,8 +199,8 @@ def _register(name: str, source: seqio.DataSource, text_preprocessor,
   if name in seqio.TaskRegistry.names():
     seqio.TaskRegistry.remove(name)
   seqio.TaskRegistry.add(
-      name, source=source, output_features=_output_features(inputs_eos),
-      preprocessors=[text_preprocessor, *_TOKENIZE_BOS_AND_EOS],
+      name, source=source, output_features=output_features(inputs_eos),
+      preprocessors=[text_preprocessor, *TOKENIZE_BOS_AND_EOS],
       metric_fns=[] if metric_fn is None else [metric_fn])
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Iterator
 
 import flax.linen as nn
 import jax
@@ -18,10 +18,13 @@ import numpy as np
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import sharding
-from specdec_jax.decoding import composite
 from specdec_jax.decoding import checks
+from specdec_jax.decoding import contract
+from specdec_jax.decoding import drafters
 from specdec_jax.decoding.checks import compiler_options_key  # noqa: F401  (public)
 from specdec_jax.decoding import engine
+from specdec_jax.decoding import iterate as iterate_lib
+from specdec_jax.decoding import stats as stats_lib
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding import widths
 from specdec_jax.decoding.protocol import Model
@@ -69,24 +72,34 @@ class DecodeResult:
     return f"DecodeResult({', '.join(parts)})"
 
 
-def _run(fn, params: list[Any], arrays: list[np.ndarray],
-         mesh: jax.sharding.Mesh | None) -> DecodeResult:
-  """Calls a jitted loop, on `mesh` when given, and fetches the result.
+def _placed(arrays: list[np.ndarray], mesh: jax.sharding.Mesh | None):
+  """(the per-row inputs, placed over `data` of `mesh` when given, and a
+  function making the context to trace and run a loop under).
 
-  With a mesh, per-row inputs are placed over `data` (replicated when the
-  batch does not divide) and tracing happens under the logical axis rules, so
-  the models' activation and cache constraints take effect. Parameters are
-  used where they already live (see `load_model(mesh=...)`).
+  With a mesh, the inputs are replicated when the batch does not divide,
+  and tracing happens under the logical axis rules, so the models'
+  activation and cache constraints take effect. Parameters are used where
+  they already live (see `load_model(mesh=...)`).
   """
   if mesh is None:
-    context = contextlib.nullcontext()
-  else:
-    rows = sharding.batch_sharding(mesh, arrays[0].shape[0])
-    arrays = [sharding.put(a, rows) for a in arrays]
-    context = contextlib.ExitStack()
-    context.enter_context(jax.set_mesh(mesh))
-    context.enter_context(nn.logical_axis_rules(sharding.logical_axis_rules()))
-  with context:
+    return arrays, contextlib.nullcontext
+  rows = sharding.batch_sharding(mesh, arrays[0].shape[0])
+
+  def context():
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.set_mesh(mesh))
+    stack.enter_context(nn.logical_axis_rules(sharding.logical_axis_rules()))
+    return stack
+
+  return [sharding.put(a, rows) for a in arrays], context
+
+
+def _run(fn, params: list[Any], arrays: list[np.ndarray],
+         mesh: jax.sharding.Mesh | None) -> DecodeResult:
+  """Calls a jitted loop, on `mesh` when given (`_placed`), and fetches
+  the result."""
+  arrays, context = _placed(arrays, mesh)
+  with context():
     tokens, stats = fn(*params, *arrays)
   tokens, stats = sharding.gather((tokens, stats))
   return DecodeResult(tokens=tokens, stats=stats)
@@ -140,12 +153,13 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
   sampler = sampling_lib.SamplingConfig(temperature, top_k, top_p)
   ids = checks.check_inputs(input_ids, [("target", model)])
   seeds, rows = checks.seeds(seed, ids.shape[0])
-  checks.check_memory([model], ids.shape, 0, max_decode_len, False,
+  checks.check_memory([(model, 1)], ids.shape, 0, max_decode_len, False,
                 f"max_decode_len={max_decode_len}")
   check = on_nonfinite != "ignore"
   fn = engine.build_generate(model.definition, max_decode_len, sampler, check,
                              options, stop_ids)
   result = _run(fn, [model.params], [ids, seeds, rows], mesh)
+  result.stats = result.stats.replace(exact=True)
   checks.check_nonfinite(result.stats, on_nonfinite, [("target_nonfinite", "target")])
   return result
 
@@ -155,6 +169,7 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
                          temperature: float = 0.0, top_k: int = 0,
                          top_p: float = 1.0, seed: Any = 0,
                          lenience: float = 1.0,
+                         rule: Any = None,
                          draft_stop: Any = None,
                          record_trace: bool = False,
                          mesh: jax.sharding.Mesh | None = None,
@@ -182,6 +197,11 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
     seed: int, or one int per row.
     lenience: in (0, 1]; 1 (default) is exact, smaller is the paper's lossy
       variant.
+    rule: the acceptance rule: None (Algorithm 1, `acceptance.rule_for`)
+      or any hashable object with the members of
+      `acceptance.AcceptanceRule` (e.g. `sd.TypicalAcceptance()`, lossy;
+      docs/extending.md). Part of the compiled loop's key. A lossy rule's
+      results say so (`stats.exact` False).
     draft_stop: None (exactly gamma draft tokens per iteration, the paper's
       loop), `sd.ConfidenceStop(threshold)` or `sd.ExpectedGainStop(...)`:
       each row stops proposing when the rule says so (see
@@ -207,7 +227,7 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
   decoder = SpeculativeDecoder(
       target, draft, gamma=gamma, max_decode_len=max_decode_len,
       sampling=sampling_lib.SamplingConfig(temperature, top_k, top_p),
-      lenience=lenience, draft_stop=draft_stop, mesh=mesh,
+      lenience=lenience, rule=rule, draft_stop=draft_stop, mesh=mesh,
       on_nonfinite=on_nonfinite, compiler_options=compiler_options,
       stop_ids=stop_ids)
   return decoder(input_ids, seed=seed, record_trace=record_trace)
@@ -239,7 +259,9 @@ class SpeculativeDecoder:
     max_decode_len: the most tokens generated per row.
     sampling: temperature, top-k, top-p, applied to target and draft alike.
     lenience: 1 (default) is exact; below 1 the paper's lossy variant.
-    draft_stop: None or a stop rule (`ConfidenceStop`, `ExpectedGainStop`).
+    rule: None (Algorithm 1) or an acceptance rule (`speculative_generate`).
+    draft_stop: None or a stop rule (`ConfidenceStop`, `ExpectedGainStop`,
+      or any `stopping.StopRule`).
     mesh: run sharded on this mesh.
     on_nonfinite: "error", "warn" or "ignore" (see `speculative_generate`).
     compiler_options: XLA options of the compiled loop.
@@ -252,6 +274,7 @@ class SpeculativeDecoder:
   max_decode_len: int = dataclasses.field(kw_only=True)
   sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig()
   lenience: float = 1.0
+  rule: Any = None
   draft_stop: Any = None
   mesh: jax.sharding.Mesh | None = None
   on_nonfinite: str = "error"
@@ -267,29 +290,46 @@ class SpeculativeDecoder:
     checks.compiler_options_key(self.compiler_options)
     stopping.check_rule(self.draft_stop)
     put("on_nonfinite", checks.check_on_nonfinite(self.on_nonfinite))
-    shape = composite.tree_shape_of(self.draft.definition)
     if self.gamma is None:
-      if shape is None:
+      probe = drafters.declared(self.draft, 1)
+      if probe.shape.max_children == 1:
         raise ValueError(
             "gamma is required: pass the number of draft tokens per "
             "iteration, e.g. gamma=4 (only a token tree, sd.tree, fixes it: "
             "its depth).")
-      put("gamma", shape.depth)
+      put("gamma", probe.gamma)
     put("gamma", checks.check_positive_int(
         "gamma", self.gamma, "It is the number of draft tokens per step."))
     put("max_decode_len", checks.check_positive_int(
         "max_decode_len", self.max_decode_len,
         "It bounds the generated tokens."))
     put("lenience", sampling_lib.validate_lenience(self.lenience))
+    contract.check_rule(self.rule, self.lenience)
     if not isinstance(self.sampling, sampling_lib.SamplingConfig):
       raise TypeError(
           f"sampling must be a SamplingConfig(temperature, top_k, top_p), "
           f"got {self.sampling!r}.")
-    checks.check_compatible(self.target, self.draft)
-    put("draft", widths.widen_model(self.draft, self.target.vocab_size))
-    if shape is not None:
-      checks.check_tree(shape, self.target, self.gamma, self.max_decode_len,
-                        self.lenience, self.draft_stop)
+    # What the checks, the memory model and the engine read of the draft,
+    # as its drafter declares it: first as given (each model's vocabulary
+    # no wider than the target's), then widened to the target's ids (what
+    # the loop runs, `widths`).
+    drafter = drafters.declared(self.draft, self.gamma, self.sampling,
+                                self.rule)
+    checks.check_compatible(self.target, self.draft, drafter)
+    widened = widths.widen_model(self.draft, self.target.vocab_size)
+    if widened is not self.draft:
+      put("draft", widened)
+      drafter = drafters.declared(self.draft, self.gamma, self.sampling,
+                                  self.rule)
+    put("_drafter", drafter)
+    if drafter.shape.max_children > 1:
+      checks.check_tree(drafter.shape, self.target, self.gamma,
+                        self.max_decode_len, self.lenience, self.draft_stop)
+    elif drafter.gamma != self.gamma:
+      raise ValueError(
+          f"gamma={self.gamma} but the draft's drafter proposes up to "
+          f"{drafter.gamma} tokens per iteration: pass gamma="
+          f"{drafter.gamma}.")
 
   def __repr__(self) -> str:
     """Settings only (the models by their definitions, no arrays)."""
@@ -299,11 +339,19 @@ class SpeculativeDecoder:
             f"draft={_short(self.draft)}, gamma={self.gamma}, "
             f"max_decode_len={self.max_decode_len}, "
             f"sampling=(temperature={s.temperature}, top_k={s.top_k}, "
-            f"top_p={s.top_p}), lenience={self.lenience}, "
+            f"top_p={s.top_p}), lenience={self.lenience}, rule={self.rule!r}, "
             f"draft_stop={self.draft_stop!r}, mesh={mesh}, "
             f"on_nonfinite={self.on_nonfinite!r}, "
             f"compiler_options={self.compiler_options!r}, "
             f"stop_ids={self.stop_ids!r})")
+
+  @property
+  def exact(self) -> bool:
+    """Whether the output is distributed exactly as the target's (False
+    for a lossy rule or lenience < 1)."""
+    if self.rule is not None:
+      return bool(self.rule.exact)
+    return self.lenience == 1.0
 
   def replace(self, **changes: Any) -> "SpeculativeDecoder":
     """The same decoder with some settings changed (checked again)."""
@@ -328,34 +376,77 @@ class SpeculativeDecoder:
     """Decodes `input_ids` (int [batch, length], 0-padded, rows ending in
     EOS); `seed` is an int or one per row; `record_trace` also returns the
     per-iteration trace (see `speculative_generate`)."""
+    arrays, loop = self._prepare(input_ids, seed, record_trace)
+    result = _run(engine.build_speculative(**loop),
+                  [self.target.params, self.draft.params], arrays, self.mesh)
+    return self._checked(result)
+
+  def iterate(self, input_ids: Any, *,
+              seed: Any = 0) -> Iterator[stats_lib.Iteration]:
+    """Decodes `input_ids` one iteration at a time, yielding what each did.
+
+    Steps the same compiled iteration as `__call__`'s loop from Python
+    (`decoding/iterate.py`): each `stats.Iteration` (numpy) holds the
+    proposal, the accepted draft tokens per row, the tokens each row
+    emitted (`new_tokens(row)`) and the counters so far. A row's emitted
+    tokens, concatenated over the iterations, are its tokens in
+    `decoder(input_ids, seed=seed)`. One host round trip per iteration:
+    for watching a rule or a drafter work, not for speed.
+    """
+    arrays, loop = self._prepare(input_ids, seed, False)
+    steps = iterate_lib.build_steps(**loop)
+    params = (self.target.params, self.draft.params)
+    arrays, context = _placed(arrays, self.mesh)
+    with context():
+      state, keys = steps.start(*params, *arrays)
+    for _ in range(self.max_decode_len):
+      with context():
+        state, record = steps.next(*params, keys, state)
+      record, done = sharding.gather((record, state.stream.done))
+      yield record
+      if np.all(done):
+        break
+    with context():
+      tokens, stats = steps.finish(state)
+    self._checked(DecodeResult(*sharding.gather((tokens, stats))))
+
+  def _prepare(self, input_ids: Any, seed: Any,
+               record_trace: bool) -> tuple[list[np.ndarray], dict]:
+    """The checked inputs [ids, seeds, rows] and the keywords of the loop
+    (`engine.build_speculative`); refuses inputs and sizes that cannot
+    decode, before anything compiles."""
     target, draft, gamma = self.target, self.draft, self.gamma
-    max_decode_len, mesh = self.max_decode_len, self.mesh
+    max_decode_len = self.max_decode_len
     ids = checks.check_inputs(input_ids, [("target", target),
                                           ("draft", draft)])
     seeds, rows = checks.seeds(seed, ids.shape[0])
-    sizes, extra_width = composite.call_sizes(draft.definition)
+    drafter = self._drafter
+    extra_width, shape = drafter.extra_width, drafter.shape
     checks.check_width(max_decode_len + gamma + 1 + extra_width,
                        f"max_decode_len + gamma + 1 (+ {extra_width} for "
                        f"a cascade's inner gammas or a tree's nodes)")
-    shape = composite.tree_shape_of(draft.definition)
-    checks.check_memory([target, *composite.models_of(draft)], ids.shape,
-                        gamma, max_decode_len, bool(record_trace),
-                        f"gamma={gamma}, max_decode_len={max_decode_len}"
-                        + ("" if shape is None else
-                           f", a tree of {shape.num_nodes} nodes"),
-                        tuple(t for _, t in sizes), extra_width,
-                        target_tokens=None if shape is None
-                        else shape.verified)
-    fn = engine.build_speculative(
-        target.definition, draft.definition, gamma, max_decode_len,
-        self.sampling, self.lenience, bool(record_trace),
+    checks.check_memory(
+        [(target, shape.verified)]
+        + [(m, call.tokens)
+           for call, m in drafters.called_models(draft, drafter)],
+        ids.shape, gamma, max_decode_len, bool(record_trace),
+        f"gamma={gamma}, max_decode_len={max_decode_len}"
+        + ("" if shape.max_children == 1 else
+           f", a tree of {shape.num_nodes} nodes"), extra_width)
+    loop = dict(
+        target=target.definition, draft=draft.definition, gamma=gamma,
+        max_decode_len=max_decode_len, sampler=self.sampling,
+        lenience=self.lenience, record_trace=bool(record_trace),
         check_finite=self.on_nonfinite != "ignore",
         draft_stop=self.draft_stop,
         compiler_options=checks.compiler_options_key(self.compiler_options),
-        draft_replicated=_replicated(draft.params, mesh),
-        stop_ids=self.stop_ids)
-    result = _run(fn, [target.params, draft.params], [ids, seeds, rows],
-                  mesh)
+        draft_replicated=_replicated(draft.params, self.mesh),
+        stop_ids=self.stop_ids, rule=self.rule)
+    return [ids, seeds, rows], loop
+
+  def _checked(self, result: DecodeResult) -> DecodeResult:
+    """The result marked exact or lossy, its non-finite flags acted on."""
+    result.stats = result.stats.replace(exact=self.exact)
     checks.check_nonfinite(result.stats, self.on_nonfinite,
                            [("target_nonfinite", "target"),
                             ("draft_nonfinite", "draft")])

@@ -15,7 +15,8 @@ import warnings
 import jax
 import numpy as np
 
-from specdec_jax.decoding import composite
+from specdec_jax.decoding import contract
+from specdec_jax.decoding import drafters
 from specdec_jax.decoding import protocol
 from specdec_jax.decoding import widths
 from specdec_jax.decoding.protocol import Model
@@ -28,15 +29,20 @@ _INT32 = np.iinfo(np.int32)
 
 
 def check_model(name: str, model: Any, cascade_ok: bool = False) -> Model:
+  """A `Model` whose definition is a model (`cascade_ok`: or any draft's
+  definition, `contract.check_definition`)."""
   if not isinstance(model, Model):
     raise TypeError(
         f"{name} must be a specdec_jax.Model (from specdec_jax.load_model), "
         f"got {type(model).__name__}.")
-  if not cascade_ok and isinstance(model.definition, composite.CompositeDef):
+  if cascade_ok:
+    contract.check_definition(name, model.definition)
+  elif not contract.is_model(model.definition):
     raise TypeError(
-        f"{name} is a cascade or horizontal drafter (sd.cascade, "
-        f"sd.horizontal), which can only be the draft of "
-        f"speculative_generate; pass its top model here instead.")
+        f"{name} is a drafter ({type(model.definition).__name__}: a "
+        f"cascade, a horizontal drafter, a tree, prompt lookup), which can "
+        f"only be the draft of speculative_generate; pass its top model "
+        f"here instead.")
   return model
 
 
@@ -219,14 +225,18 @@ def seeds(seed: Any, batch: int) -> tuple[np.ndarray, np.ndarray]:
   return seeds.astype(np.int32), rows
 
 
-def check_compatible(target: Model, draft: Model) -> None:
+def check_compatible(target: Model, draft: Model,
+                     drafter: protocol.Drafter | None = None) -> None:
   """A vocabulary no wider than the target's (`widths`), the same family
   and (when both carry one) the same SentencePiece model as the target,
-  for every model the draft runs (each level of a cascade and
-  each part of a horizontal drafter, `composite.levels_of`), naming the one
-  that differs. (`cascade` and `horizontal` refuse parts whose vocabularies
-  differ, so the draft's vocabulary stands for all of them.)"""
-  levels = composite.levels_of(draft)
+  for the draft and every model it runs (`drafter.calls`, the draft's
+  declared drafter by default: each level of a cascade, each part of a
+  horizontal drafter), naming the one that differs. (`cascade` and
+  `horizontal` refuse parts whose vocabularies differ, so the draft's
+  vocabulary stands for all of them.)"""
+  drafter = drafters.declared(draft, 1) if drafter is None else drafter
+  levels = [(call.path, model)
+            for call, model in drafters.called_models(draft, drafter)]
 
   def name(i, path):
     if len(levels) == 1:
@@ -288,45 +298,34 @@ def available_bytes() -> tuple[int | None, str]:
 _ESTIMATE_ABOVE = 1 << 22
 
 
-def check_memory(models: list[Model], ids_shape: tuple[int, int],
-                  gamma: int, max_decode_len: int, record_trace: bool,
-                  what: str, call_tokens: tuple[int, ...] = (),
-                  extra_width: int = 0,
-                  target_tokens: int | None = None) -> None:
+def check_memory(models: list[tuple[Model, int]],
+                 ids_shape: tuple[int, int], gamma: int, max_decode_len: int,
+                 record_trace: bool, what: str, extra_width: int = 0) -> None:
   """Refuses, before compiling, a loop whose buffers cannot fit.
 
   Counts, per device of the models' mesh, each model's cache, the largest
-  buffer of one model call (the target scores gamma + 1 tokens at once, a
-  draft 2), the float32 logits and probabilities of one iteration and the
-  token buffers (`footprint.loop_bytes`), against the memory free beside the
-  parameters already placed. `call_tokens`: the tokens per call of each
-  draft model (`composite.call_sizes`: a cascade's middle model verifies
-  its inner gamma + 1 at once; default 2), and `extra_width` the scratch
-  positions a cascade or a tree adds, `target_tokens` the tokens the target
-  scores a call (default gamma + 1; a tree's nodes + 1). A rough bound: it
-  catches the impossible (gamma=10**6, max_decode_len=10**7), not the
-  tight. Skipped for sizes that always fit (`_ESTIMATE_ABOVE`).
+  buffer of one model call, the float32 logits and probabilities of one
+  iteration and the token buffers (`footprint.loop_bytes`), against the
+  memory free beside the parameters already placed. `models`: (model, the
+  most tokens it scores a call) of the target (gamma + 1, a tree's nodes +
+  1), then of each model the draft declares (`protocol.Drafter.calls`);
+  `extra_width` the drafter's scratch positions. A rough bound: it catches
+  the impossible (gamma=10**6, max_decode_len=10**7), not the tight.
+  Skipped for sizes that always fit (`_ESTIMATE_ABOVE`).
   """
   batch = ids_shape[0]
   width = max_decode_len + gamma + 1 + extra_width
-  target_tokens = gamma + 1 if target_tokens is None else target_tokens
-  tokens_per_call = [target_tokens] + [
-      call_tokens[i] if i < len(call_tokens) else 2
-      for i in range(len(models) - 1)]
+  tokens_per_call = [t for _, t in models]
   if batch * width * max(tokens_per_call) <= _ESTIMATE_ABOVE:
     return
   counted = []
-  # A draft with no model of its own (prompt lookup) holds no cache.
-  pairs = [(m, t) for m, t in zip(models, tokens_per_call)
-           if hasattr(m.definition, "prefill")]
-  tokens_per_call = [t for _, t in pairs]
-  for model, tokens in pairs:
+  for model, tokens in models:
     mesh_shape, replicated = footprint.placement(model.params)
     counted.append(footprint.model_bytes(
         model.definition, batch, ids_shape[1], width, tokens, mesh_shape,
         replicated, params=model.params))
   need = footprint.loop_bytes(counted, tokens_per_call, batch,
-                              models[0].vocab_size, width, gamma,
+                              models[0][0].vocab_size, width, gamma,
                               record_trace)
   # The parameters are on the device already: `available_bytes` is what
   # is left beside them.

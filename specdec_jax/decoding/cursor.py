@@ -52,6 +52,35 @@ class Stream:
     hit = is_stop(tokens, self.stop_ids) & (idx < count[:, None])
     return jnp.min(jnp.where(hit, idx, k), axis=1).astype(jnp.int32)
 
+  @classmethod
+  def empty(cls, batch: int, width: int, stop_ids: tuple) -> "Stream":
+    """No token yet in any of `batch` rows of `width` positions."""
+    return cls(tokens=jnp.zeros((batch, width), jnp.int32),
+               length=jnp.zeros((batch,), jnp.int32),
+               done=jnp.zeros((batch,), jnp.bool_), stop_ids=stop_ids)
+
+  def advance(self, new_tokens: jax.Array, num_new: jax.Array,
+              max_decode_len: int) -> tuple["Stream", jax.Array]:
+    """Appends the first `num_new` [B] of `new_tokens` [B, K] to the rows
+    not done, cut after the first stop id and at `max_decode_len`; returns
+    the new stream and the tokens each row really emitted, int32 [B]."""
+    first_stop = self.first_stop(new_tokens, num_new)
+    emitted = jnp.minimum(num_new, first_stop + 1)
+    emitted = jnp.minimum(emitted, max_decode_len - self.length)
+    emitted = jnp.where(self.done, 0, emitted)
+    length = self.length + emitted
+    done = self.done | (first_stop < emitted) | (length >= max_decode_len)
+    tokens = write_rows(self.tokens, self.length, new_tokens)
+    # Rows already done keep their buffer as it was.
+    tokens = jnp.where(self.done[:, None], self.tokens, tokens)
+    return self.replace(tokens=tokens, length=length, done=done), emitted
+
+  def finished(self, max_decode_len: int) -> jax.Array:
+    """int32 [B, T]: the tokens, 0 at and past each row's length."""
+    tokens = self.tokens[:, :max_decode_len]
+    keep = jnp.arange(max_decode_len)[None, :] < self.length[:, None]
+    return jnp.where(keep, tokens, 0)
+
 
 @flax.struct.dataclass
 class ModelCursor:

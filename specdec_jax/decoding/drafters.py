@@ -5,8 +5,9 @@ placed on a static `TreeShape` (a chain of up to G tokens, the paper's
 setup, or a token tree, `drafts/trees.py`), with the probabilities q they
 were sampled from. The verifier scores every proposed node in one call and
 one walk (`verify.walk`) decides. Every drafter has the interface of the
-`Drafter` protocol (`protocol.py`, beside the model contract);
-`make_drafter` builds one per compiled loop.
+`Drafter` protocol (`protocol.py`, beside the model contract), which
+declares what the host's checks, the memory model and the planner need;
+`make_drafter` builds one per compiled loop and `contract.py` checks it.
 
 This module has the plain one, `ModelDrafter` (one draft model run
 autoregressively, the paper's setup), and the counters every drafter
@@ -36,6 +37,8 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling
+from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import contract
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
@@ -43,11 +46,13 @@ from specdec_jax.decoding.cursor import new_cursor
 from specdec_jax.decoding.cursor import refeed_indices
 from specdec_jax.decoding.protocol import chain_proposal
 from specdec_jax.decoding.protocol import Drafter
+from specdec_jax.decoding.protocol import DrafterBase
 from specdec_jax.decoding.protocol import KeepFn
 from specdec_jax.decoding.protocol import Levels
+from specdec_jax.decoding.protocol import Model
+from specdec_jax.decoding.protocol import ModelCall
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.decoding.protocol import Proposal  # noqa: F401  (public)
-from specdec_jax.decoding.tree_shape import TreeShape
 
 def level_stats(calls, alpha_sum=None, alpha_count=None) -> Levels:
   """`Levels` of calls [B, D]; alpha_sum / alpha_count [B, D - 1] (none
@@ -79,11 +84,12 @@ def verified_level(active, beta, counted, inner: Levels) -> Levels:
                                         axis=1))
 
 
-class ModelDrafter:
-  """One draft model run autoregressively for up to G tokens per row."""
+class ModelDrafter(DrafterBase):
+  """One draft model run autoregressively for up to G tokens per row: a
+  chain (`DrafterBase`) whose one model scores refeed + 1 tokens in its
+  first call of an iteration and one in each next."""
 
-  depth = 1
-  extra_width = 0
+  checks_finite = True
 
   def __init__(self, definition: ModelDef, gamma: int,
                sampler: sampling.SamplingConfig, refeed: int, rule: Any):
@@ -92,7 +98,7 @@ class ModelDrafter:
     self.sampler = sampler
     self.refeed = refeed
     self.rule = rule
-    self.shape = TreeShape.chain(gamma)
+    self.calls = (ModelCall((), definition, refeed + 1),)
 
   def __repr__(self) -> str:
     return (f"ModelDrafter({type(self.definition).__name__}, "
@@ -101,10 +107,6 @@ class ModelDrafter:
   def draw(self, key: jax.Array, q: jax.Array) -> jax.Array:
     """A token [] of q [V]: exactly the q the verification is handed."""
     return sampling.sample(key, q)
-
-  def commit(self, cursor: ModelCursor, length, path) -> ModelCursor:
-    del length, path  # a chain's rollback is the next write position
-    return cursor
 
   def init(self, params, input_ids, num_positions,
            check_finite: bool = True) -> ModelCursor:
@@ -225,13 +227,48 @@ class ModelDrafter:
 
 def make_drafter(definition, gamma: int, sampler: sampling.SamplingConfig,
                  refeed: int, rule: Any) -> Drafter:
-  """The drafter of a draft definition: a ModelDef's `ModelDrafter`, or
-  what a definition with a `make_drafter(gamma, sampler, refeed, rule)`
-  method builds (`cascades.CascadeDef`, `HorizontalDef`, `TreeDef`, or a
-  drafter of your own, docs/extending.md)."""
-  if hasattr(definition, "make_drafter"):
-    return definition.make_drafter(gamma, sampler, refeed, rule)
-  return ModelDrafter(definition, gamma, sampler, refeed, rule)
+  """The drafter of a draft definition: a model's `ModelDrafter`, or what
+  a definition's `make_drafter(gamma, sampler, refeed, rule)` builds
+  (`cascades.CascadeDef`, `HorizontalDef`, `TreeDef`, prompt lookup, or a
+  drafter of your own, docs/extending.md); checked against the protocol
+  (`contract.check_drafter`) before anything is traced."""
+  if contract.is_model(definition):
+    return ModelDrafter(definition, gamma, sampler, refeed, rule)
+  contract.check_definition("draft", definition)
+  return contract.check_drafter(
+      definition.make_drafter(gamma, sampler, refeed, rule), definition)
+
+
+def declared(draft: Model, gamma: int, sampler: Any = None,
+             rule: Any = None) -> Drafter:
+  """The top-level drafter of `draft` at `gamma`, built on the host for
+  what it declares (shape, extra width, the models it calls); the default
+  sampler and its rule unless given."""
+  sampler = sampling.SamplingConfig() if sampler is None else sampler
+  rule = acceptance.rule_for(sampler) if rule is None else rule
+  return make_drafter(draft.definition, gamma, sampler, 1, rule)
+
+
+def called_models(draft: Model, drafter: Drafter) -> list[tuple[ModelCall,
+                                                                 Model]]:
+  """Each `ModelCall` the drafter declares with its `Model` (the
+  parameters at its path in the draft's, the draft's vocabulary), top
+  first."""
+  out = []
+  for call in drafter.calls:
+    params = draft.params
+    for key in call.path:
+      params = params[key]
+    out.append((call, Model(call.definition, params, draft.vocab)))
+  return out
+
+
+def top_model(draft: Model, gamma: int) -> Model:
+  """The model a draft mostly runs (the first it declares: a cascade's
+  top model, a horizontal drafter's early one), or the draft itself when
+  it runs none (prompt lookup)."""
+  called = called_models(draft, declared(draft, gamma))
+  return called[0][1] if called else draft
 
 
 def slice_rows(buffer, start, size):

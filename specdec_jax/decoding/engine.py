@@ -39,19 +39,21 @@ import numpy as np
 from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import contract
 from specdec_jax.decoding import drafters
+from specdec_jax.decoding import stopping
 from specdec_jax.decoding import verify
 from specdec_jax.decoding import widths
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor as _cursor
-from specdec_jax.decoding.cursor import write_rows as _write
 from specdec_jax.decoding.protocol import Drafter
 from specdec_jax.decoding.protocol import Levels
 from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.decoding.protocol import Proposal
 from specdec_jax.decoding.stats import Counters
 from specdec_jax.decoding.stats import DecodeStats
+from specdec_jax.decoding.stats import Iteration
 from specdec_jax.tokens import DEFAULT_STOP_IDS
 from specdec_jax.tokens import is_stop
 
@@ -102,39 +104,6 @@ def row_keys(seeds: jax.Array, rows: jax.Array) -> jax.Array:
   """One PRNG key per row: fold_in(key(seed_b), row_b) ([B] typed keys)."""
   return jax.vmap(lambda s, r: jax.random.fold_in(jax.random.key(s), r))(
       seeds, rows)
-
-
-def _advance(stream: Stream, new_tokens: jax.Array, num_new: jax.Array,
-             max_decode_len: int) -> tuple[Stream, jax.Array]:
-  """Appends the first `num_new` [B] of `new_tokens` [B, K] to active rows.
-
-  Truncates after the first stop id (`stream.stop_ids`) and at
-  `max_decode_len`. Returns the new stream and the number of tokens each
-  row really emitted.
-  """
-  first_stop = stream.first_stop(new_tokens, num_new)
-  emitted = jnp.minimum(num_new, first_stop + 1)
-  emitted = jnp.minimum(emitted, max_decode_len - stream.length)
-  emitted = jnp.where(stream.done, 0, emitted)
-  length = stream.length + emitted
-  done = stream.done | (first_stop < emitted) | (length >= max_decode_len)
-  tokens = _write(stream.tokens, stream.length, new_tokens)
-  # Rows already done keep their buffer as it was.
-  tokens = jnp.where(stream.done[:, None], stream.tokens, tokens)
-  return stream.replace(tokens=tokens, length=length, done=done), emitted
-
-
-def _finish(stream: Stream, max_decode_len: int) -> jax.Array:
-  """[B, T] tokens with 0 at and past each row's length."""
-  tokens = stream.tokens[:, :max_decode_len]
-  keep = jnp.arange(max_decode_len)[None, :] < stream.length[:, None]
-  return jnp.where(keep, tokens, 0)
-
-
-def _new_stream(batch: int, width: int, stop_ids: tuple) -> Stream:
-  return Stream(tokens=jnp.zeros((batch, width), jnp.int32),
-                length=jnp.zeros((batch,), jnp.int32),
-                done=jnp.zeros((batch,), jnp.bool_), stop_ids=stop_ids)
 
 
 # ----------------------------------------------------------------------------
@@ -197,7 +166,7 @@ def _build_generate(model, max_decode_len, static_sampler, check_finite,
     keys = row_keys(seeds, rows)
     state = AutoregressiveState(
         step=jnp.int32(0),
-        stream=_new_stream(batch, max_decode_len + 1, stop_ids),
+        stream=Stream.empty(batch, max_decode_len + 1, stop_ids),
         model=_cursor(model, params, input_ids, max_decode_len + 1,
                       check_finite),
         target_calls=jnp.zeros((batch,), jnp.int32))
@@ -215,8 +184,8 @@ def _build_generate(model, max_decode_len, static_sampler, check_finite,
         token = jax.vmap(sampling.sample)(step_keys,
                                           sampler.probs(logits[:, 0]))
       active = ~s.stream.done
-      stream, _ = _advance(s.stream, token[:, None], jnp.ones_like(token),
-                           max_decode_len)
+      stream, _ = s.stream.advance(token[:, None], jnp.ones_like(token),
+                                   max_decode_len)
       return AutoregressiveState(step=s.step + 1, stream=stream, model=cursor,
                                  target_calls=s.target_calls + active)
 
@@ -224,7 +193,7 @@ def _build_generate(model, max_decode_len, static_sampler, check_finite,
     stats = DecodeStats(length=state.stream.length,
                         target_calls=state.target_calls,
                         target_nonfinite=state.model.nonfinite)
-    return _finish(state.stream, max_decode_len), stats
+    return state.stream.finished(max_decode_len), stats
 
   return jit_with_options(run, compiler_options)
 
@@ -254,12 +223,14 @@ class LoopConfig:
   Attributes:
     target: the target's `ModelDef`.
     draft: the draft's definition (a ModelDef, `cascades.CascadeDef`,
-      `horizontal.HorizontalDef`, `trees.TreeDef`, or any definition with
-      a `make_drafter` method, docs/extending.md).
+      `horizontal.HorizontalDef`, `trees.TreeDef`, prompt lookup, or any
+      definition with a `make_drafter` method, docs/extending.md).
     gamma: the most draft tokens per iteration (a tree's depth).
     max_decode_len: T, the most tokens generated per row.
     sampler: `SamplingConfig.static()`: its numbers are traced.
-    stop: a draft-length rule's `static()` (`stopping.py`), or None.
+    rule: the acceptance rule (`acceptance.AcceptanceRule`), or None for
+      `acceptance.rule_for`'s default (whose lenience is traced).
+    stop: a draft-length rule's key (`stopping.split`), or None.
     record_trace: also record the per-iteration `stats.Trace`.
     check_finite: flag NaN or inf logits per row.
     compiler_options: XLA options, sorted ((name, value), ...).
@@ -276,6 +247,7 @@ class LoopConfig:
   gamma: int
   max_decode_len: int
   sampler: sampling.SamplingConfig
+  rule: Any = None
   stop: Any = None
   record_trace: bool = False
   check_finite: bool = True
@@ -286,9 +258,11 @@ class LoopConfig:
   def drafter(self, sampler: Any = None,
               rule: Any = None) -> Drafter:
     """The top-level drafter (sampler and rule: traced ones in a loop)."""
-    sampler = sampler or self.sampler
-    return drafters.make_drafter(self.draft, self.gamma, sampler, 1,
-                                 rule or acceptance.rule_for(sampler))
+    sampler = self.sampler if sampler is None else sampler
+    if rule is None:
+      rule = self.rule if self.rule is not None else acceptance.rule_for(
+          sampler)
+    return drafters.make_drafter(self.draft, self.gamma, sampler, 1, rule)
 
   def draft_rules(self):
     """Where the draft runs: a replicated draft's constraints must not name
@@ -314,9 +288,11 @@ class Loop:
   @classmethod
   def trace(cls, config: LoopConfig, values: dict) -> "Loop":
     sampler = config.sampler.traced(values)
-    rule = acceptance.rule_for(sampler, values["lenience"])
-    stop = None if config.stop is None else config.stop.traced(
-        values["stop"])
+    rule = config.rule
+    if rule is None:
+      rule = acceptance.rule_for(sampler, values["lenience"])
+    stop = None if config.stop is None else stopping.bind(config.stop,
+                                                          values["stop"])
     return cls(config, sampler, rule, stop, config.drafter(sampler, rule))
 
   @property
@@ -333,7 +309,8 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
                       draft_stop: Any = None,
                       compiler_options: tuple = (),
                       draft_replicated: bool = False,
-                      stop_ids: tuple = DEFAULT_STOP_IDS) -> CompiledLoop:
+                      stop_ids: tuple = DEFAULT_STOP_IDS,
+                      rule: Any = None) -> CompiledLoop:
   """The jitted speculative loop, cached by its `LoopConfig`.
 
   Returns `run(target_params, draft_params, input_ids, seeds, rows) ->
@@ -344,20 +321,40 @@ def build_speculative(target: ModelDef, draft: Any, gamma: int,
   target verifies at the smallest of `verify_widths(gamma)` covering the
   longest proposal, chosen on device); only the rule's `static()` keys the
   cache, its numbers are traced, so a threshold calibration compiles once.
-  A draft narrower than the target is widened to its ids (`widths.widen`).
-  See `LoopConfig` for the rest.
+  `rule`: an acceptance rule (`acceptance.AcceptanceRule`, part of the
+  key), or None for the default (`acceptance.rule_for`, with `lenience`
+  traced). A draft narrower than the target is widened to its ids
+  (`widths.widen`). See `LoopConfig` for the rest.
   """
+  return CompiledLoop(*loop_config(
+      target, draft, gamma, max_decode_len, sampler, lenience, record_trace,
+      check_finite, draft_stop, compiler_options, draft_replicated, stop_ids,
+      rule, build=_build_speculative))
+
+
+def loop_config(target: ModelDef, draft: Any, gamma: int,
+                max_decode_len: int, sampler: sampling.SamplingConfig,
+                lenience: float = 1.0, record_trace: bool = False,
+                check_finite: bool = True, draft_stop: Any = None,
+                compiler_options: tuple = (), draft_replicated: bool = False,
+                stop_ids: tuple = DEFAULT_STOP_IDS, rule: Any = None, *,
+                build: Callable) -> tuple[Any, dict]:
+  """(build(the `LoopConfig`), the traced numbers) of `build_speculative`'s
+  arguments: the key and the values every compiled form of the loop (the
+  whole loop, `iterate.build_steps`) shares."""
+  stop, stop_values = (None, {}) if draft_stop is None else stopping.split(
+      draft_stop)
   values = dict(sampler.values(),
                 lenience=np.float32(sampling.validate_lenience(lenience)),
-                stop={} if draft_stop is None else draft_stop.values())
+                stop=stop_values)
   config = LoopConfig(
-      target=target, draft=widths.widen(draft, target.vocab_size), gamma=gamma, max_decode_len=max_decode_len,
-      sampler=sampler.static(),
-      stop=None if draft_stop is None else draft_stop.static(),
+      target=target, draft=widths.widen(draft, target.vocab_size),
+      gamma=gamma, max_decode_len=max_decode_len,
+      sampler=sampler.static(), rule=rule, stop=stop,
       record_trace=bool(record_trace), check_finite=bool(check_finite),
       compiler_options=tuple(compiler_options),
       draft_replicated=bool(draft_replicated), stop_ids=tuple(stop_ids))
-  return CompiledLoop(_build_speculative(config), values)
+  return build(config), values
 
 
 @functools.lru_cache(maxsize=64)
@@ -377,12 +374,34 @@ def run_speculative(config: LoopConfig, target_params, draft_params,
     return (s.step < config.max_decode_len) & ~jnp.all(s.stream.done)
 
   state = jax.lax.while_loop(
-      cond, lambda s: step(loop, target_params, draft_params, keys, s), state)
+      cond, lambda s: step(loop, target_params, draft_params, keys, s)[0],
+      state)
+  return finish(loop, state)
+
+
+def finish(loop: Loop, state: SpeculativeState):
+  """(tokens [B, T], `DecodeStats`) of a loop's final state."""
+  batch = state.stream.length.shape[0]
   stats = state.counters.decode_stats(
       state.stream.length, target_nonfinite=state.target.nonfinite,
-      draft_nonfinite=loop.drafter.nonfinite(state.draft),
+      draft_nonfinite=draft_nonfinite(loop, state.draft, batch),
       stop_state=state.stop_state or None)
-  return _finish(state.stream, config.max_decode_len), stats
+  return state.stream.finished(loop.config.max_decode_len), stats
+
+
+def draft_nonfinite(loop: Loop, draft_state, batch: int) -> jax.Array | None:
+  """bool [B], a NaN or inf logit of the drafter's models; None when it
+  checks nothing (it declares `checks_finite` False) or the loop does not
+  check."""
+  if not (loop.drafter.checks_finite and loop.config.check_finite):
+    return None
+  flags = loop.drafter.nonfinite(draft_state)
+  if getattr(flags, "shape", None) != (batch,):
+    raise contract.ContractError(
+        f"the drafter {type(loop.drafter).__name__} declares checks_finite "
+        f"but its nonfinite returned {flags!r:.80}; it must return bool [B] "
+        f"(or declare checks_finite = False).")
+  return flags
 
 
 def init_state(loop: Loop, target_params, draft_params,
@@ -391,13 +410,15 @@ def init_state(loop: Loop, target_params, draft_params,
   inputs, nothing is generated, every counter is zero."""
   c, batch = loop.config, input_ids.shape[0]
   shape = loop.drafter.shape
+  draft = _in(c.draft_rules(), loop.drafter.init, draft_params, input_ids,
+              loop.width, c.check_finite)
+  draft_nonfinite(loop, draft, batch)  # its declaration, at trace time
   return SpeculativeState(
       step=jnp.int32(0),
-      stream=_new_stream(batch, loop.width, c.stop_ids),
+      stream=Stream.empty(batch, loop.width, c.stop_ids),
       target=_cursor(c.target, target_params, input_ids, loop.width,
                      c.check_finite),
-      draft=_in(c.draft_rules(), loop.drafter.init, draft_params, input_ids,
-                loop.width, c.check_finite),
+      draft=draft,
       counters=Counters.zeros(
           batch, c.gamma, loop.drafter.depth, c.max_decode_len,
           c.record_trace,
@@ -406,8 +427,9 @@ def init_state(loop: Loop, target_params, draft_params,
 
 
 def step(loop: Loop, target_params, draft_params, keys,
-         s: SpeculativeState) -> SpeculativeState:
-  """One iteration: propose, score, accept, commit, advance, count."""
+         s: SpeculativeState) -> tuple[SpeculativeState, Iteration]:
+  """One iteration: propose, score, accept, commit, advance, count; the
+  new state and what the iteration did (the loop keeps the state only)."""
   gamma = loop.config.gamma
   step_keys = jax.vmap(
       lambda k: jax.random.split(jax.random.fold_in(k, s.step), gamma + 1)
@@ -417,12 +439,14 @@ def step(loop: Loop, target_params, draft_params, keys,
   logits, target = score(loop, target_params, s, prop)
   verdict = accept(loop, logits, prop, step_keys[:, gamma])
   target, draft_state = commit(loop, s, target, draft_state, verdict)
-  stream, emitted = _advance(s.stream, verdict.tokens, verdict.count,
-                             loop.config.max_decode_len)
+  stream, emitted = s.stream.advance(verdict.tokens, verdict.count,
+                                     loop.config.max_decode_len)
   counters, stop_state = count(loop, s, prop, verdict, emitted, levels)
-  return SpeculativeState(step=s.step + 1, stream=stream, target=target,
-                          draft=draft_state, counters=counters,
-                          stop_state=stop_state)
+  return SpeculativeState(
+      step=s.step + 1, stream=stream, target=target, draft=draft_state,
+      counters=counters, stop_state=stop_state), Iteration(
+          proposal=prop, accepted=verdict.accepted, tokens=verdict.tokens,
+          emitted=emitted, counters=counters)
 
 
 def propose(loop: Loop, draft_params, s: SpeculativeState, keys):
@@ -438,8 +462,15 @@ def propose(loop: Loop, draft_params, s: SpeculativeState, keys):
                             & ~is_stop(t, c.stop_ids))
     limit = jnp.clip(c.max_decode_len - n - 1, 1, c.gamma)
     limit = jnp.where(s.stream.done, 1, limit)
-  return _in(c.draft_rules(), loop.drafter.propose, draft_params, s.draft,
-             s.stream, keys, keep, limit)
+  prop, state, levels = _in(c.draft_rules(), loop.drafter.propose,
+                            draft_params, s.draft, s.stream, keys, keep,
+                            limit)
+  # At trace time: a drafter that breaks the protocol says so here, not
+  # deep inside the walk or the while_loop.
+  contract.check_proposal(loop.drafter, prop, levels, n.shape[0],
+                          c.target.vocab_size, loop.rule.uses_q)
+  contract.check_state(loop.drafter, s.draft, state, "propose")
+  return prop, state, levels
 
 
 def score(loop: Loop, target_params, s: SpeculativeState,
@@ -486,9 +517,10 @@ def commit(loop: Loop, s: SpeculativeState, target: ModelCursor, draft_state,
   n = s.stream.length
   if loop.drafter.shape.max_children > 1:
     target = target.keep_path(loop.config.target, n, verdict.path)
-  draft_state = _in(loop.config.draft_rules(), loop.drafter.commit,
-                    draft_state, n, verdict.path)
-  return target, draft_state
+  committed = _in(loop.config.draft_rules(), loop.drafter.commit,
+                  draft_state, n, verdict.path)
+  contract.check_state(loop.drafter, draft_state, committed, "commit")
+  return target, committed
 
 
 def count(loop: Loop, s: SpeculativeState, prop: Proposal,

@@ -294,21 +294,62 @@ class Levels:
   alpha_count: jax.Array
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelCall:
+  """One model a drafter runs, as the host's checks, the memory model and
+  the planner see it.
+
+  Attributes:
+    path: where its parameters sit in the draft's params (() for the
+      draft's own; ("draft", "drafter") for a cascade's inner model).
+    definition: its `ModelDef`.
+    tokens: the most tokens it scores in one call (its refeed + 1 for a
+      plain draft step; a cascade's middle model verifies more).
+  """
+
+  path: tuple
+  definition: Any
+  tokens: int
+
+
+def under(key: str, calls: tuple) -> tuple:
+  """`calls` of a part whose parameters sit under params[key]."""
+  return tuple(dataclasses.replace(c, path=(key,) + tuple(c.path))
+               for c in calls)
+
+
 class Drafter(Protocol):
   """What the engine asks of a drafter (`ModelDrafter` is the plain one).
+
+  A drafter is built once per compiled loop by its definition's
+  `make_drafter(gamma, sampler, refeed, rule)`; the definition (hashable,
+  the loop's key) also has `vocab_size` and `max_input_len`. What the
+  host's checks, the memory model and the planner read of a drafter is
+  declared here, once, by the drafter itself; `DrafterBase` gives the
+  defaults, and `contract.check_drafter` refuses a drafter without them
+  before anything compiles.
 
   Attributes:
     shape: the static `TreeShape` of every proposal (`TreeShape.chain(G)`
       for a chain of up to G tokens).
+    gamma: G, the most tokens a proposal holds (`shape.depth`).
     depth: models in its chain of levels (1 for a plain model; a cascade
       adds its inner drafter's).
     extra_width: scratch positions it needs beyond max_decode_len + G + 1
       in the cache buffers (a tree's side nodes, a cascade's overshoot).
+    calls: a `ModelCall` for each model it runs, top first (empty for
+      prompt lookup): the models checked against the target and counted in
+      memory.
+    checks_finite: whether `nonfinite` flags NaN or inf logits (False:
+      it returns None; a drafter without models has nothing to check).
   """
 
   shape: TreeShape
+  gamma: int
   depth: int
   extra_width: int
+  calls: tuple
+  checks_finite: bool
 
   def init(self, params: Any, input_ids: jax.Array, num_positions: int,
            check_finite: bool = True) -> Any:
@@ -316,7 +357,8 @@ class Drafter(Protocol):
     caches of `num_positions` decoder positions."""
 
   def nonfinite(self, state: Any) -> jax.Array | None:
-    """bool [B]: a logit of its models was NaN or inf (None: unchecked)."""
+    """bool [B]: a logit of its models was NaN or inf (None when it checks
+    nothing, or the loop was built without the check)."""
 
   def propose(self, params: Any, state: Any, stream: Any, keys: jax.Array,
               keep: KeepFn | None, limit: jax.Array
@@ -336,10 +378,40 @@ class Drafter(Protocol):
       limit: int32 [B] in [1, G], the most tokens a row may propose.
 
     Returns:
-      (the Proposal, the new state, its Levels counters).
+      (the Proposal, the new state, its Levels counters: calls [B, depth],
+      alpha_sum and alpha_count [B, depth - 1]). The Proposal's tokens are
+      int32 [B, M] (M = shape.num_nodes), probs float32 [B, I, V] for the
+      I nodes with children (a chain: [B, G, V]) or None when the rule's
+      `uses_q` is False, conf float32 [B, G], length int32 [B], valid bool
+      [B, M]; the new state has the structure of `init`'s.
     """
 
   def commit(self, state: Any, length: jax.Array, path: jax.Array) -> Any:
     """The state after verification accepted `path` int32 [B, G] (node
     indices of `shape` below the root at relative index `length` [B]): a
     chain keeps its state as is (rollback is the next write position)."""
+
+
+class DrafterBase:
+  """The defaults of a drafter (subclass it and set `gamma`): a chain of
+  `gamma` tokens, one level, no scratch positions, no model of its own and
+  so nothing to check for NaN, and a `commit` that keeps the state (a
+  chain's rollback is the next write position)."""
+
+  gamma: int
+  depth = 1
+  extra_width = 0
+  calls: tuple = ()
+  checks_finite = False
+
+  @property
+  def shape(self) -> TreeShape:
+    return TreeShape.chain(self.gamma)
+
+  def nonfinite(self, state: Any) -> jax.Array | None:
+    del state
+    return None
+
+  def commit(self, state: Any, length: jax.Array, path: jax.Array) -> Any:
+    del length, path
+    return state

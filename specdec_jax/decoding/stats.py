@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import theory
+from specdec_jax.decoding.protocol import Proposal
 
 
 @flax.struct.dataclass
@@ -40,8 +41,21 @@ class DecodeStats:
       beta = sum_x min(p, q) over the verified positions whose prefix was
       accepted, and their number; pooled over rows or examples by
       `theory.pooled_alpha` (each position weighs the same).
-    alpha: float32 [B] alpha_sum / alpha_count: the row's acceptance rate
-      (no sampling noise: beta is computed from p and q, not drawn).
+    alpha: float32 [B] alpha_sum / alpha_count: the row's beta, the
+      acceptance rate Algorithm 1 expects (no sampling noise: computed from
+      p and q, not drawn). A rule other than Algorithm 1 accepts at another
+      rate: see `acceptance_rate`.
+    proposed_tokens: int32 [B] draft tokens proposed (a tree: its depth per
+      iteration); accepted_tokens / proposed_tokens is the share of the
+      proposals kept.
+    acceptance_rate: float32 [B] accepted_tokens / alpha_count: the
+      acceptance the rule really had, measured at the positions alpha
+      averages (each iteration's accepted ones and its first rejected one).
+      Its expectation is alpha under an exact rule; a lenient rule moves
+      it, not alpha.
+    exact: True when the output is distributed exactly as the target's
+      (every shipped rule at its defaults); False for a lossy rule
+      (`rule.exact` False, or lenience < 1). Static: not an array.
     tokens_per_target_call: float32 [B] length / target_calls.
     trace_draft: int32 [B, T, G] draft tokens of iteration t (zeros past the
       row's last iteration).
@@ -96,10 +110,18 @@ class DecodeStats:
   rank_histogram: Any = None
   target_nonfinite: Any = None
   draft_nonfinite: Any = None
+  proposed_tokens: Any = None
+  acceptance_rate: Any = None
+  exact: Any = flax.struct.field(pytree_node=False, default=None)
 
   def pooled_alpha(self) -> float:
     """alpha over every verified position of every row."""
     return theory.pooled_alpha(np.asarray(self.alpha_sum),
+                               np.asarray(self.alpha_count))
+
+  def pooled_acceptance_rate(self) -> float:
+    """`acceptance_rate` over every verified position of every row."""
+    return theory.pooled_alpha(np.asarray(self.accepted_tokens, np.float64),
                                np.asarray(self.alpha_count))
 
 
@@ -179,6 +201,8 @@ class Counters:
   def decode_stats(self, length: jax.Array, **more: Any) -> DecodeStats:
     """The `DecodeStats` of a finished loop whose rows have `length` [B]."""
     trace = self.trace
+    depths = jnp.arange(self.proposal_histogram.shape[1])
+    proposed = jnp.sum(self.proposal_histogram * depths, axis=1)
     return DecodeStats(
         length=length,
         target_calls=self.target_calls, draft_calls=self.draft_calls,
@@ -195,9 +219,38 @@ class Counters:
             self.level_alpha_sum / jnp.maximum(self.level_alpha_count, 1),
             jnp.nan),
         tokens_per_target_call=length / jnp.maximum(self.target_calls, 1),
+        proposed_tokens=proposed,
+        acceptance_rate=(self.accepted_tokens
+                         / jnp.maximum(self.alpha_count, 1)),
         rank_histogram=self.rank_histogram,
         trace_draft=None if trace is None else trace.draft,
         trace_accepted=None if trace is None else trace.accepted,
         trace_next=None if trace is None else trace.next,
         trace_proposed=None if trace is None else trace.proposed,
         **more)
+
+
+@flax.struct.dataclass
+class Iteration:
+  """What one iteration of the speculative loop did, per row (the record
+  `SpeculativeDecoder.iterate` yields).
+
+  Attributes:
+    proposal: the drafter's `Proposal` (tokens [B, M], length [B], ...).
+    accepted: int32 [B] draft tokens the walk accepted.
+    tokens: int32 [B, G + 1] the walk's tokens: the accepted ones, then the
+      target's correction or bonus token.
+    emitted: int32 [B] how many of `tokens` the row appended (cut after a
+      stop id and at max_decode_len; 0 for a row already done).
+    counters: the `stats.Counters` after the iteration.
+  """
+
+  proposal: Proposal
+  accepted: jax.Array
+  tokens: jax.Array
+  emitted: jax.Array
+  counters: Counters
+
+  def new_tokens(self, row: int) -> np.ndarray:
+    """The tokens row `row` appended in this iteration (on the host)."""
+    return np.asarray(self.tokens)[row, :int(np.asarray(self.emitted)[row])]

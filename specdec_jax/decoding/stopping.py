@@ -3,8 +3,8 @@ the draft stops proposing.
 
 `speculative_generate(..., gamma=G, draft_stop=rule)` drafts at most G tokens
 per iteration; after each draft token the rule says whether the row drafts
-one more. A rule is a frozen (hashable, validated) dataclass with three
-methods the engine calls:
+one more. A rule is any hashable object (a frozen dataclass) with the
+members of `StopRule`; the engine calls three methods:
 
   init(batch) -> state               per-row online statistics (a pytree)
   keep_going(tokens, conf, state)    bool [B, G]: after draft token j (with
@@ -53,10 +53,51 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specdec_jax.errors import ContractError
+
+
+class StopRule(Protocol):
+  """What the engine asks of a draft-length rule (see the module docstring).
+
+  Any hashable object with `init`, `keep_going` and `update` is a rule; it
+  keys the compiled loop. `static`, `values` and `traced` are optional:
+  with them only `static()` keys the loop and the numbers of `values()` are
+  traced (`ConfidenceStop`, `ExpectedGainStop`); without them the rule
+  itself is the key. Shapes: B rows, G most draft tokens per iteration.
+  """
+
+  def init(self, batch: int) -> Any:
+    """Per-row statistics before the first iteration (a pytree)."""
+
+  def keep_going(self, tokens: jax.Array, conf: jax.Array,
+                 state: Any) -> jax.Array:
+    """bool [B, G], causal: after draft token j, propose j + 1."""
+
+  def update(self, state: Any, conf: jax.Array, accept_prob: jax.Array,
+             verified: jax.Array) -> Any:
+    """The statistics after a verification (conf, accept_prob float32
+    [B, G]; verified bool [B, G], the positions counted)."""
+
+
+STOP_MEMBERS = ("init", "keep_going", "update")
+
+
+def split(rule: Any) -> tuple[Any, dict]:
+  """(the compiled loop's key, the traced numbers) of a rule."""
+  if hasattr(rule, "static") and hasattr(rule, "values"):
+    return rule.static(), rule.values()
+  return rule, {}
+
+
+def bind(static: Any, values: dict) -> Any:
+  """The rule a loop traces with: `static` with the (traced) `values`."""
+  return static.traced(values) if hasattr(static, "traced") else static
 
 
 
@@ -267,9 +308,6 @@ class ExpectedGainStop:
             "count": state["count"] + jnp.sum(w, axis=1)}
 
 
-StopRule = ConfidenceStop | ExpectedGainStop
-
-
 def _with_numbers(rule, values: dict):
   """A copy of `rule` whose fields named in `values` hold those arrays.
   Built without `__post_init__` (its checks and float() conversions would
@@ -311,9 +349,21 @@ def calibration(rule: ExpectedGainStop, stats) -> tuple[float, ...]:
 
 
 def check_rule(rule) -> None:
-  """Raises a TypeError naming the fix unless `rule` is None or a rule."""
-  if rule is not None and not isinstance(rule, (ConfidenceStop,
-                                                ExpectedGainStop)):
-    raise TypeError(
-        f"draft_stop must be None (fixed gamma), sd.ConfidenceStop(threshold) "
-        f"or sd.ExpectedGainStop(...), got {type(rule).__name__}.")
+  """Raises a TypeError (`ContractError`) naming the fix unless `rule` is
+  None or a hashable object with the members of `StopRule`."""
+  if rule is None:
+    return
+  missing = [m for m in STOP_MEMBERS if not callable(getattr(rule, m, None))]
+  if missing:
+    raise ContractError(
+        f"draft_stop must be None (fixed gamma), sd.ConfidenceStop(threshold), "
+        f"sd.ExpectedGainStop(...) or a rule with the methods of "
+        f"stopping.StopRule; {type(rule).__name__} has no "
+        f"{', '.join(missing)}.")
+  try:
+    hash(split(rule)[0])
+  except TypeError:
+    raise ContractError(
+        f"draft_stop {type(rule).__name__} is not hashable: a stop rule is "
+        f"part of the compiled loop's key; make it a frozen dataclass "
+        f"(@dataclasses.dataclass(frozen=True)).") from None

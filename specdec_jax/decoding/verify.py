@@ -91,7 +91,8 @@ def walk(rule: Any, p: jax.Array, prop: Proposal, shape: TreeShape,
   """Walks `prop` (of static `shape`) from its root with `rule`.
 
   Args:
-    rule: the acceptance rule (`acceptance.rule_for`).
+    rule: the acceptance rule (`acceptance.AcceptanceRule`; the loop's
+      `rule=`, or `acceptance.rule_for`'s default).
     p: the verifier's `rule.target(...)` at every node: [B, M + 1, V] (or
       [B, M + 1] ids under `Greedy`); node 0 is the pending token.
     prop: the proposal (tokens, valid [B, M], probs [B, I, V] for the I
@@ -266,9 +267,10 @@ def speculative_accept(
     target_probs: jax.Array,
     lenience: float = 1.0,
     num_proposed: jax.Array | None = None,
+    rule: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Algorithm 1 on given probabilities: `walk` over a chain with
-  `acceptance.Sampled(lenience)`, as a function of arrays.
+  `acceptance.Sampled(lenience)` (or `rule`), as a function of arrays.
 
   Draft token x_i is accepted while r_i * l * q_i(x_i) <= p_i(x_i) with
   r_i ~ U(0, 1]; at the first rejection (position n+1) the next token is
@@ -288,12 +290,18 @@ def speculative_accept(
       They are never accepted, and when all k_b proposals are accepted the
       next token is drawn from p_{k_b + 1} itself (nothing was proposed
       there, so there is no residual). None means every row proposed G.
+    rule: another acceptance rule whose P is probabilities (e.g.
+      `sd.TypicalAcceptance()`); then `lenience` must stay 1.
 
   Returns:
     (num_accepted int32 [B] in [0, G], next_token int32 [B]).
   """
   if not isinstance(lenience, jax.Array):  # a traced one was checked
     lenience = sampling.validate_lenience(lenience)
+  if rule is not None and (isinstance(lenience, jax.Array)
+                           or lenience != 1.0):
+    raise ValueError("speculative_accept: lenience is Sampled's setting; "
+                     "with rule=, pass it in the rule.")
   batch, gamma = draft_tokens.shape
   if draft_probs.shape[:2] != (batch, gamma):
     raise ValueError(f"draft_probs {draft_probs.shape} does not match "
@@ -310,7 +318,7 @@ def speculative_accept(
   prop = chain_proposal(draft_tokens.astype(jnp.int32),
                         jnp.asarray(draft_probs, jnp.float32),
                         jnp.zeros((batch, gamma), jnp.float32), length)
-  verdict = walk(acceptance.Sampled(lenience),
+  verdict = walk(acceptance.Sampled(lenience) if rule is None else rule,
                  jnp.asarray(target_probs, jnp.float32), prop,
                  TreeShape.chain(gamma), keys)
   return verdict.accepted, verdict.next

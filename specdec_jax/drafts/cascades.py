@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from specdec_jax import sampling
 from specdec_jax.decoding import composite
+from specdec_jax.decoding import contract
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding import verify
 from specdec_jax.decoding.cursor import ModelCursor
@@ -40,6 +41,7 @@ from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor
 from specdec_jax.decoding.cursor import refeed_indices
 from specdec_jax.decoding.cursor import write_rows
+from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import KeepFn
 from specdec_jax.decoding.protocol import chain_proposal
 from specdec_jax.decoding.protocol import Levels
@@ -48,7 +50,6 @@ from specdec_jax.decoding.drafters import level_stats
 from specdec_jax.decoding.drafters import slice_rows
 from specdec_jax.decoding.drafters import verified_level
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.decoding.tree_shape import TreeShape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,8 @@ class CascadeDef(composite.CompositeDef):
 
   Attributes:
     draft: the middle model M (its distribution is what the cascade proposes).
-    drafter: M's drafter S: a plain ModelDef or another CascadeDef.
+    drafter: M's drafter S: any drafter's definition (a model, prompt
+      lookup, a horizontal drafter, another cascade, your own).
     gamma: S's draft tokens per M verification.
   """
 
@@ -69,19 +71,10 @@ class CascadeDef(composite.CompositeDef):
   drafter: Any
   gamma: int
 
-  top_key = "draft"
   what = "a cascade"
 
   def parts(self) -> tuple[tuple[str, Any], ...]:
     return (("draft", self.draft), ("drafter", self.drafter))
-
-  def combine_sizes(self, part_sizes):
-    """The middle model verifies g + 1 plus its refeed (about g + 3) a
-    call; the cascade needs g + 1 scratch positions
-    (`CascadeDrafter.extra_width`)."""
-    (_, _), (inner, extra) = part_sizes
-    g = self.gamma
-    return [(self.draft, g + 3)] + inner, extra + g + 1
 
   def make_drafter(self, gamma, sampler, refeed, rule):
     return CascadeDrafter(self, gamma, sampler, refeed, rule)
@@ -105,13 +98,13 @@ def cascade(draft: Model, draft_of_draft: Model, *, gamma: int) -> Model:
       raise TypeError(f"cascade: {name} must be a specdec_jax.Model (from "
                       f"sd.load_model, ngram.fit_ngram or sd.cascade), got "
                       f"{type(m).__name__}.")
-  composite.refuse_trees("cascade", ("draft", draft),
-                         ("draft_of_draft", draft_of_draft))
-  if isinstance(draft.definition, CascadeDef):
+  if not contract.is_model(draft.definition):
     raise TypeError("cascade: the middle model must be a plain model (it "
-                    "verifies its drafter); nest cascades through "
-                    "draft_of_draft instead, e.g. cascade(base, "
-                    "cascade(small, bigram, gamma=4), gamma=3).")
+                    "verifies its drafter, so it needs prefill and extend); "
+                    "nest drafters through draft_of_draft instead, e.g. "
+                    "cascade(base, cascade(small, bigram, gamma=4), gamma=3) "
+                    "or cascade(base, sd.prompt_lookup(target), gamma=3).")
+  composite.refuse_trees("cascade", ("draft_of_draft", draft_of_draft))
   gamma = composite.size_argument("cascade: gamma", gamma)
   if draft.vocab_size != draft_of_draft.vocab_size:
     raise ValueError(
@@ -165,24 +158,30 @@ class CascadeLoop:
   stats: Levels
 
 
-class CascadeDrafter:
+class CascadeDrafter(protocol.DrafterBase):
   """Proposes up to G tokens of the middle model M, produced by speculative
-  decoding of M with the inner drafter S (see the module docstring)."""
+  decoding of M with the inner drafter S (see the module docstring): a
+  chain whose middle model verifies refeed + 1 + g tokens a call, with its
+  inner drafter's models below it."""
+
+  checks_finite = True  # the middle model's logits, and the inner ones'
 
   def __init__(self, definition: CascadeDef, gamma: int,
                sampler: sampling.SamplingConfig, refeed: int, rule: Any):
     self.middle = definition.draft
-    self.inner_gamma = definition.gamma
+    self.inner_gamma = g = definition.gamma
     self.gamma = gamma
-    self.shape = TreeShape.chain(gamma)
     self.sampler = sampler
     self.refeed = refeed
     self.rule = rule
-    self.inner = make_drafter(definition.drafter, definition.gamma, sampler,
-                              refeed + 1, rule)
+    self.inner = make_drafter(definition.drafter, g, sampler, refeed + 1,
+                              rule)
     self.depth = 1 + self.inner.depth
     # A proposal can overshoot G by one inner iteration (g + 1 tokens).
-    self.extra_width = definition.gamma + 1 + self.inner.extra_width
+    self.extra_width = g + 1 + self.inner.extra_width
+    self.calls = ((protocol.ModelCall(("draft",), self.middle,
+                                      refeed + 1 + g),)
+                  + protocol.under("drafter", self.inner.calls))
 
   def init(self, params, input_ids, num_positions,
            check_finite: bool = True) -> CascadeState:
@@ -196,12 +195,9 @@ class CascadeDrafter:
     return (f"CascadeDrafter({type(self.middle).__name__}, gamma={self.gamma}"
             f", inner_gamma={self.inner_gamma}, inner={self.inner!r})")
 
-  def commit(self, state: CascadeState, length, path) -> CascadeState:
-    del length, path  # a chain
-    return state
-
   def nonfinite(self, state: CascadeState):
-    return composite.either(state.middle.nonfinite, self.inner.nonfinite(state.inner))
+    return composite.either(state.middle.nonfinite,
+                            self.inner.nonfinite(state.inner))
 
   def propose(self, params, state: CascadeState, stream: Stream, keys,
               keep: KeepFn | None, limit: jax.Array):

@@ -21,12 +21,12 @@ from specdec_jax import sampling
 from specdec_jax.decoding import composite
 from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import write_rows
+from specdec_jax.decoding import protocol
 from specdec_jax.decoding.protocol import KeepFn
 from specdec_jax.decoding.protocol import chain_proposal
 from specdec_jax.decoding.protocol import Levels
 from specdec_jax.decoding.drafters import make_drafter
 from specdec_jax.decoding.protocol import Model
-from specdec_jax.decoding.tree_shape import TreeShape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,8 @@ class HorizontalDef(composite.CompositeDef):
   {"early": ..., "late": ...}.
 
   Attributes:
-    early, late: ModelDefs or CascadeDefs (or further HorizontalDefs).
+    early, late: any drafters' definitions (models, cascades, prompt
+      lookup, further HorizontalDefs, your own).
     split: how many positions the early drafter proposes (>= 1).
   """
 
@@ -47,15 +48,10 @@ class HorizontalDef(composite.CompositeDef):
   late: Any
   split: int
 
-  top_key = "early"
   what = "a horizontal drafter"
 
   def parts(self) -> tuple[tuple[str, Any], ...]:
     return (("early", self.early), ("late", self.late))
-
-  def combine_sizes(self, part_sizes):
-    (early, e_extra), (late, l_extra) = part_sizes
-    return early + late, max(e_extra, l_extra)
 
   def make_drafter(self, gamma, sampler, refeed, rule):
     return HorizontalDrafter(self, gamma, sampler, refeed, rule)
@@ -100,7 +96,7 @@ class HorizontalState:
   late: Any
 
 
-class HorizontalDrafter:
+class HorizontalDrafter(protocol.DrafterBase):
   """Positions 1..split from the early drafter, the rest from the late one.
 
   Refeed: the late drafter is fed every iteration from length - refeed up to
@@ -115,7 +111,6 @@ class HorizontalDrafter:
                sampler: sampling.SamplingConfig, refeed: int, rule: Any):
     self.split = min(definition.split, gamma)
     self.gamma = gamma
-    self.shape = TreeShape.chain(gamma)
     late_gamma = max(gamma - self.split, 1)
     self.early = make_drafter(definition.early, self.split, sampler,
                               refeed + gamma - self.split, rule)
@@ -123,6 +118,9 @@ class HorizontalDrafter:
                              refeed + self.split, rule)
     self.depth = self.early.depth + self.late.depth
     self.extra_width = max(self.early.extra_width, self.late.extra_width)
+    self.calls = (protocol.under("early", self.early.calls)
+                  + protocol.under("late", self.late.calls))
+    self.checks_finite = self.early.checks_finite or self.late.checks_finite
 
   def init(self, params, input_ids, num_positions,
            check_finite: bool = True) -> HorizontalState:
@@ -136,13 +134,9 @@ class HorizontalDrafter:
     return (f"HorizontalDrafter(split={self.split}, gamma={self.gamma}, "
             f"early={self.early!r}, late={self.late!r})")
 
-  def commit(self, state: HorizontalState, length, path) -> HorizontalState:
-    del length, path  # a chain
-    return state
-
   def nonfinite(self, state: HorizontalState):
     return composite.either(self.early.nonfinite(state.early),
-                   self.late.nonfinite(state.late))
+                            self.late.nonfinite(state.late))
 
   def propose(self, params, state: HorizontalState, stream: Stream, keys,
               keep: KeepFn | None, limit: jax.Array):

@@ -29,7 +29,6 @@ import jax.numpy as jnp
 
 from specdec_jax.decoding import protocol
 from specdec_jax.decoding import stopping
-from specdec_jax.decoding.tree_shape import TreeShape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,26 +44,18 @@ class PromptLookupDef:
     return PromptLookup(self, gamma, rule)
 
 
-class PromptLookup:
-  """The drafter (`protocol.Drafter`); its state is the input ids [B, L]."""
-
-  depth = 1        # one level of drafting below the target
-  extra_width = 0  # no scratch positions
+class PromptLookup(protocol.DrafterBase):
+  """The drafter (`protocol.Drafter`); its state is the input ids [B, L].
+  `DrafterBase` declares the rest: a chain of `gamma` tokens, no model
+  called (so no logits to check for NaN), a commit that keeps the state."""
 
   def __init__(self, definition: PromptLookupDef, gamma: int, rule):
     self.ngram, self.vocab_size = definition.ngram, definition.vocab_size
     self.gamma, self.rule = gamma, rule
-    self.shape = TreeShape.chain(gamma)
 
   def init(self, params, input_ids, num_positions, check_finite=True):
     del params, num_positions, check_finite
     return input_ids.astype(jnp.int32)
-
-  def nonfinite(self, state):
-    return None  # no logits of its own
-
-  def commit(self, state, length, path):
-    return state
 
   def propose(self, params, prompt, stream, keys, keep, limit):
     k, gamma = self.ngram, self.gamma

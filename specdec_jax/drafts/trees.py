@@ -39,6 +39,8 @@ import numpy as np
 
 from specdec_jax import sampling
 from specdec_jax.decoding import composite
+from specdec_jax.decoding import contract
+from specdec_jax.decoding import protocol
 from specdec_jax.decoding.cursor import ModelCursor
 from specdec_jax.decoding.cursor import Stream
 from specdec_jax.decoding.cursor import new_cursor
@@ -77,18 +79,26 @@ def _without_replacement(key: jax.Array, q: jax.Array, count: int):
 
 
 class TreeDrafter:
-  """One draft model expanding a `TreeShape` level by level."""
+  """One draft model expanding a `TreeShape` level by level: it feeds its
+  widest level in one call, and the nodes off the chain of its depth take
+  num_nodes - depth scratch positions."""
 
   depth = 1
+  checks_finite = True
 
   def __init__(self, definition: "TreeDef", sampler: sampling.SamplingConfig,
                refeed: int, rule: Any):
     self.definition = definition.draft
-    self.shape = definition.tree_shape
+    self.shape = shape = definition.tree_shape
+    self.gamma = shape.depth
     self.sampler = sampler
     self.refeed = refeed
     self.rule = rule
-    self.extra_width = self.shape.num_nodes - self.shape.depth
+    self.extra_width = shape.num_nodes - shape.depth
+    widest = max(len(level) for level in shape.levels[1:-1]) if (
+        shape.depth > 1) else 1
+    self.calls = (protocol.ModelCall(("draft",), self.definition,
+                                     max(refeed + 1, widest)),)
 
   def __repr__(self) -> str:
     return (f"TreeDrafter({type(self.definition).__name__}, "
@@ -180,19 +190,10 @@ class TreeDef(composite.CompositeDef):
   draft: Any
   tree_shape: TreeShape
 
-  top_key = "draft"
   what = "a token tree"
 
   def parts(self) -> tuple[tuple[str, Any], ...]:
     return (("draft", self.draft),)
-
-  def combine_sizes(self, part_sizes):
-    """The draft feeds at most its widest level a call; the tree's nodes
-    take num_nodes - depth positions beyond a chain's."""
-    widest = max(len(level) for level in self.tree_shape.levels[1:-1]) if (
-        self.tree_shape.depth > 1) else 1
-    return ([(self.draft, max(2, widest))],
-            self.tree_shape.num_nodes - self.tree_shape.depth)
 
   def make_drafter(self, gamma, sampler, refeed, rule):
     del gamma  # the depth
@@ -214,10 +215,13 @@ def tree(draft: Model, shape: Any) -> Model:
   if not isinstance(draft, Model):
     raise TypeError(f"tree: draft must be a specdec_jax.Model, got "
                     f"{type(draft).__name__}.")
-  if isinstance(draft.definition, composite.CompositeDef):
-    raise TypeError(f"tree: the draft must be a plain model, got "
-                    f"{draft.definition.what}; a tree of a cascade or a "
-                    f"horizontal drafter is not supported.")
+  if not contract.is_model(draft.definition):
+    what = getattr(draft.definition, "what",
+                   type(draft.definition).__name__)
+    raise TypeError(f"tree: the draft must be a plain model, got {what}"
+                    f"; a tree expands one model's distribution level by "
+                    f"level (a cascade, a horizontal drafter or prompt "
+                    f"lookup is not supported).")
   if not hasattr(draft.definition, "copy_slots"):
     raise TypeError(
         f"tree: {type(draft.definition).__name__} cannot take token trees "

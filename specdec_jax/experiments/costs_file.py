@@ -24,25 +24,26 @@ import numpy as np
 
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
-from specdec_jax.decoding import composite
+from specdec_jax.decoding import drafters
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.experiments import cost_checks
 from specdec_jax.experiments import step_timers
 from specdec_jax.experiments import workdir as workdir_lib
 
 
-def cost_model(draft: Model) -> Model:
-  """The model whose per-step cost is the run's c: the draft itself, or for
-  a cascade its top model (the cascade's own cost per token depends on its
-  acceptance; docs/log/benchmarks_history.md reports cascades by measured walltime)."""
-  return composite.top_model(draft)
+def cost_model(draft: Model, gamma: int = 1) -> Model:
+  """The model whose per-step cost is the run's c: the first model the
+  draft's drafter declares (the draft itself; a cascade's top model: the
+  cascade's own cost per token depends on its acceptance;
+  docs/log/benchmarks_history.md reports cascades by measured walltime)."""
+  return drafters.top_model(draft, gamma)
 
 
 def verified_gamma(draft: Model, gamma: int) -> int:
   """The gamma whose verification (gamma + 1 tokens) a target call of this
-  draft costs: gamma itself, or a token tree's nodes."""
-  shape = composite.tree_shape_of(draft.definition)
-  return gamma if shape is None else shape.num_nodes
+  draft costs: its drafter's proposed nodes (gamma for a chain, a token
+  tree's nodes)."""
+  return drafters.declared(draft, gamma).shape.num_nodes
 
 
 def stored_costs(path: str, gammas) -> dict | None:

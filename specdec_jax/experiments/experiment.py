@@ -101,7 +101,7 @@ def run(config: ExperimentConfig, workdir: str) -> dict:
 # must be equal, since they share the baseline.
 PER_DRAFT_FIELDS = ("draft", "draft_config", "gamma", "max_gamma",
                     "probe_gamma", "probe_examples",
-                    "optimal_gamma_verify_cost", "draft_stop", "cascade",
+                    "optimal_gamma_verify_cost", "rule", "draft_stop", "cascade",
                     "tree", "tree_parents", "replicate_draft", "ngram_split", "ngram_max_examples",
                     "cost_repeats", "trace_examples", "name", "overwrite")
 

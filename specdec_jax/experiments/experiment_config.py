@@ -15,6 +15,7 @@ from specdec_jax import errors
 from specdec_jax import sampling
 from specdec_jax.decoding import api
 from specdec_jax.decoding import checks
+from specdec_jax.decoding import contract
 from specdec_jax.decoding import stopping
 from specdec_jax.decoding.tree_shape import TreeShape
 from specdec_jax.decoding.stopping import StopRule
@@ -65,6 +66,10 @@ class ExperimentConfig:
       cost_repeats times gets the rest after them).
     ngram_split, ngram_max_examples: data an n-gram drafter is fitted on.
     trace_examples: examples whose per-iteration traces are plotted.
+    rule: the acceptance rule: None (Algorithm 1) or any
+      `acceptance.AcceptanceRule`, e.g. `@typical.TypicalAcceptance()` with
+      `from specdec_jax.rules import typical` in the .gin file (lossy: the
+      tables mark its rows `exact` False).
     draft_stop: adaptive draft length: None (exactly gamma draft tokens per
       iteration) or a rule, e.g. `@stopping.ConfidenceStop()` with
       `from specdec_jax.decoding import stopping` in the .gin file; gamma is
@@ -131,6 +136,7 @@ class ExperimentConfig:
   ngram_split: str = "train"
   ngram_max_examples: int | None = 20000
   trace_examples: int = 3
+  rule: Any = None
   draft_stop: StopRule | None = None
   cascade: Sequence[tuple[str | int, ...]] = ()
   tree: Sequence[int] | None = None
@@ -159,7 +165,7 @@ class ExperimentConfig:
         target, draft, gamma=gamma, max_decode_len=self.max_decode_len,
         sampling=sampling.SamplingConfig(self.temperature, self.top_k,
                                          self.top_p),
-        draft_stop=self.draft_stop, mesh=mesh,
+        rule=self.rule, draft_stop=self.draft_stop, mesh=mesh,
         compiler_options=self.compiler_options, stop_ids=self.stop_ids)
 
   def tree_shape(self) -> TreeShape | None:
@@ -238,6 +244,10 @@ def config_problems(config: ExperimentConfig) -> list[str]:
   try:
     stopping.check_rule(config.draft_stop)
   except TypeError as e:
+    problems.append(str(e))
+  try:
+    contract.check_rule(config.rule)
+  except (TypeError, ValueError) as e:
     problems.append(str(e))
   for entry in config.cascade:
     if (not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3)

@@ -17,8 +17,12 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax.checkpoints import configs
+from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import drafters
+from specdec_jax.drafts import trees
 from specdec_jax.infra import chips
 from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.experiment_config import ExperimentConfig
@@ -77,14 +81,31 @@ class RunShape:
   tree: Any = None
 
   @property
+  def draft_definition(self) -> Any:
+    """The draft the loop is built for: the model, or its token tree."""
+    return (self.draft if self.tree is None
+            else trees.TreeDef(self.draft, self.tree))
+
+  @property
+  def drafter(self) -> Any:
+    """The loop's drafter, for what it declares (`protocol.Drafter`): its
+    shape, scratch positions and the models it calls."""
+    return drafters.make_drafter(
+        self.draft_definition, self.gamma, sampling.SamplingConfig(
+            self.temperature, self.top_k, self.top_p), 1,
+        acceptance.rule_for(sampling.SamplingConfig(self.temperature)))
+
+  @property
   def verified(self) -> int:
     """Tokens one target call scores: gamma + 1, or a tree's nodes + 1."""
-    return self.gamma + 1 if self.tree is None else self.tree.verified
+    return self.drafter.shape.verified
 
   @property
   def positions(self) -> int:
-    """Decoder positions of the caches: max_decode_len + verified."""
-    return self.max_decode_len + self.verified
+    """Decoder positions of the caches (the engine's width): max_decode_len
+    + gamma + 1 + the drafter's scratch positions."""
+    return (self.max_decode_len + self.gamma + 1
+            + self.drafter.extra_width)
 
 
 def run_shape(config: ExperimentConfig, input_len: int | None = None
@@ -119,8 +140,12 @@ def estimate(shape: RunShape) -> dict[str, Any]:
   memory model): parameters, caches, activations, and their total."""
   mesh = shape.mesh_shape
   out, counted = {}, []
-  for role, definition, tokens in (("target", shape.target, shape.verified),
-                                   ("draft", shape.draft, 2)):
+  # The target scores the proposal; the draft's models, what its drafter
+  # declares it calls (`protocol.ModelCall`), each its tokens a call.
+  calls = [("target", shape.target, shape.verified)] + [
+      ("draft", call.definition, call.tokens)
+      for call in shape.drafter.calls]
+  for role, definition, tokens in calls:
     replicate = role == "draft" and shape.replicate_draft
     counted.append(footprint.model_bytes(
         definition, shape.batch, shape.input_len, shape.positions, tokens,
@@ -128,7 +153,7 @@ def estimate(shape: RunShape) -> dict[str, Any]:
     out[f"{role}_param_bytes"] = counted[-1].params
     out[f"{role}_param_bytes_total"] = footprint.param_bytes(definition)
     out[f"{role}_cache_bytes"] = counted[-1].cache
-  need = footprint.loop_bytes(counted, (shape.verified, 2), shape.batch,
+  need = footprint.loop_bytes(counted, [t for _, _, t in calls], shape.batch,
                               shape.target.vocab_size, shape.positions,
                               shape.gamma)
   out["activation_bytes"] = need["activations"]

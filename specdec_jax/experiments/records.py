@@ -9,8 +9,8 @@ the dataclasses' fields, with `speculative` keyed by gamma as a string:
    "speculative": {"7": {"tokens", "time_s", "text", "target_calls",
                          "draft_calls", "accepted_histogram", "alpha",
                          "alpha_sum", "alpha_count", "proposal_histogram",
-                         "level_calls", "level_alpha",
-                         "rank_histogram" (token trees)}}}
+                         "level_calls", "level_alpha", "acceptance_rate",
+                         "exact", "rank_histogram" (token trees)}}}
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ class DecodeRecord:
       calls and acceptance rate.
     rank_histogram: [depth][k + 1] with a token tree: at each depth walked,
       the walks that accepted the child of each rank (k: none).
+    acceptance_rate: accepted draft tokens over alpha_count, the measured
+      acceptance beside alpha's expected one (`DecodeStats`).
+    exact: False when a lossy acceptance rule decoded it (`DecodeStats`).
   """
 
   tokens: list[int]
@@ -61,6 +64,8 @@ class DecodeRecord:
   level_calls: list[int] | None = None
   level_alpha: list[float] | None = None
   rank_histogram: list[list[int]] | None = None
+  acceptance_rate: float | None = None
+  exact: bool | None = None
 
   @classmethod
   def of(cls, result, seconds: float, vocab,
@@ -80,7 +85,9 @@ class DecodeRecord:
           alpha_count=int(st.alpha_count[0]),
           proposal_histogram=np.asarray(st.proposal_histogram[0]).tolist(),
           level_calls=np.asarray(st.level_calls[0]).tolist(),
-          level_alpha=np.asarray(st.level_alpha[0]).tolist())
+          level_alpha=np.asarray(st.level_alpha[0]).tolist(),
+          acceptance_rate=float(st.acceptance_rate[0]),
+          exact=None if st.exact is None else bool(st.exact))
     if st.rank_histogram is not None:
       out["rank_histogram"] = np.asarray(st.rank_histogram[0]).tolist()
     return cls(**out)

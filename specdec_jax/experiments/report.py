@@ -26,7 +26,8 @@ from specdec_jax.experiments import cost_checks
 from specdec_jax.experiments.records import ExampleRecord
 
 
-TABLE_COLUMNS = ("task", "draft", "temperature", "gamma", "alpha", "c",
+TABLE_COLUMNS = ("task", "draft", "temperature", "gamma", "alpha",
+                 "acceptance_rate", "exact", "c",
                  "speedup", "predicted_speedup", "predicted_with_verify_cost",
                  "predicted_at_lengths", "predicted_at_lengths_with_verify_cost",
                  "predicted_with_prefill",
@@ -83,6 +84,13 @@ def _row(config, records: Sequence[ExampleRecord], gamma: int, costs: dict,
           np.dot(histogram, np.arange(1, len(histogram) + 1))
           / max(histogram.sum(), 1)),
       "accepted_histogram": histogram.tolist(),
+      # What the rule really accepted at the positions alpha averages
+      # (alpha's expectation under an exact rule; a lenient one moves it).
+      "acceptance_rate": float(
+          np.dot(histogram, np.arange(len(histogram)))
+          / max(sum(s.alpha_count for s in spec), 1)),
+      # A lossy rule's row says so (records before the field: exact).
+      "exact": all(s.exact is not False for s in spec),
       "identical": all(s.tokens == r.baseline.tokens
                        for s, r in zip(spec, records)),
   }

@@ -110,9 +110,7 @@ class GemmaNorm(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     """[..., D] -> [..., D] in `dtype`."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), -1, keepdims=True)
-                            + self.epsilon)
+    y = layers.rms_normalize(x, self.epsilon)
     scale = layers._param(  # pylint: disable=protected-access
         self, "scale", nn.initializers.zeros, (x.shape[-1],),
         self.param_dtype, (self.axis_name,))

@@ -91,6 +91,15 @@ def _param(module: nn.Module, name: str, init: Initializer,
                       shape, jnp.dtype(dtype))
 
 
+def rms_normalize(x: jax.Array, epsilon: float) -> jax.Array:
+  """float32 x / rms(x) over the last axis, the mean square taken in
+  float32 whatever x's dtype: what T5's and Gemma's norms share (they
+  differ in the scale only)."""
+  x32 = x.astype(jnp.float32)
+  return x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1,
+                                      keepdims=True) + epsilon)
+
+
 class RmsNorm(nn.Module):
   """T5 layer norm: x / rms(x) * scale, no mean subtraction and no bias.
 
@@ -110,9 +119,7 @@ class RmsNorm(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     """[..., D] -> [..., D] in `dtype`."""
-    x32 = x.astype(jnp.float32)
-    mean2 = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-    y = (x32 * jax.lax.rsqrt(mean2 + self.epsilon)).astype(self.dtype)
+    y = rms_normalize(x, self.epsilon).astype(self.dtype)
     scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],),
                    self.param_dtype, ("embed",))
     return y * scale.astype(self.dtype)

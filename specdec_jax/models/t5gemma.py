@@ -45,7 +45,7 @@ dim, F mlp hidden, V vocabulary.
 
 Logical axes as for T5 (`layers`): kernels (`embed`, `joined_kv`) and
 (`joined_kv`, `embed`), norms (`embed`,), embeddings (`vocab`, `embed`);
-caches (`t5.cache_logical_axes`, the same `T5Cache` pytree) with K as
+caches (`encoder_decoder.cache_logical_axes`, the same `T5Cache` pytree) with K as
 `cache_heads`.
 """
 
@@ -62,7 +62,9 @@ from specdec_jax.models import gemma_layers
 from specdec_jax.models import layers
 from specdec_jax.models.gemma_layers import GLOBAL, SLIDING  # noqa: F401
 from specdec_jax.models.gemma_layers import window_bias
-from specdec_jax.models.t5 import EncoderDecoderDef
+from specdec_jax.models.encoder_decoder import DecoderStack
+from specdec_jax.models.encoder_decoder import EncoderDecoderDef
+from specdec_jax.models.encoder_decoder import EncoderDecoderModule
 
 PAD_ID, EOS_ID, BOS_ID = 0, 1, 2
 
@@ -248,22 +250,11 @@ class DecoderLayer(nn.Module):
 
   def __call__(self, x, positions, slots, self_bias, cross, cross_bias,
                cache):
-    """One decoder layer.
-
-    Args:
-      x: [B, T, D].
-      positions: int [B, T], the decoder positions of the T tokens (what
-        rotary embeddings rotate by).
-      slots: int [B, T], their cache slots (the positions, except for the
-        nodes of a token tree).
-      self_bias: float32 [B, 1, T, S] (S = T when uncached).
-      cross: KVCache of the encoder output (L positions).
-      cross_bias: float32 [B, 1, 1, L].
-      cache: KVCache of S slots, or None to attend to the T tokens only.
-
-    Returns:
-      ([B, T, D], the updated cache or None).
-    """
+    """One decoder layer on x [B, T, D]: ([B, T, D], the updated cache or
+    None), as T5's, except that the T tokens rotate by their decoder
+    `positions` [B, T] and are written at their cache `slots` [B, T] (the
+    positions, but for a token tree's nodes), and `self_bias` is
+    float32 [B, 1, T, S]: one mask for every head."""
     h = self.pre_self_attention_norm(x)
     k, v = self.self_attention.project_kv(h, positions)
     if cache is not None:
@@ -279,7 +270,7 @@ class DecoderLayer(nn.Module):
     return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x))), cache
 
 
-class Decoder(nn.Module):
+class Decoder(DecoderStack):
   """Embedding (times sqrt(D)), decoder layers, final norm, tied output
   layer with soft-capped logits."""
 
@@ -291,26 +282,9 @@ class Decoder(nn.Module):
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.decoder.num_layers)]
     self.decoder_norm = _norm(cfg, cfg.decoder)
 
-  def cross_kv(self, encoded: jax.Array) -> tuple[layers.KVCache, ...]:
-    return tuple(layer.cross_kv(encoded) for layer in self.layers)
-
   def __call__(self, tokens, positions, cross, encoder_mask, cache,
                tree=None):
-    """Runs the decoder on T tokens per row.
-
-    Args:
-      tokens: int [B, T].
-      positions: int [B, T], their decoder positions.
-      cross: per layer, KVCache of the encoder output.
-      encoder_mask: bool [B, L].
-      cache: per layer, KVCache of S slots; None for a plain causal pass
-        over the T tokens (teacher forcing).
-      tree: None, or a `protocol.TreeMask`: the T tokens are tree nodes
-        written at its slots, seeing what it says.
-
-    Returns:
-      (float32 logits [B, T, V], the updated caches or None).
-    """
+    """Runs the decoder on T tokens per row (`DecoderStack`)."""
     cfg, s = self.config, self.config.decoder
     uncached = cache is None
     key_pos, mask = layers.attention_bias(
@@ -336,34 +310,15 @@ class Decoder(nn.Module):
     return logits, None if uncached else tuple(new_cache)
 
 
-class T5GemmaTransformer(nn.Module):
-  """The encoder-decoder; `__call__` is the uncached teacher-forced pass."""
+class T5GemmaTransformer(EncoderDecoderModule):
+  """The encoder-decoder (the shared body, `EncoderDecoderModule`): two
+  stacks, each with its own embedding."""
 
   config: T5GemmaConfig
 
   def setup(self):
     self.encoder = Encoder(self.config)
     self.decoder = Decoder(self.config)
-
-  def encode(self, input_ids):
-    return self.encoder(input_ids)
-
-  def cross_kv(self, encoded):
-    return self.decoder.cross_kv(encoded)
-
-  def decode(self, tokens, positions, cross, encoder_mask, cache, tree=None):
-    return self.decoder(tokens, positions, cross, encoder_mask, cache, tree)
-
-  def __call__(self, input_ids: jax.Array,
-               decoder_input_ids: jax.Array) -> jax.Array:
-    """int [B, L], int [B, T] -> float32 logits [B, T, V]."""
-    encoded = self.encode(input_ids)
-    positions = jnp.broadcast_to(jnp.arange(decoder_input_ids.shape[1]),
-                                 decoder_input_ids.shape)
-    logits, _ = self.decode(decoder_input_ids, positions,
-                            self.cross_kv(encoded), input_ids != PAD_ID,
-                            None)
-    return logits
 
 
 @dataclasses.dataclass(frozen=True)
