@@ -101,11 +101,14 @@ class RmsNorm(nn.Module):
     epsilon: added to the mean square.
     dtype: output dtype.
     param_dtype: dtype of `scale` [D].
+    axis_name: the logical name of `scale`'s axis (`kv` for a per-head
+      QK-norm, as Qwen 3's).
   """
 
   epsilon: float = 1e-6
   dtype: Dtype = "float32"
   param_dtype: Dtype = "float32"
+  axis_name: str = "embed"
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -114,7 +117,7 @@ class RmsNorm(nn.Module):
     mean2 = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
     y = (x32 * jax.lax.rsqrt(mean2 + self.epsilon)).astype(self.dtype)
     scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],),
-                   self.param_dtype, ("embed",))
+                   self.param_dtype, (self.axis_name,))
     return y * scale.astype(self.dtype)
 
 
