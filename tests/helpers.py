@@ -307,6 +307,63 @@ def speculative_samples(target, draft, ids, gamma, max_decode_len, setting,
   return np.asarray(tokens)
 
 
+def first_two_exact(target, prompt, settings, eos=1):
+  """{name: {(x1, x2): probability}} of the first two tokens `target` (a
+  decoder-only Model) emits after `prompt` (int [L], 0-padded) under each
+  of `settings` ({name: SamplingConfig fields}): p(x1) * p(x2 | x1), from
+  one forward pass over prompt + x1 for every x1, through the same
+  `SamplingConfig.probs` as the loop."""
+  prompt = prompt[prompt != 0]
+  vocab = target.vocab_size
+  rows = np.concatenate([np.tile(prompt, (vocab, 1)),
+                         np.arange(vocab)[:, None]], 1).astype(np.int32)
+  logits = jax.jit(target.definition.forward)(target.params, rows)
+  out = {}
+  for name, setting in settings.items():
+    cfg = sampling.SamplingConfig(**setting)
+    p1 = np.asarray(cfg.probs(logits[0, -2]), np.float64)
+    p2 = np.asarray(cfg.probs(logits[:, -1]), np.float64)
+    out[name] = two_token_table(p1, p2, eos)
+  return out
+
+
+def check_chunked_scoring(model, prompts, sequences, max_new, atol,
+                          first_id=3, seed=0):
+  """Scores `sequences` [B, T] (prompts [B, L] + max_new tokens, 0-padded)
+  as a speculative loop does and asserts the logits equal the full
+  forward pass's within `atol`: chunks of 4 tokens at each row's own
+  offset, of which only the first `keep` (1-4, varying) are the
+  sequence's and the rest stand-ins (ids from `first_id` up) that the next
+  chunk overwrites (a rollback). Returns the positions checked."""
+  d = model.definition
+  full = np.asarray(jax.jit(d.forward)(model.params, sequences))
+  pre = jax.jit(d.prefill, static_argnums=2)(model.params, prompts,
+                                             max_new + 4)
+  extend = jax.jit(d.extend)
+  start, cache = np.asarray(pre.start_pos), pre.cache
+  rng = np.random.default_rng(seed)
+  rows = len(prompts)
+  done, checked = np.zeros(rows, int), 0
+  while (done < max_new).any():
+    positions = (start + done)[:, None] + np.arange(4)
+    tokens = np.take_along_axis(
+        sequences, np.minimum(positions, sequences.shape[1] - 1), 1)
+    keep = rng.integers(1, 5, size=rows)
+    stand_in = np.arange(4)[None] >= keep[:, None]
+    tokens = np.where(stand_in, rng.integers(first_id, model.vocab_size,
+                                             (rows, 4)), tokens)
+    logits, cache = extend(model.params, cache, tokens.astype(np.int32),
+                           positions.astype(np.int32))
+    for b in range(rows):
+      for k in range(keep[b]):
+        if done[b] + k < max_new:
+          np.testing.assert_allclose(logits[b, k], full[b, positions[b, k]],
+                                     atol=atol)
+          checked += 1
+    done += keep
+  return checked
+
+
 def sequence_counts(tokens):
   keys, counts = np.unique(tokens, axis=0, return_counts=True)
   return {tuple(k): c for k, c in zip(keys.tolist(), counts)}

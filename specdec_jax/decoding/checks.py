@@ -261,7 +261,7 @@ def check_compatible(target: Model, draft: Model) -> None:
              f"{draft.vocab_size:,})")
     raise ValueError(
         f"target and draft carry different vocabularies {sizes} "
-        f"(SentencePiece model sha256 {mine[0]}, {mine[1]} extra ids vs "
+        f"(tokenizer fingerprints {mine[0]}, {mine[1]} extra ids vs "
         f"{theirs[0]}, {theirs[1]}): the same id means different pieces, so "
         f"drafts would almost never be accepted. Use a draft trained with "
         f"the target's vocabulary.")
