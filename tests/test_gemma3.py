@@ -18,7 +18,8 @@ Invariants:
     rows batched here); a control shows the windows, the scaled rotary and
     the attention scalar each move the logits far more than that;
   - chunked scoring (gamma + 1 = 4 tokens a call) with rollback after
-    rejections equals the full forward pass, in float32 and bfloat16;
+    rejections equals the full forward pass in bfloat16 (float32: the
+    model contract tests);
   - speculative decoding with the narrower draft (a chain, a token tree, a
     cascade, an adaptive stop rule) and with prompt lookup emits the
     target's greedy output token for token;
@@ -33,8 +34,9 @@ cells expected fewer than 5 times pooled, at SIGNIFICANCE = 1e-3. Gamma 2,
 max_decode_len 4. The draft is an unrelated random model and lacks 8 of
 the target's ids, whose mass the residual alone supplies.
 
-Cost: 7 greedy loops, 3 sampled loops and the chunked steps of tiny
-models, about 60 s on 2 CPU cores.
+Cost: 6 greedy loops, 3 sampled loops and the chunked steps of tiny
+models: 155 s on a loaded 2-core machine (load 5-7), about half of that
+unloaded.
 """
 
 import dataclasses
@@ -124,22 +126,24 @@ def test_checkpoints_load_as_written(models):
   assert (draft.num_heads, draft.num_kv_heads) == (2, 1)
 
 
-@pytest.mark.parametrize("name", [TARGET, DRAFT])
-def test_greedy_generation_matches_hf(models, name):
-  """`sd.generate` on both ragged prompts at once equals HF `generate` on
-  each alone, token for token (16 tokens, four windows)."""
-  ref = reference(name)
-  out = sd.generate(models[name], ref["prompts"], max_decode_len=MAX_NEW)
+def test_greedy_generation_matches_hf(models):
+  """`sd.generate` of the target on both ragged prompts at once equals HF
+  `generate` on each alone, token for token (16 tokens, four windows).
+  (The draft's cached decoding is the speculative tests' below.)"""
+  ref = reference(TARGET)
+  out = sd.generate(models[TARGET], ref["prompts"], max_decode_len=MAX_NEW)
   np.testing.assert_array_equal(out.tokens, ref["generated"])
 
 
-@pytest.mark.parametrize("dtype,atol", [("float32", 1e-4),
-                                        ("bfloat16", 1e-2)])
+@pytest.mark.parametrize("dtype,atol", [("bfloat16", 1e-2)])
 def test_chunked_scoring_with_rollback_equals_full_forward(dtype, atol):
   """As a speculative loop scores: chunks of 4 tokens at each row's own
   offset, of which only the first `keep` (1-4, varying) are the sequence's
   and the rest stand-ins that the next chunk overwrites (a rollback). The
-  kept positions' logits equal the full forward pass in the same dtype."""
+  kept positions' logits equal the full forward pass in the same dtype
+  (measured: equal to the bit). In float32 the same holds within 1e-4
+  (measured 3.5e-5); tests/test_model_contract.py checks chunks and
+  rollback in float32 on gemma3_tiny, windows included."""
   model = sd.load_model(f"hf:{fixture_path(TARGET)}", dtype=dtype,
                         param_dtype=dtype)
   d, ref = model.definition, reference(TARGET)

@@ -220,11 +220,6 @@ class Tensors:
   def __contains__(self, name: str) -> bool:
     return self._has(self._aliases.get(name, name))
 
-  def names(self) -> list[str]:
-    """Every tensor name the checkpoint holds."""
-    return sorted(self._torch_state if self._torch_state is not None
-                  else self._files)
-
   def get(self, name: str) -> np.ndarray:
     name = self._aliases.get(name, name)
     if self._torch_state is not None:

@@ -81,6 +81,20 @@ def read_params(tensors: hf.Tensors, definition: Any,
   return params
 
 
+def tensor_names(path: str) -> list[str]:
+  """Every tensor name a local safetensors checkpoint holds (its index's,
+  or its single file's): what a reader of part of it reports skipping."""
+  index = os.path.join(path, hf.SAFETENSORS_INDEX)
+  if os.path.isfile(index):
+    with open(index) as f:
+      return sorted(json.load(f)["weight_map"])
+  # safetensors only when Hugging Face files are read.
+  import safetensors  # pylint: disable=g-import-not-at-top
+  with safetensors.safe_open(os.path.join(path, hf.SAFETENSORS_FILE),
+                             framework="np") as f:
+    return sorted(f.keys())
+
+
 def export_tensors(definition: Any, params: Any,
                    hf_name: Callable[[tuple[str, ...]], tuple[str, bool]]
                    ) -> dict[str, np.ndarray]:

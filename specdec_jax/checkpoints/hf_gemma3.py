@@ -214,7 +214,7 @@ def _load_local(path: str, shown: str, dtype: str,
     hf.set_path(params, ours, hf.convert_tensor(
         tensors, name, ours, shape_dtype.shape, transpose, param_dtype, None))
   if kind == MULTIMODAL_TYPE:
-    skipped = [n for n in tensors.names() if n not in used
+    skipped = [n for n in hf_files.tensor_names(path) if n not in used
                and n not in _LM_HEADS]
     logging.info(
         "%s is a Gemma 3 with a vision tower (model_type %r): read its text "

@@ -145,7 +145,7 @@ def load_t5gemma2(path: str, *, dtype: str = "float32",
       hf.set_path(params, ours, hf.convert_tensor(
           tensors, name, ours, shape_dtype.shape, transpose, param_dtype,
           None))
-    skipped = [n for n in tensors.names() if n not in used
+    skipped = [n for n in hf_files.tensor_names(local) if n not in used
                and not n.startswith((_DECODER + "embed_tokens", "lm_head"))]
     logging.info(
         "%s: read the text model of T5Gemma 2 (%d tensors) and skipped the "

@@ -120,8 +120,10 @@ def widen(definition: Any, width: int) -> Any:
   drafter, tree) with each part widened; a wider one raises
   (`check_widths`)."""
   if isinstance(definition, composite.CompositeDef):
-    return definition.with_parts(**{key: widen(part, width)
-                                    for key, part in definition.parts()})
+    parts = {key: widen(part, width) for key, part in definition.parts()}
+    if all(parts[key] is part for key, part in definition.parts()):
+      return definition  # nothing narrower inside: left as it is
+    return definition.with_parts(**parts)
   check_widths(width, definition.vocab_size)
   if definition.vocab_size == width:
     return definition
