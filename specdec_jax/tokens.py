@@ -213,9 +213,9 @@ class SentencePieceVocabulary:
 # that prints it).
 #
 # Two checkpoints share a vocabulary when the same ids name the same pieces:
-# `pieces_digest` hashes the tokenizer's pieces and their ids (its
-# `model.vocab`), not the file's bytes, which differ between releases saved
-# by different versions of the library.
+# `pieces_digest` hashes the tokenizer's pieces and special tokens with their
+# ids, not the file's bytes, which differ between releases saved by
+# different versions of the library.
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -227,9 +227,12 @@ BPE_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE,
 
 def pieces_digest(tokenizer_json: bytes) -> str:
   """The first 16 hex digits of the sha256 of a tokenizer.json's pieces
-  and their ids (its BPE `model.vocab`, in id order)."""
-  vocab = json.loads(tokenizer_json)["model"]["vocab"]
-  pieces = sorted(vocab.items(), key=lambda item: item[1])
+  and their ids (its BPE `model.vocab` and its added tokens, in id
+  order)."""
+  data = json.loads(tokenizer_json)
+  pieces = list(data["model"]["vocab"].items()) + [
+      (t["content"], t["id"]) for t in data.get("added_tokens", [])]
+  pieces.sort(key=lambda item: item[1])
   return hashlib.sha256(json.dumps(pieces).encode()).hexdigest()[:16]
 
 

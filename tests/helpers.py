@@ -468,6 +468,35 @@ def gemma3_as_on_the_hub(source, local):
   return write_sharded(tensors, config, local)
 
 
+def llama_as_on_the_hub(source, local, tokenizer=None):
+  """The llama or qwen3 directory `source` (transformers 5's config.json)
+  rewritten as the Hub holds Llama 3 and Qwen 3: a transformers-4
+  config.json (flat rope_theta, rope_scaling beside it, torch_dtype),
+  sharded safetensors with an index, and the tokenizer files of the
+  directory `tokenizer` (tokenizer.json, tokenizer_config.json,
+  generation_config.json) when given; in the new folder `local`
+  (returned)."""
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  with safe_open(os.path.join(source, "model.safetensors"), "np") as f:
+    tensors = {name: f.get_tensor(name) for name in f.keys()}
+  with open(os.path.join(source, "config.json")) as f:
+    config = json.load(f)
+  rope = dict(config.pop("rope_parameters"))
+  config["rope_theta"] = rope.pop("rope_theta")
+  kind = rope.pop("rope_type")
+  config["rope_scaling"] = None if kind == "default" else dict(
+      rope, rope_type=kind)
+  config.update(torch_dtype=config.pop("dtype", "bfloat16"),
+                transformers_version="4.51.0")
+  write_sharded(tensors, config, local)
+  for name in ("tokenizer.json", "tokenizer_config.json",
+               "generation_config.json"):
+    if tokenizer is not None:
+      with open(os.path.join(tokenizer, name), "rb") as f:
+        (local / name).write_bytes(f.read())
+  return local
+
+
 # ----------------------------------------------------------------------------
 # Scripts launched as processes.
 

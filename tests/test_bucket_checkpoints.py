@@ -229,6 +229,31 @@ def test_gemma3_as_the_hub_holds_it_loads_from_a_bucket_and_exports_to_one(
   _assert_same_params(back.params, expected.params)
 
 
+def test_qwen3_as_the_hub_holds_it_loads_from_a_bucket_and_exports_to_one(
+    gcs_emulator, tmp_path):  # noqa: F811
+  """`hf:gs://...` of a Qwen 3 as the Hub holds it (transformers 4's
+  config.json, sharded, bfloat16, tokenizer.json and its configs beside the
+  weights) loads the parameters of the local directory it was cut from and
+  its tokenizer; `save_hf` writes it into a bucket, tokenizer included,
+  and it loads back the same."""
+  testdata = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          "testdata")
+  source = os.path.join(testdata, "hf_qwen3_draft")
+  local = helpers.llama_as_on_the_hub(source, tmp_path / "qwen3_hub",
+                                      os.path.join(testdata, "hf_bpe_qwen3"))
+  paths.copy_tree(str(local), "gs://models/qwen3_hub")
+  from_bucket = checkpoints.load_model("hf:gs://models/qwen3_hub")
+  expected = checkpoints.load_model("hf:" + source)
+  assert from_bucket.config == expected.config
+  _assert_same_params(from_bucket.params, expected.params)
+  assert from_bucket.vocab.stop_ids == (402, 400)  # <|im_end|>, <|endoftext|>
+  checkpoints.save_hf(from_bucket, "gs://models/qwen3_out")
+  back = checkpoints.load_model("hf:gs://models/qwen3_out")
+  assert back.config == expected.config
+  _assert_same_params(back.params, expected.params)
+  assert back.vocab == from_bucket.vocab
+
+
 def test_convert_to_an_unreachable_bucket_fails_fast_and_says_why(
     t5_tiny, tmp_path):
   """With the endpoint closed (nothing listens), the script exits non-zero

@@ -40,7 +40,7 @@ expected 5 times or more), the Qwen 3 pair (narrower draft) at temperature
 1 (15 cells: its sharp attention concentrates the mass). Gamma 2,
 max_decode_len 4.
 
-Cost: 7 greedy loops, 3 sampled loops and the chunked steps of tiny
+Cost: 5 greedy loops, 3 sampled loops and the chunked steps of tiny
 models, about 70 s on 2 CPU cores.
 """
 
@@ -148,10 +148,11 @@ def test_checkpoints_load_as_written(models):
   assert (target.layer_norm_epsilon, qwen.layer_norm_epsilon) == (1e-5, 1e-6)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ["hf_llama_target", "hf_qwen3_target"])
 def test_greedy_generation_matches_hf(models, name):
-  """`sd.generate` on both ragged prompts at once equals HF `generate` on
-  each alone, token for token (16 tokens)."""
+  """`sd.generate` of each target on both ragged prompts at once equals HF
+  `generate` on each alone, token for token (16 tokens). (The drafts'
+  cached decoding is the speculative tests' below.)"""
   ref = reference(name)
   out = sd.generate(models[name], ref["prompts"], max_decode_len=MAX_NEW)
   np.testing.assert_array_equal(out.tokens, ref["generated"])
