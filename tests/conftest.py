@@ -70,6 +70,7 @@ MODULE_SECONDS = {
     "test_gemma3_checkpoints.py": 12, "test_t5gemma2.py": 12,
     # CPU seconds of one run under a load of 7 (2026-12-07).
     "test_llama.py": 45, "test_llama_checkpoints.py": 12,
+    "test_llama_rows.py": 22,
 }
 
 
