@@ -5,9 +5,9 @@ Needs torch and transformers (`pip install -e '.[hf]'`; made with torch
 
   python scripts/make_hf_llama_fixtures.py --out_dir=tests/testdata
 
-Writes tests/testdata/hf_{llama,qwen3}_{target,draft}: config.json and
-model.safetensors as `save_pretrained` writes a `LlamaForCausalLM` or a
-`Qwen3ForCausalLM` (bfloat16 weights: `from_pretrained` and `load_model`
+Writes tests/testdata/hf_{llama,qwen3,qwen2}_{target,draft}: config.json
+and model.safetensors as `save_pretrained` writes a `LlamaForCausalLM`, a
+`Qwen3ForCausalLM` or a `Qwen2ForCausalLM` (bfloat16 weights: `from_pretrained` and `load_model`
 both read them as float32), plus reference.npz with HF's logits over whole
 sequences and its greedy `generate` output on two prompts.
 
@@ -18,6 +18,8 @@ sequences and its greedy `generate` output on two prompts.
   * Qwen 3: per-head QK-norm, a tied output layer, head_dim 16 (not
     hidden / heads), GQA 4:2; the draft has vocabulary 40 (the target's
     first ids, as Qwen 2.5's small models' 151936 beside 72B's 152064).
+  * Qwen 2 (2.5): biases on queries, keys and values; as Qwen 2.5 72B and
+    0.5B, an untied target of vocabulary 48 and a tied draft of 40.
 Prompts: 12 and 7 tokens (the Llama ones BOS first), 0-padded on the
 right; 16 tokens generated.
 """
@@ -31,12 +33,15 @@ import torch
 import transformers
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "tests/testdata", "Output folder.")
-_SEED = flags.DEFINE_integer("seed", 13, "Seed of weights and inputs.")
 
 MAX_NEW = 16
 PAD, EOS, BOS = 0, 1, 2  # as Gemma 3 and the project number them
 PROMPT_LENGTHS = (12, 7)
 PROMPT_VOCAB = 40  # prompts use ids every model has
+# Each family's seed of weights and prompts: the first (from 1) whose greedy
+# rows have no near tie, hold at least 5 distinct ids, and (Qwen) hold ids
+# the narrower draft lacks.
+SEEDS = {"llama": 1, "qwen3": 2, "qwen2": 2}
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10_000.0, "factor": 8.0,
                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
@@ -53,11 +58,15 @@ def _config(family: str, draft: bool) -> transformers.PretrainedConfig:
     return transformers.LlamaConfig(
         vocab_size=48, head_dim=8, rms_norm_eps=1e-5,
         rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False, **common)
+  rope = {"rope_type": "default", "rope_theta": 10_000.0}
+  if family == "qwen2":
+    return transformers.Qwen2Config(
+        vocab_size=40 if draft else 48, rms_norm_eps=1e-6,
+        rope_parameters=rope, tie_word_embeddings=draft, **common)
   return transformers.Qwen3Config(
       vocab_size=40 if draft else 48, head_dim=8 if draft else 16,
-      rms_norm_eps=1e-6,
-      rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
-      tie_word_embeddings=True, **common)
+      rms_norm_eps=1e-6, rope_parameters=rope, tie_word_embeddings=True,
+      **common)
 
 
 def _model(family: str, draft: bool) -> transformers.PreTrainedModel:
@@ -75,6 +84,8 @@ def _model(family: str, draft: bool) -> transformers.PreTrainedModel:
           weight.mul_(3.0)
       elif "embed_tokens" in name:
         weight.copy_(torch.randn_like(weight))
+      elif name.endswith(".bias"):
+        weight.copy_(0.5 * torch.randn_like(weight))
       else:
         weight.copy_(torch.randn_like(weight) * 1.5 / weight.shape[1]**0.5)
     model.get_output_embeddings().weight[[PAD, EOS]] *= 0.2
@@ -127,10 +138,9 @@ def _reference(path: str, prompts: np.ndarray) -> dict:
 
 
 def main(_):
-  torch.manual_seed(_SEED.value)
-  rng = np.random.default_rng(_SEED.value)
-  for family in ("llama", "qwen3"):
-    prompts = _prompts(family, rng)
+  for family, seed in SEEDS.items():
+    torch.manual_seed(seed)
+    prompts = _prompts(family, np.random.default_rng(seed))
     for draft in (False, True):
       path = os.path.join(_OUT_DIR.value,
                           f"hf_{family}_{'draft' if draft else 'target'}")

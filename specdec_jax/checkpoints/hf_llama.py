@@ -1,8 +1,10 @@
-"""Hugging Face Llama-layout checkpoints (Llama 3, Qwen 3): load, export.
+"""Hugging Face Llama-layout checkpoints (Llama 3, Qwen 3, Qwen 2.5): load,
+export.
 
 `load_llama` reads an HF directory of model_type `llama`
-(`LlamaForCausalLM`: Llama 3.1, 3.2) or `qwen3` (`Qwen3ForCausalLM`) into
-our `models.llama`. Weights are model.safetensors or shards with
+(`LlamaForCausalLM`: Llama 3.1, 3.2), `qwen3` (`Qwen3ForCausalLM`) or
+`qwen2` (`Qwen2ForCausalLM`: Qwen 2 and 2.5, biases on the query, key and
+value projections) into our `models.llama`. Weights are model.safetensors or shards with
 model.safetensors.index.json, float32 or bfloat16, read one tensor at a
 time (`hf.Tensors`), local or gs:// (`hf.local_directory`).
 `load_model("hf:DIR")` also reads the tokenizer next to the weights
@@ -35,6 +37,8 @@ Name mapping (HF Linear weights [out, in] are transposed to [in, out]):
                                           {query,key,value,out}/kernel
   model.layers.i.self_attn.{q,k}_norm  -> .../self_attention/
                                           {query,key}_norm/scale (Qwen 3)
+  model.layers.i.self_attn.{q,k,v}_proj.bias -> .../self_attention/
+                                          {query,key,value}/bias (Qwen 2)
   model.layers.i.mlp.{gate,up,down}_proj -> .../mlp/{wi_0,wi_1,wo}/kernel
   lm_head.weight [V, D]                -> decoder/logits_dense/kernel [D, V]
 """
@@ -54,11 +58,12 @@ from specdec_jax.infra import paths
 from specdec_jax.models.gemma_layers import GLOBAL
 from specdec_jax.models.llama import LlamaConfig, LlamaDef
 
-LLAMA, QWEN3 = "llama", "qwen3"
-MODEL_TYPES = (LLAMA, QWEN3)
-ARCHITECTURES = {LLAMA: "LlamaForCausalLM", QWEN3: "Qwen3ForCausalLM"}
+LLAMA, QWEN3, QWEN2 = "llama", "qwen3", "qwen2"
+MODEL_TYPES = (LLAMA, QWEN3, QWEN2)
+ARCHITECTURES = {LLAMA: "LlamaForCausalLM", QWEN3: "Qwen3ForCausalLM",
+                 QWEN2: "Qwen2ForCausalLM"}
 # transformers' defaults of each model_type for the fields a config.json
-# may leave out (LlamaConfig, Qwen3Config).
+# may leave out (LlamaConfig, Qwen3Config, Qwen2Config).
 _DEFAULTS = {
     LLAMA: dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
                 num_hidden_layers=32, num_attention_heads=32,
@@ -69,6 +74,10 @@ _DEFAULTS = {
                 num_key_value_heads=32, head_dim=128,
                 max_position_embeddings=32768, rms_norm_eps=1e-6,
                 tie_word_embeddings=False),
+    QWEN2: dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016,
+                num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=32, max_position_embeddings=32768,
+                rms_norm_eps=1e-6, tie_word_embeddings=False),
 }
 _DEFAULT_THETA = 10_000.0
 _SUBLAYERS = {"pre_self_attention_norm": "input_layernorm",
@@ -114,7 +123,8 @@ def _rotary(fields: dict[str, Any], where: str) -> dict[str, Any]:
 def llama_config_from_hf(hf_config: dict[str, Any], *,
                          dtype: str = "float32", param_dtype: str = "float32",
                          where: str = "config.json") -> LlamaConfig:
-  """Our LlamaConfig for an HF config dict of model_type llama or qwen3."""
+  """Our LlamaConfig for an HF config dict of model_type llama, qwen3 or
+  qwen2."""
   kind = hf_config.get("model_type")
   if kind not in MODEL_TYPES:
     raise UnsupportedCheckpointError(
@@ -129,8 +139,9 @@ def llama_config_from_hf(hf_config: dict[str, Any], *,
   for flag in ("attention_bias", "mlp_bias", "use_sliding_window"):
     if fields.get(flag):
       raise UnsupportedCheckpointError(
-          f"{where}: {flag} is set; the Llama layout here has no biases and "
-          "no sliding windows (no published Llama 3 or Qwen 3 uses them)")
+          f"{where}: {flag} is set; the Llama layout here has no biases but "
+          "Qwen 2's on queries, keys and values, and no sliding windows (no "
+          "published Llama 3, Qwen 3 or 2.5 uses them)")
   windowed = [t for t in fields.get("layer_types") or () if t != GLOBAL]
   if windowed:
     raise UnsupportedCheckpointError(
@@ -143,6 +154,7 @@ def llama_config_from_hf(hf_config: dict[str, Any], *,
       num_kv_heads=fields.get("num_key_value_heads") or heads,
       head_dim=fields.get("head_dim") or fields["hidden_size"] // heads,
       mlp_dim=fields["intermediate_size"], qk_norm=kind == QWEN3,
+      qkv_bias=kind == QWEN2,
       tie_embeddings=bool(fields["tie_word_embeddings"]),
       layer_norm_epsilon=fields["rms_norm_eps"],
       max_len=fields["max_position_embeddings"], dtype=dtype,
@@ -162,12 +174,14 @@ def _hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
   if module.endswith("layernorm"):
     return f"{layer}.{module}.weight", False
   leaf = _LEAVES[path[3]]
+  if path[-1] == "bias":
+    return f"{layer}.{module}.{leaf}.bias", False
   return f"{layer}.{module}.{leaf}.weight", not leaf.endswith("_norm")
 
 
 def load_llama(path: str, *, dtype: str = "float32",
                param_dtype: str = "float32") -> tuple[LlamaConfig, Any]:
-  """Loads an HF Llama or Qwen 3 directory.
+  """Loads an HF Llama, Qwen 3 or Qwen 2 directory.
 
   Args:
     path: directory with config.json and the weights, local or gs:// (then
@@ -210,9 +224,17 @@ def read_vocabulary(path: str) -> tokens.BpeVocabulary | None:
 
 def hf_config_from_llama(config: LlamaConfig) -> dict[str, Any]:
   """The HF config.json dict (transformers 5's format) of one of our
-  LlamaConfigs, model_type qwen3 with QK-norm, else llama: the inverse of
-  `llama_config_from_hf` up to dtype/param_dtype."""
-  kind = QWEN3 if config.qk_norm else LLAMA
+  LlamaConfigs, model_type qwen3 with QK-norm, qwen2 with biases, else
+  llama: the inverse of `llama_config_from_hf` up to dtype/param_dtype.
+
+  Raises:
+    UnsupportedCheckpointError: QK-norm and biases both (no such type).
+  """
+  if config.qk_norm and config.qkv_bias:
+    raise UnsupportedCheckpointError(
+        "no Hugging Face model_type has both QK-norm and query/key/value "
+        "biases; export a config with one of them")
+  kind = QWEN3 if config.qk_norm else QWEN2 if config.qkv_bias else LLAMA
   rope: dict[str, Any] = {"rope_type": "default",
                           "rope_theta": config.rope_theta}
   if config.rope_llama3_band is not None:
@@ -231,7 +253,7 @@ def hf_config_from_llama(config: LlamaConfig) -> dict[str, Any]:
       "rope_parameters": rope, "rms_norm_eps": config.layer_norm_epsilon,
       "max_position_embeddings": config.max_len,
       "tie_word_embeddings": config.tie_embeddings,
-      "attention_bias": False,
+      **({"attention_bias": False} if kind != QWEN2 else {}),
       **({"mlp_bias": False} if kind == LLAMA else
          {"use_sliding_window": False}),
       "dtype": str(jnp.dtype(config.param_dtype)),
@@ -240,8 +262,8 @@ def hf_config_from_llama(config: LlamaConfig) -> dict[str, Any]:
 
 def save_llama(model: Any, directory: str, *,
                overwrite: bool = False) -> str:
-  """Writes a Llama-layout `Model` as an HF `LlamaForCausalLM` or
-  `Qwen3ForCausalLM` directory (config.json + model.safetensors, and the
+  """Writes a Llama-layout `Model` as an HF `LlamaForCausalLM`,
+  `Qwen3ForCausalLM` or `Qwen2ForCausalLM` directory (config.json + model.safetensors, and the
   tokenizer files its `tokens.BpeVocabulary` was read from), which
   transformers' `from_pretrained` and `load_llama` both read (the latter
   giving back the same config and bit-identical parameters).

@@ -165,6 +165,7 @@ class Attention(nn.Module):
     qk_norm: RMS-norm queries and keys per head (Gemma 3, Qwen 3).
     norm: the QK-norms' kind: "gemma" (`GemmaNorm`, 1 + scale) or "rms"
       (`layers.RmsNorm`, scale: Qwen 3's).
+    qkv_bias: biases on the query, key and value projections (Qwen 2).
     epsilon: the QK-norms' epsilon.
     dtype: compute dtype; logits and softmax are float32.
     param_dtype: dtype of the kernels.
@@ -179,6 +180,7 @@ class Attention(nn.Module):
   rotary: Rotary | None = None
   qk_norm: bool = False
   norm: str = "gemma"
+  qkv_bias: bool = False
   epsilon: float = 1e-6
   dtype: Any = "float32"
   param_dtype: Any = "float32"
@@ -186,7 +188,8 @@ class Attention(nn.Module):
   def setup(self):
     proj = lambda heads: layers.DenseGeneral(
         features=(heads, self.head_dim), kernel_axes=("embed", "joined_kv"),
-        dtype=self.dtype, param_dtype=self.param_dtype)
+        dtype=self.dtype, param_dtype=self.param_dtype,
+        use_bias=self.qkv_bias)
     self.query = proj(self.num_heads)
     self.key = proj(self.num_kv_heads)
     self.value = proj(self.num_kv_heads)

@@ -1,11 +1,13 @@
-"""The Llama layout: Llama 3 and Qwen 3 decoder-only models behind the
-`ModelDef` contract.
+"""The Llama layout: Llama 3, Qwen 3 (and Qwen 2.5) decoder-only models
+behind the `ModelDef` contract.
 
-The architecture is transformers' `LlamaForCausalLM` and
-`Qwen3ForCausalLM` (models/llama, models/qwen3, transformers 5.24):
+The architecture is transformers' `LlamaForCausalLM`, `Qwen3ForCausalLM`
+and `Qwen2ForCausalLM` (models/llama, models/qwen3, models/qwen2,
+transformers 5.24):
   * pre-norm layers: RMS norm (x / rms(x), cast to the compute dtype, times
     scale), grouped-query self-attention, RMS norm, SwiGLU MLP
-    (silu(gate) * up); residual adds; no biases;
+    (silu(gate) * up); residual adds; no biases but Qwen 2's on the query,
+    key and value projections;
   * rotary embeddings on every layer, base `rope_theta` (500k for Llama 3,
     1M for Qwen 3), with Llama 3's frequency-dependent scaling for Llama
     3.1 and 3.2 (`gemma_layers.Rotary.llama3_band`);
@@ -29,6 +31,8 @@ The parameter tree:
   decoder/layers_{i}/pre_self_attention_norm/scale         [D]
   decoder/layers_{i}/self_attention/query/kernel           [D, N*H]
   decoder/layers_{i}/self_attention/{key,value}/kernel     [D, K*H]
+  decoder/layers_{i}/self_attention/query/bias             [N*H] (Qwen 2)
+  decoder/layers_{i}/self_attention/{key,value}/bias       [K*H] (Qwen 2)
   decoder/layers_{i}/self_attention/{query,key}_norm/scale [H] (Qwen 3)
   decoder/layers_{i}/self_attention/out/kernel             [N*H, D]
   decoder/layers_{i}/pre_mlp_norm/scale                    [D]
@@ -44,7 +48,8 @@ hidden, V vocabulary.
 Logical axes as Gemma 3's: kernels (`embed`, `joined_kv`), (`joined_kv`,
 `embed`), (`embed`, `mlp`), (`mlp`, `embed`), the output layer (`embed`,
 `vocab`), norms (`embed`,), QK-norms (`kv`,), the embedding (`vocab`,
-`embed`); caches (`gpt.cache_logical_axes`) with K as `cache_heads`.
+`embed`), Qwen 2's biases (`joined_kv`,); caches
+(`gpt.cache_logical_axes`) with K as `cache_heads`.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class LlamaConfig:
     head_dim: H.
     mlp_dim: F.
     qk_norm: RMS-norm queries and keys per head (Qwen 3).
+    qkv_bias: biases on the query, key and value projections (Qwen 2 and
+      2.5).
     tie_embeddings: the output layer is the embedding (no logits_dense).
     rope_theta: the rotary base.
     rope_scale: the rotary scaling factor (1: none); with rope_llama3_band
@@ -96,6 +103,7 @@ class LlamaConfig:
   head_dim: int
   mlp_dim: int
   qk_norm: bool = False
+  qkv_bias: bool = False
   tie_embeddings: bool = False
   rope_theta: float = 500_000.0
   rope_scale: float = 1.0
@@ -146,8 +154,8 @@ class DecoderLayer(nn.Module):
         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, out_features=cfg.emb_dim,
         query_pre_attn_scalar=cfg.head_dim, rotary=cfg.rotary(),
-        qk_norm=cfg.qk_norm, norm="rms", epsilon=cfg.layer_norm_epsilon,
-        **common)
+        qk_norm=cfg.qk_norm, norm="rms", qkv_bias=cfg.qkv_bias,
+        epsilon=cfg.layer_norm_epsilon, **common)
     self.pre_mlp_norm = layers.RmsNorm(epsilon=cfg.layer_norm_epsilon,
                                        **common)
     # SwiGLU: wi_0 is transformers' gate_proj (silu), wi_1 its up_proj.
