@@ -286,15 +286,22 @@ def test_a_draft_with_another_tokenizer_is_refused(tmp_path):
 # --- Live, with the hf extra (torch and transformers). ---
 
 
-@pytest.mark.parametrize("name", ["llama3_tiny", "qwen3_tiny"])
-def test_live_against_transformers(name, tmp_path):
+@pytest.mark.parametrize("name,options", [
+    ("llama3_tiny", {}), ("qwen3_tiny", {}),
+    ("qwen3_tiny", {"qk_norm": False, "qkv_bias": True})])
+def test_live_against_transformers(name, options, tmp_path):
   """transformers reads our export of a random registry config (Llama 3's
-  scaled rotary and an untied head; Qwen 3's QK-norm and a tied one) and
-  gives our logits and greedy output; we read its save_pretrained back."""
+  scaled rotary and an untied head; Qwen 3's QK-norm and a tied one; Qwen
+  2's biases, drawn at random) and gives our logits and greedy output; we
+  read its save_pretrained back."""
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  definition = registry.make_def(registry.get_config(name))
+  definition = registry.make_def(registry.get_config(name, **options))
   params = definition.init_params(jax.random.PRNGKey(3))
+  noise = np.random.default_rng(0)
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x + noise.normal(size=x.shape).astype(x.dtype)
+      if path[-1].key == "bias" else x, params)
   ours = sd.Model(definition, params)
   hf_llama.save_llama(ours, str(tmp_path / "ours"))
   reference = transformers.AutoModelForCausalLM.from_pretrained(
