@@ -203,20 +203,9 @@ class Decoder(nn.Module):
 
   def __call__(self, tokens, positions, cache, return_logits=True,
                tree=None):
-    """Runs the decoder on T tokens per row.
-
-    Args:
-      tokens: int [B, T].
-      positions: int [B, T], their positions.
-      cache: per layer KVCache of S slots, or None for a plain causal
-        pass over the T tokens.
-      return_logits: False skips the output layer (prefill needs none).
-      tree: None, or a `protocol.TreeMask`: the T tokens are tree nodes
-        written at its slots, seeing what it says.
-
-    Returns:
-      (float32 logits [B, T, V] or None, the updated caches or None).
-    """
+    """Runs the decoder on tokens int [B, T] at positions [B, T]: float32
+    logits [B, T, V] (None without `return_logits`) and the updated caches
+    (None without a cache), as `gpt.Decoder.__call__` says."""
     cfg = self.config
     y = self.token_embedder(tokens)
     y, new_cache = gemma3.run_layers(cfg, self.layers, y, positions, cache,
