@@ -27,6 +27,7 @@ from specdec_jax.checkpoints import hf
 from specdec_jax.infra import paths
 from tests import gcs_emulator as gcs_emulator_lib
 from tests import helpers
+from tests import hf_layouts
 from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
 
@@ -166,7 +167,7 @@ def test_sharded_hf_checkpoint_loads_from_a_bucket(gcs_emulator, t5_tiny,  # noq
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   single = hf.save_t5(t5_tiny, str(tmp_path / "single"))
   tensors = load_file(os.path.join(single, "model.safetensors"))
-  local = helpers.write_sharded(tensors, os.path.join(single, "config.json"),
+  local = hf_layouts.write_sharded(tensors, os.path.join(single, "config.json"),
                          tmp_path / "sharded")
   paths.copy_tree(str(local), "gs://models/sharded_hf")
   from_bucket = checkpoints.load_model("hf:gs://models/sharded_hf")
@@ -194,7 +195,7 @@ def test_sharded_bfloat16_t5gemma_loads_from_a_bucket(gcs_emulator,  # noqa: F81
                         "testdata", "hf_t5gemma_draft")
   with safe_open(os.path.join(source, "model.safetensors"), "np") as f:
     tensors = {name: f.get_tensor(name) for name in f.keys()}
-  local = helpers.write_sharded(tensors, os.path.join(source, "config.json"),
+  local = hf_layouts.write_sharded(tensors, os.path.join(source, "config.json"),
                          tmp_path / "t5gemma_sharded")
   paths.copy_tree(str(local), "gs://models/t5gemma_sharded")
   from_bucket = checkpoints.load_model("hf:gs://models/t5gemma_sharded")
@@ -212,7 +213,7 @@ def test_gemma3_as_the_hub_holds_it_loads_from_a_bucket_and_exports_to_one(
   a bucket as a gemma3_text directory that loads back the same."""
   source = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "testdata", "hf_gemma3_draft")
-  local = helpers.gemma3_as_on_the_hub(source, tmp_path / "gemma3_hub")
+  local = hf_layouts.gemma3_as_on_the_hub(source, tmp_path / "gemma3_hub")
   paths.copy_tree(str(local), "gs://models/gemma3_hub")
   from_bucket = checkpoints.load_model("hf:gs://models/gemma3_hub")
   expected = checkpoints.load_model("hf:" + source)
@@ -239,7 +240,7 @@ def test_qwen3_as_the_hub_holds_it_loads_from_a_bucket_and_exports_to_one(
   testdata = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                           "testdata")
   source = os.path.join(testdata, "hf_qwen3_draft")
-  local = helpers.llama_as_on_the_hub(source, tmp_path / "qwen3_hub",
+  local = hf_layouts.llama_as_on_the_hub(source, tmp_path / "qwen3_hub",
                                       os.path.join(testdata, "hf_bpe_qwen3"))
   paths.copy_tree(str(local), "gs://models/qwen3_hub")
   from_bucket = checkpoints.load_model("hf:gs://models/qwen3_hub")

@@ -44,7 +44,7 @@ from specdec_jax.experiments import loading
 from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.models import registry
-from tests import helpers
+from tests import hf_layouts
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "testdata")
@@ -169,7 +169,7 @@ def test_variants_the_layout_does_not_run_are_refused(change, field):
 def hub_llama(tmp_path_factory):
   """hf_llama_target as the Hub holds Llama 3 (transformers 4's config,
   sharded), with the llama3 tokenizer."""
-  return helpers.llama_as_on_the_hub(
+  return hf_layouts.llama_as_on_the_hub(
       LLAMA, tmp_path_factory.mktemp("hub") / "llama", BPE["llama3"])
 
 
