@@ -201,6 +201,20 @@ def test_save_llama_round_trip(hub_llama, tmp_path):
     checkpoints.save_hf(model, str(tmp_path / "out"))
 
 
+def test_our_format_round_trip(hub_llama, tmp_path):
+  """`checkpoints.convert` writes our orbax format (family "llama"), which
+  reads back into the same config and parameters; the tokenizer stays with
+  the Hugging Face directory (our format records SentencePiece models
+  only)."""
+  out = checkpoints.convert(f"hf:{hub_llama}", str(tmp_path / "ours"))
+  manifest = json.loads((tmp_path / "ours" / "config.json").read_text())
+  assert (manifest["family"], manifest["vocab"]) == ("llama", None)
+  back = sd.load_model(out)
+  expected = sd.load_model(f"hf:{hub_llama}")
+  assert back.config == expected.config
+  _same_params(back.params, expected.params)
+
+
 def test_bfloat16_parameters():
   """param_dtype='bfloat16' keeps the checkpoint's bfloat16 values."""
   config, params = hf_llama.load_llama(QWEN3_DRAFT, dtype="bfloat16",
