@@ -186,6 +186,23 @@ def test_a_llama_as_the_hub_holds_it_loads_with_its_tokenizer(hub_llama):
   assert model.vocab.stop_ids == (401, 404)  # <|end_of_text|>, <|eot_id|>
 
 
+def test_decoders_stop_at_the_tokenizers_stop_ids():
+  """A decoder told no stop ids stops at the target vocabulary's own
+  (generation_config.json's), not at id 1 (a piece of these tokenizers);
+  a model without a tokenizer keeps EOS (1); ids given win."""
+  vocab = hf_llama.read_vocabulary(BPE["llama3"])
+  definition = registry.make_def(registry.get_config(
+      "llama3_tiny", vocab_size=vocab.vocab_size))
+  params = definition.init_params(jax.random.PRNGKey(0))
+  target, bare = sd.Model(definition, params, vocab), sd.Model(definition,
+                                                               params)
+  decoder = sd.SpeculativeDecoder(target, bare, gamma=2, max_decode_len=4)
+  assert decoder.stop_ids == (401, 404) == vocab.stop_ids
+  assert sd.SpeculativeDecoder(bare, bare, gamma=2,
+                               max_decode_len=4).stop_ids == (1,)
+  assert decoder.replace(stop_ids=(7,)).stop_ids == (7,)
+
+
 def test_save_llama_round_trip(hub_llama, tmp_path):
   """save_hf then load_model gives back the config, the exact parameters
   and the tokenizer files; an existing checkpoint is not overwritten."""
