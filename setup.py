@@ -24,6 +24,9 @@ setuptools.setup(
         "msgpack",
         "safetensors",
         "sentencepiece",
+        # BPE tokenizers (tokenizer.json) of Llama 3 and Qwen 3 checkpoints; the
+        # version transformers 5.24 reads them with.
+        "tokenizers==0.23.3",
         "seqio==0.0.20",
         "tensorflow==2.21.0",
         "tensorflow-text==2.21.1",

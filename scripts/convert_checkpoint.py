@@ -14,6 +14,8 @@ r"""Converts a Hugging Face or T5X checkpoint into our format.
   python scripts/convert_checkpoint.py \
       --input=hf:gs://BUCKET/gemma-3-27b-it --param_dtype=bfloat16 \
       --output=gs://BUCKET/gemma3_27b_it  # Gemma 3 (the text model)
+  python scripts/convert_checkpoint.py --input=hf:gs://BUCKET/Qwen3-0.6B \
+      --format=hf --output=gs://BUCKET/qwen3_copy  # Llama 3, Qwen 3, 2.5
 
 --output may be gs://BUCKET/DIR: written locally, then uploaded with
 progress logged; an unreachable bucket fails within SPECDEC_IO_TIMEOUT_S
@@ -22,7 +24,9 @@ progress logged; an unreachable bucket fails within SPECDEC_IO_TIMEOUT_S
 Expected: it prints the output directory, which then loads with
 `specdec_jax.load_model(DIR)` (config.json + orbax params), or with
 --format=hf, as a Hugging Face directory of the model's family (T5,
-T5Gemma, Gemma 3's Gemma3ForCausalLM; config.json + model.safetensors)
+T5Gemma, Gemma 3's Gemma3ForCausalLM, the Llama layout's LlamaForCausalLM,
+Qwen3ForCausalLM or Qwen2ForCausalLM with its tokenizer files;
+config.json + model.safetensors)
 that transformers' `from_pretrained(DIR)` and `load_model("hf:DIR")` both
 read. T5X checkpoints
 need --config (a config name or a gin file under configs/models), since
@@ -53,8 +57,8 @@ _VOCAB = flags.DEFINE_string(
     "vocab", None, "SentencePiece model file to copy next to the params.")
 _FORMAT = flags.DEFINE_enum(
     "format", "specdec", ["specdec", "hf"],
-    "specdec: our orbax format; hf: a Hugging Face T5, T5Gemma or Gemma 3 "
-    "directory (safetensors).")
+    "specdec: our orbax format; hf: a Hugging Face T5, T5Gemma, Gemma 3, "
+    "Llama or Qwen directory (safetensors).")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False,
                                "Replace an existing output directory.")
 

@@ -64,15 +64,13 @@ def main(argv):
       vocab_extra_ids=int(model.vocab.extra_ids or 0)):
     examples = readers.load_examples(args.task, args.split,
                                       max_examples=args.max_examples or None)
-  try:
-    teacher.write_translations(
-        model, examples, args.output, settings=settings, shard=args.shard,
-        shards=args.shards, batch_size=args.batch_size,
-        max_decode_len=args.max_decode_len,
-        max_input_len=tasks.feature_lengths(args.task)["inputs"],
-        log=logging.info)
-  except ValueError as e:
-    raise SystemExit(str(e)) from None
+  # Another run's output prefix: OtherSettingsError, one line (cli.run).
+  teacher.write_translations(
+      model, examples, args.output, settings=settings, shard=args.shard,
+      shards=args.shards, batch_size=args.batch_size,
+      max_decode_len=args.max_decode_len,
+      max_input_len=tasks.feature_lengths(args.task)["inputs"],
+      log=logging.info)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The special token ids, declared once, and the vocabulary that uses them.
+"""The special token ids, declared once, and the vocabularies that use them.
 
 T5's SentencePiece vocabularies (and every vocabulary this project trains)
 reserve the first ids: pad 0, EOS 1, UNK 2. T5's decoder starts from the pad
@@ -11,13 +11,18 @@ SentencePiece directly: seqio's class of the same name imports TensorFlow
 decodes. Its ids, EOS handling, extra ids and `sp_model` bytes are seqio's
 (tests/test_vocabulary.py compares the two on real text); the seqio tasks
 (`specdec_jax.data.tasks`) keep seqio's own class, which their TensorFlow
-pipelines need, and read the same file.
+pipelines need, and read the same file. `BpeVocabulary` is the other kind a
+checkpoint carries: a Hugging Face tokenizer.json (Llama 3's, Qwen's), read
+with the `tokenizers` library (see its section below).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import threading
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 PAD_ID = 0
 EOS_ID = 1
@@ -177,3 +182,198 @@ class SentencePieceVocabulary:
     if eos in clean:
       clean = clean[:clean.index(eos) + 1]
     return self.tokenizer.DecodeIds(clean)
+
+
+# ----------------------------------------------------------------------------
+# The vocabulary of a Hugging Face `tokenizer.json`: the byte-level BPE
+# tokenizers of Llama 3 and Qwen 3, through the `tokenizers` library.
+#
+# `BpeVocabulary` answers as `SentencePieceVocabulary` does (encode,
+# decode, vocab_size, and the special ids) from the files a checkpoint
+# directory holds, given as their contents (the checkpoint and data layers
+# read them, locally or from gs://):
+#
+#   tokenizer.json          the tokenizer itself (required)
+#   tokenizer_config.json   its BOS and EOS tokens, and the chat template
+#   chat_template.jinja     the chat template, where transformers 5 saves it
+#   generation_config.json  the ids that end a generated row (`eos_token_id`,
+#                           e.g. Llama 3 Instruct's <|eot_id|> 128009 beside
+#                           <|end_of_text|> 128001, Qwen's <|im_end|>)
+#
+# `encode` adds no special ids (a task adds BOS where the model wants one:
+# `TaskConfig.inputs_bos`); special tokens written in the text, as a chat
+# template writes them, become their ids. `decode` is the tokenizer's own,
+# as transformers 5 decodes (it leaves BPE text uncleaned).
+#
+# Chat templates are Jinja programs (Llama 3's writes a dated system header,
+# Qwen 3's thinking switches); no Jinja runs here. The vocabulary carries the
+# checkpoint's template as it is (`chat_template`), and a run takes its
+# prompt as a `{input}` template (`TaskConfig.prompt_template`): the text
+# the checkpoint's template renders for one user message with the
+# generation prompt (docs/llama_qwen.md shows the one line of transformers
+# that prints it).
+#
+# Two checkpoints share a vocabulary when the same ids name the same pieces:
+# `pieces_digest` hashes the tokenizer's pieces and special tokens with their
+# ids, not the file's bytes, which differ between releases saved by
+# different versions of the library.
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+GENERATION_CONFIG_FILE = "generation_config.json"
+BPE_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE,
+             GENERATION_CONFIG_FILE)
+
+
+def pieces_digest(tokenizer_json: bytes) -> str:
+  """The first 16 hex digits of the sha256 of a tokenizer.json's pieces
+  and their ids (its BPE `model.vocab` and its added tokens, in id
+  order)."""
+  data = json.loads(tokenizer_json)
+  pieces = list(data["model"]["vocab"].items()) + [
+      (t["content"], t["id"]) for t in data.get("added_tokens", [])]
+  pieces.sort(key=lambda item: item[1])
+  return hashlib.sha256(json.dumps(pieces).encode()).hexdigest()[:16]
+
+
+def _token(value: Any) -> str | None:
+  """A special token as tokenizer_config.json writes it (a string, or an
+  AddedToken dict with its `content`), or None."""
+  return value.get("content") if isinstance(value, dict) else value
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+  """generation_config.json's `eos_token_id` (an int or a list)."""
+  if value is None:
+    return ()
+  return tuple(int(v) for v in (value if isinstance(value, list)
+                                 else [value]))
+
+
+class BpeVocabulary:
+  """A tokenizer.json tokenizer as the project's vocabulary.
+
+  Args:
+    files: {file name: contents} of BPE_FILES; tokenizer.json is required.
+    source: where they came from, for messages and `repr`.
+  """
+
+  def __init__(self, files: Mapping[str, bytes], source: str = ""):
+    if TOKENIZER_FILE not in files:
+      raise ValueError(f"no {TOKENIZER_FILE} in {source or 'the files'}")
+    self._files = {name: bytes(data) for name, data in files.items()
+                   if name in BPE_FILES and data is not None}
+    self._source = source
+    self._tokenizer = None
+    config = json.loads(self._files.get(TOKENIZER_CONFIG_FILE, b"{}"))
+    generation = json.loads(self._files.get(GENERATION_CONFIG_FILE, b"{}"))
+    added = {t["content"]: t["id"] for t in
+             json.loads(self._files[TOKENIZER_FILE]).get("added_tokens", [])}
+    self._eos = added.get(_token(config.get("eos_token")))
+    self._stop_ids = _ids(generation.get("eos_token_id"))
+    if self._eos is None and self._stop_ids:
+      self._eos = self._stop_ids[0]
+    template = self._files.get(CHAT_TEMPLATE_FILE)
+    self._chat_template = (template.decode("utf-8") if template is not None
+                           else config.get("chat_template"))
+
+  def __repr__(self) -> str:
+    return f"BpeVocabulary({self._source!r})"
+
+  def __getstate__(self) -> dict[str, Any]:
+    # The Rust tokenizer does not pickle (gin deep-copies its arguments);
+    # it reloads on first use.
+    return {**self.__dict__, "_tokenizer": None}
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, BpeVocabulary) and self._files == other._files
+
+  def __hash__(self) -> int:
+    return hash(self.pieces_digest)
+
+  @property
+  def tokenizer(self) -> Any:
+    """The `tokenizers.Tokenizer`, loaded on first use."""
+    if self._tokenizer is None:
+      # tokenizers only when text is encoded or decoded.
+      import tokenizers  # pylint: disable=g-import-not-at-top
+      self._tokenizer = tokenizers.Tokenizer.from_str(
+          self._files[TOKENIZER_FILE].decode("utf-8"))
+    return self._tokenizer
+
+  def files(self) -> dict[str, bytes]:
+    """{file name: contents} this vocabulary was read from (what an
+    exported checkpoint writes beside its weights)."""
+    return dict(self._files)
+
+  @functools.cached_property
+  def pieces_digest(self) -> str:
+    """`pieces_digest` of the tokenizer.json: equal for two checkpoints
+    whose ids name the same pieces (computed once: Llama 3's file is 9 MB
+    of JSON)."""
+    return pieces_digest(self._files[TOKENIZER_FILE])
+
+  @property
+  def vocab_size(self) -> int:
+    """Ids the tokenizer defines, special tokens included (a model's
+    embedding may have more rows: Qwen 3's 151936 for 151669 ids)."""
+    return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+  @property
+  def pad_id(self) -> int | None:
+    """None: a row is 0-padded whatever the tokenizer, and id 0 is a
+    piece here ('!' in Llama 3's and Qwen's), not padding."""
+    return None
+
+  @property
+  def bos_id(self) -> int:
+    """The id the tokenizer puts before a text when asked for its special
+    tokens (Llama 3's <|begin_of_text|> 128000); -1 where it puts none
+    (Qwen's: its prompts start with the text)."""
+    with_special = self.tokenizer.encode("a", add_special_tokens=True).ids
+    plain = self.tokenizer.encode("a", add_special_tokens=False).ids
+    added = with_special[:len(with_special) - len(plain)]
+    return added[0] if len(added) == 1 and with_special[1:] == plain else -1
+
+  @property
+  def eos_id(self) -> int:
+    """tokenizer_config.json's EOS token (else generation_config.json's
+    first); -1 without one."""
+    return -1 if self._eos is None else int(self._eos)
+
+  @property
+  def unk_id(self) -> int:
+    return -1  # byte-level BPE has a piece for every byte
+
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """The ids that end a generated row: generation_config.json's
+    `eos_token_id` (all of them), else (eos_id,)."""
+    return self._stop_ids or ((self.eos_id,) if self.eos_id >= 0 else ())
+
+  @property
+  def chat_template(self) -> str | None:
+    """The checkpoint's chat template (Jinja source, not run here)."""
+    return self._chat_template
+
+  def encode(self, s: str) -> list[int]:
+    """Ids of `s`, no special ids added (special tokens in the text are
+    their ids)."""
+    return self.tokenizer.encode(s, add_special_tokens=False).ids
+
+  def decode(self, ids: Iterable[int],
+             skip_special_tokens: bool = False) -> str:
+    """Text of `ids` up to the first EOS (excluded), as the tokenizer
+    decodes them; ids past `vocab_size` are dropped.
+
+    Args:
+      ids: int [length], a list or a numpy row.
+      skip_special_tokens: leave out special tokens (BOS, chat markers).
+    """
+    size, eos = self.vocab_size, self.eos_id
+    clean = [int(i) for i in ids]
+    if eos in clean:
+      clean = clean[:clean.index(eos)]
+    return self.tokenizer.decode([i for i in clean if 0 <= i < size],
+                                 skip_special_tokens=skip_special_tokens)

@@ -71,6 +71,9 @@ MODULE_SECONDS = {
     # Measured on the same 2 cores under a load of 5-7 (2026-12-07), halved.
     "test_gemma3.py": 70, "test_gemma3_rows.py": 17,
     "test_gemma3_checkpoints.py": 12, "test_t5gemma2.py": 12,
+    # CPU seconds of one run under a load of 7 (2026-12-07).
+    "test_llama.py": 45, "test_llama_checkpoints.py": 12,
+    "test_llama_rows.py": 22,
 }
 
 

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import io
 import itertools
-import json
 import logging
 import os
 import re
@@ -296,6 +295,63 @@ def speculative_samples(target, draft, ids, gamma, max_decode_len, setting,
                                  rule=rule, **setting).tokens
 
 
+def first_two_exact(target, prompt, settings, eos=1):
+  """{name: {(x1, x2): probability}} of the first two tokens `target` (a
+  decoder-only Model) emits after `prompt` (int [L], 0-padded) under each
+  of `settings` ({name: SamplingConfig fields}): p(x1) * p(x2 | x1), from
+  one forward pass over prompt + x1 for every x1, through the same
+  `SamplingConfig.probs` as the loop."""
+  prompt = prompt[prompt != 0]
+  vocab = target.vocab_size
+  rows = np.concatenate([np.tile(prompt, (vocab, 1)),
+                         np.arange(vocab)[:, None]], 1).astype(np.int32)
+  logits = jax.jit(target.definition.forward)(target.params, rows)
+  out = {}
+  for name, setting in settings.items():
+    cfg = sampling.SamplingConfig(**setting)
+    p1 = np.asarray(cfg.probs(logits[0, -2]), np.float64)
+    p2 = np.asarray(cfg.probs(logits[:, -1]), np.float64)
+    out[name] = two_token_table(p1, p2, eos)
+  return out
+
+
+def check_chunked_scoring(model, prompts, sequences, max_new, atol,
+                          first_id=3, seed=0):
+  """Scores `sequences` [B, T] (prompts [B, L] + max_new tokens, 0-padded)
+  as a speculative loop does and asserts the logits equal the full
+  forward pass's within `atol`: chunks of 4 tokens at each row's own
+  offset, of which only the first `keep` (1-4, varying) are the
+  sequence's and the rest stand-ins (ids from `first_id` up) that the next
+  chunk overwrites (a rollback). Returns the positions checked."""
+  d = model.definition
+  full = np.asarray(jax.jit(d.forward)(model.params, sequences))
+  pre = jax.jit(d.prefill, static_argnums=2)(model.params, prompts,
+                                             max_new + 4)
+  extend = jax.jit(d.extend)
+  start, cache = np.asarray(pre.start_pos), pre.cache
+  rng = np.random.default_rng(seed)
+  rows = len(prompts)
+  done, checked = np.zeros(rows, int), 0
+  while (done < max_new).any():
+    positions = (start + done)[:, None] + np.arange(4)
+    tokens = np.take_along_axis(
+        sequences, np.minimum(positions, sequences.shape[1] - 1), 1)
+    keep = rng.integers(1, 5, size=rows)
+    stand_in = np.arange(4)[None] >= keep[:, None]
+    tokens = np.where(stand_in, rng.integers(first_id, model.vocab_size,
+                                             (rows, 4)), tokens)
+    logits, cache = extend(model.params, cache, tokens.astype(np.int32),
+                           positions.astype(np.int32))
+    for b in range(rows):
+      for k in range(keep[b]):
+        if done[b] + k < max_new:
+          np.testing.assert_allclose(logits[b, k], full[b, positions[b, k]],
+                                     atol=atol)
+          checked += 1
+    done += keep
+  return checked
+
+
 def sequence_counts(tokens):
   keys, counts = np.unique(tokens, axis=0, return_counts=True)
   return {tuple(k): c for k, c in zip(keys.tolist(), counts)}
@@ -339,65 +395,6 @@ class CompileCounter:
 
   def __exit__(self, *exc):
     jax.monitoring.unregister_event_duration_listener(self._listener)
-
-
-# ----------------------------------------------------------------------------
-# Hugging Face directories as large or multimodal checkpoints hold them.
-
-
-def write_sharded(tensors, config, local):
-  """`tensors` ({name: array}) written as `save_pretrained` writes a large
-  model: two safetensors shards and their index, with `config` (a dict, or
-  the path of a config.json) as config.json, in the new folder `local`
-  (a pathlib.Path, returned)."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  names = sorted(tensors)
-  shards = {"model-00001-of-00002.safetensors": names[::2],
-            "model-00002-of-00002.safetensors": names[1::2]}
-  local.mkdir()
-  for shard, members in shards.items():
-    save_file({n: tensors[n] for n in members}, str(local / shard),
-              metadata={"format": "pt"})
-  index = {"metadata": {}, "weight_map": {n: shard for shard, members in
-                                          shards.items() for n in members}}
-  (local / "model.safetensors.index.json").write_text(json.dumps(index))
-  if not isinstance(config, dict):
-    with open(config) as f:
-      config = json.load(f)
-  (local / "config.json").write_text(json.dumps(config))
-  return local
-
-
-def gemma3_as_on_the_hub(source, local):
-  """The gemma3_text directory `source` rewritten as the Hub holds Gemma 3
-  4B-27B: model_type gemma3 with a vision tower (two stand-in tensors), the
-  text model's tensors under `language_model.model.`, a transformers-4
-  config.json (flat rope_theta, rope_local_base_freq and rope_scaling in
-  its text_config), sharded safetensors with an index; in the new folder
-  `local` (returned)."""
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
-  with safe_open(os.path.join(source, "model.safetensors"), "np") as f:
-    tensors = {"language_model." + name: f.get_tensor(name)
-               for name in f.keys()}
-  rng = np.random.default_rng(0)
-  tensors["vision_tower.vision_model.embeddings.patch_embedding.weight"] = (
-      rng.normal(size=(8, 3, 2, 2)).astype(np.float32))
-  tensors["multi_modal_projector.mm_input_projection_weight"] = (
-      rng.normal(size=(8, 4)).astype(np.float32))
-  with open(os.path.join(source, "config.json")) as f:
-    text = json.load(f)
-  rope = text.pop("rope_parameters")
-  scaling = dict(rope["full_attention"])
-  text.update(rope_theta=scaling.pop("rope_theta"),
-              rope_local_base_freq=rope["sliding_attention"]["rope_theta"],
-              rope_scaling=scaling)
-  for key in ("architectures", "dtype", "transformers_version"):
-    text.pop(key, None)
-  config = {"architectures": ["Gemma3ForConditionalGeneration"],
-            "model_type": "gemma3", "text_config": text,
-            "vision_config": {"model_type": "siglip_vision_model"},
-            "torch_dtype": "bfloat16", "transformers_version": "4.50.0"}
-  return write_sharded(tensors, config, local)
 
 
 # ----------------------------------------------------------------------------

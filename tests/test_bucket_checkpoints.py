@@ -27,6 +27,7 @@ from specdec_jax.checkpoints import hf
 from specdec_jax.infra import paths
 from tests import gcs_emulator as gcs_emulator_lib
 from tests import helpers
+from tests import hf_layouts
 from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 
 
@@ -166,7 +167,7 @@ def test_sharded_hf_checkpoint_loads_from_a_bucket(gcs_emulator, t5_tiny,  # noq
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   single = hf.save_t5(t5_tiny, str(tmp_path / "single"))
   tensors = load_file(os.path.join(single, "model.safetensors"))
-  local = helpers.write_sharded(tensors, os.path.join(single, "config.json"),
+  local = hf_layouts.write_sharded(tensors, os.path.join(single, "config.json"),
                          tmp_path / "sharded")
   paths.copy_tree(str(local), "gs://models/sharded_hf")
   from_bucket = checkpoints.load_model("hf:gs://models/sharded_hf")
@@ -194,7 +195,7 @@ def test_sharded_bfloat16_t5gemma_loads_from_a_bucket(gcs_emulator,  # noqa: F81
                         "testdata", "hf_t5gemma_draft")
   with safe_open(os.path.join(source, "model.safetensors"), "np") as f:
     tensors = {name: f.get_tensor(name) for name in f.keys()}
-  local = helpers.write_sharded(tensors, os.path.join(source, "config.json"),
+  local = hf_layouts.write_sharded(tensors, os.path.join(source, "config.json"),
                          tmp_path / "t5gemma_sharded")
   paths.copy_tree(str(local), "gs://models/t5gemma_sharded")
   from_bucket = checkpoints.load_model("hf:gs://models/t5gemma_sharded")
@@ -212,7 +213,7 @@ def test_gemma3_as_the_hub_holds_it_loads_from_a_bucket_and_exports_to_one(
   a bucket as a gemma3_text directory that loads back the same."""
   source = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "testdata", "hf_gemma3_draft")
-  local = helpers.gemma3_as_on_the_hub(source, tmp_path / "gemma3_hub")
+  local = hf_layouts.gemma3_as_on_the_hub(source, tmp_path / "gemma3_hub")
   paths.copy_tree(str(local), "gs://models/gemma3_hub")
   from_bucket = checkpoints.load_model("hf:gs://models/gemma3_hub")
   expected = checkpoints.load_model("hf:" + source)
@@ -227,6 +228,31 @@ def test_gemma3_as_the_hub_holds_it_loads_from_a_bucket_and_exports_to_one(
   back = checkpoints.load_model("hf:gs://models/gemma3_text")
   assert back.config == expected.config
   _assert_same_params(back.params, expected.params)
+
+
+def test_qwen3_as_the_hub_holds_it_loads_from_a_bucket_and_exports_to_one(
+    gcs_emulator, tmp_path):  # noqa: F811
+  """`hf:gs://...` of a Qwen 3 as the Hub holds it (transformers 4's
+  config.json, sharded, bfloat16, tokenizer.json and its configs beside the
+  weights) loads the parameters of the local directory it was cut from and
+  its tokenizer; `save_hf` writes it into a bucket, tokenizer included,
+  and it loads back the same."""
+  testdata = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          "testdata")
+  source = os.path.join(testdata, "hf_qwen3_draft")
+  local = hf_layouts.llama_as_on_the_hub(source, tmp_path / "qwen3_hub",
+                                      os.path.join(testdata, "hf_bpe_qwen3"))
+  paths.copy_tree(str(local), "gs://models/qwen3_hub")
+  from_bucket = checkpoints.load_model("hf:gs://models/qwen3_hub")
+  expected = checkpoints.load_model("hf:" + source)
+  assert from_bucket.config == expected.config
+  _assert_same_params(from_bucket.params, expected.params)
+  assert from_bucket.vocab.stop_ids == (402, 400)  # <|im_end|>, <|endoftext|>
+  checkpoints.save_hf(from_bucket, "gs://models/qwen3_out")
+  back = checkpoints.load_model("hf:gs://models/qwen3_out")
+  assert back.config == expected.config
+  _assert_same_params(back.params, expected.params)
+  assert back.vocab == from_bucket.vocab
 
 
 def test_convert_to_an_unreachable_bucket_fails_fast_and_says_why(

@@ -64,6 +64,14 @@ PLAN = {
     "docs/gemma3.md#3": [TPU_PLAN],
     "docs/gemma3.md#4": [TPU_PLAN],
     "docs/gemma3.md#5": [CLOUD + " (the real checkpoints), and a TPU"],
+    "docs/llama_qwen.md#1": [
+        "needs transformers and a downloaded checkpoint (the `hf` extra): "
+        "it prints the checkpoint's own chat template to compare with"],
+    "docs/llama_qwen.md#2": [INSTALL, CLOUD, CLOUD, CLOUD, CLOUD, CLOUD],
+    "docs/llama_qwen.md#3": [CLOUD],
+    "docs/llama_qwen.md#4": [TPU_PLAN],
+    "docs/llama_qwen.md#5": [TPU_PLAN],
+    "docs/llama_qwen.md#6": [CLOUD + " (the real checkpoints), and a TPU"],
     "docs/storage.md#1": [INSTALL, RUN, RUN, RUN, RUN, RUN],
     "docs/storage.md#2": [
         "tests/test_multihost.py runs this: two processes into the "

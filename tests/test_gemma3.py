@@ -48,7 +48,6 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax import sampling
 from specdec_jax.models import gemma3
 from specdec_jax.models import ngram
 from tests import helpers
@@ -146,31 +145,9 @@ def test_chunked_scoring_with_rollback_equals_full_forward(dtype, atol):
   rollback in float32 on gemma3_tiny, windows included."""
   model = sd.load_model(f"hf:{fixture_path(TARGET)}", dtype=dtype,
                         param_dtype=dtype)
-  d, ref = model.definition, reference(TARGET)
-  seqs = ref["sequences"]
-  full = np.asarray(jax.jit(d.forward)(model.params, seqs))
-  pre = jax.jit(d.prefill, static_argnums=2)(model.params, ref["prompts"],
-                                             MAX_NEW + 4)
-  extend = jax.jit(d.extend)
-  start, cache = np.asarray(pre.start_pos), pre.cache
-  rng = np.random.default_rng(0)
-  done, checked = np.zeros(2, int), 0
-  while (done < MAX_NEW).any():
-    positions = (start + done)[:, None] + np.arange(4)
-    tokens = np.take_along_axis(seqs, np.minimum(positions, seqs.shape[1] - 1),
-                                1)
-    keep = rng.integers(1, 5, size=2)
-    stand_in = np.arange(4)[None] >= keep[:, None]
-    tokens = np.where(stand_in, rng.integers(3, 48, (2, 4)), tokens)
-    logits, cache = extend(model.params, cache, tokens.astype(np.int32),
-                           positions.astype(np.int32))
-    for b in range(2):
-      for k in range(keep[b]):
-        if done[b] + k < MAX_NEW:
-          np.testing.assert_allclose(logits[b, k], full[b, positions[b, k]],
-                                     atol=atol)
-          checked += 1
-    done += keep
+  ref = reference(TARGET)
+  checked = helpers.check_chunked_scoring(model, ref["prompts"],
+                                          ref["sequences"], MAX_NEW, atol)
   assert checked >= 2 * MAX_NEW
 
 
@@ -206,20 +183,9 @@ def test_speculative_greedy_equals_target_greedy(models, kind):
 @pytest.fixture(scope="module")
 def exact(models):
   """{setting: {(x1, x2): probability}} of the target after prompt 0."""
-  target = models[TARGET]
-  prompt = reference(TARGET)["prompts"][0]
-  prompt = prompt[prompt != 0]
-  vocab = target.vocab_size
-  rows = np.concatenate([np.tile(prompt, (vocab, 1)),
-                         np.arange(vocab)[:, None]], 1).astype(np.int32)
-  logits = jax.jit(target.definition.forward)(target.params, rows)
-  out = {}
-  for name, setting in SETTINGS.items():
-    cfg = sampling.SamplingConfig(**setting)
-    p1 = np.asarray(cfg.probs(logits[0, -2]), np.float64)
-    p2 = np.asarray(cfg.probs(logits[:, -1]), np.float64)
-    out[name] = helpers.two_token_table(p1, p2, gemma3.EOS_ID)
-  return out
+  return helpers.first_two_exact(models[TARGET],
+                                 reference(TARGET)["prompts"][0], SETTINGS,
+                                 gemma3.EOS_ID)
 
 
 def _sample(models, setting, rule=None):

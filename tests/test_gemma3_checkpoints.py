@@ -41,7 +41,7 @@ from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.models import gemma3
 from specdec_jax.models import registry
-from tests import helpers
+from tests import hf_layouts
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "testdata")
@@ -118,7 +118,7 @@ def test_a_gemma3_as_the_hub_holds_it_loads_its_text_model(models, tmp_path,
   """model_type gemma3, sharded, the text model under
   `language_model.model.` and a vision tower beside it: the text model
   loads exactly, and a log line says the vision tower was skipped."""
-  local = helpers.gemma3_as_on_the_hub(TARGET, tmp_path / "hub")
+  local = hf_layouts.gemma3_as_on_the_hub(TARGET, tmp_path / "hub")
   with caplog.at_level(logging.INFO):
     model = sd.load_model(f"hf:{local}")
   assert model.config == models["target"].config

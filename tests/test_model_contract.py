@@ -2,7 +2,8 @@
 
 One test per clause, run on each family (T5 v1.0, T5 v1.1, GPT-like,
 T5Gemma, Gemma 3 and T5Gemma 2 with sliding windows of 4 that the 8
-positions below cross), with
+positions below cross, and the Llama layout with Llama 3's scaled
+rotary), with
 logits checked against the model's own uncached, teacher-forced forward
 pass:
   - cached decoding, one token at a time, equals the uncached pass;
@@ -71,7 +72,7 @@ class Case:
 
 @pytest.fixture(scope="module", params=["t5_tiny", "t5_1_1_tiny", "gpt_tiny",
                                         "t5gemma_tiny", "gemma3_tiny",
-                                        "t5gemma2_tiny"])
+                                        "t5gemma2_tiny", "llama3_tiny"])
 def case(request):
   definition = registry.make_def(registry.get_config(request.param))
   params = definition.init_params(jax.random.PRNGKey(0))

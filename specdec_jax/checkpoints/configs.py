@@ -19,6 +19,7 @@ from specdec_jax.checkpoints.errors import SpecError
 from specdec_jax.models import registry
 from specdec_jax.models.gemma3 import Gemma3Config
 from specdec_jax.models.gpt import GPTConfig
+from specdec_jax.models.llama import LlamaConfig
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.models.t5gemma import T5GemmaConfig
 from specdec_jax.models.t5gemma2 import T5Gemma2Config
@@ -28,7 +29,7 @@ from specdec_jax.models.t5gemma2 import T5Gemma2Config
 _IGNORED_FIELDS = ("dropout_rate", "float32_attention_logits")
 FAMILIES = (("t5", T5Config), ("gpt", GPTConfig),
             ("t5gemma", T5GemmaConfig), ("gemma3", Gemma3Config),
-            ("t5gemma2", T5Gemma2Config))
+            ("t5gemma2", T5Gemma2Config), ("llama", LlamaConfig))
 CONFIG_CLASSES = tuple(cls for _, cls in FAMILIES)
 
 
@@ -40,7 +41,10 @@ def config_from_fields(fields: Mapping[str, Any], family: str | None,
   """Our config from T5X-named fields (unknown ones are an error)."""
   fields = {k: v for k, v in fields.items() if k not in _IGNORED_FIELDS}
   if family is None:
+    llama_only = {f.name for f in dataclasses.fields(LlamaConfig)} - {
+        f.name for f in dataclasses.fields(Gemma3Config)}
     family = ("t5gemma" if "encoder" in fields and "decoder" in fields
+              else "llama" if llama_only & set(fields)
               else "gemma3" if "num_kv_heads" in fields
               else "gpt" if "num_layers" in fields
               and "num_encoder_layers" not in fields else "t5")
@@ -95,7 +99,8 @@ def _config_from_gin(path: str) -> T5Config | GPTConfig:
         continue
       cls_name = statement.selector.rsplit(".", 1)[-1]
       if cls_name in ("T5Config", "GPTConfig", "TransformerConfig",
-                      "T5GemmaConfig", "Gemma3Config", "T5Gemma2Config"):
+                      "T5GemmaConfig", "Gemma3Config", "T5Gemma2Config",
+                      "LlamaConfig"):
         key = (statement.scope, statement.selector)
         bound.setdefault(key, {})[statement.arg_name] = statement.value
   if len(bound) != 1:
@@ -117,7 +122,8 @@ def _config_from_gin(path: str) -> T5Config | GPTConfig:
     return value
 
   family = {"T5Config": "t5", "T5GemmaConfig": "t5gemma",
-            "Gemma3Config": "gemma3", "T5Gemma2Config": "t5gemma2"}.get(
+            "Gemma3Config": "gemma3", "T5Gemma2Config": "t5gemma2",
+            "LlamaConfig": "llama"}.get(
       selector.rsplit(".", 1)[-1], "gpt")
   return config_from_fields({k: resolve(v) for k, v in fields.items()},
                             family, path)
@@ -133,7 +139,9 @@ def resolve_config(config: Any) -> T5Config | GPTConfig:
       num_encoder_layers, num_decoder_layers, head_dim, mlp_dim,
       mlp_activations, logits_via_embedding, dtype; dropout_rate and
       float32_attention_logits are ignored; `num_layers` instead of the two
-      depths means decoder-only, with `num_kv_heads` Gemma 3; `encoder`
+      depths means decoder-only, with `num_kv_heads` Gemma 3 (the Llama
+      layout with any of its own fields: `qk_norm`, `tie_embeddings`,
+      `rope_llama3_band`); `encoder`
       and `decoder` dicts mean T5Gemma; fields not given take our
       defaults), or a
       T5Config/GPTConfig/T5GemmaConfig.

@@ -1,8 +1,9 @@
-"""What the Hugging Face readers and writers of the Gemma families share
-(`hf_t5gemma`, `hf_gemma3`): telling a directory's model type, turning our
-parameters into HF tensors, and writing config.json + model.safetensors
-(local or gs://, config.json last: a directory with config.json is a
-complete checkpoint). Reading tensors is `hf.Tensors`'s job."""
+"""What the Hugging Face readers and writers of the Gemma families and the
+Llama layout share (`hf_t5gemma`, `hf_gemma3`, `hf_llama`): telling a
+directory's model type, reading our parameters from HF tensors and turning
+them back, and writing config.json + model.safetensors (local or gs://,
+config.json last: a directory with config.json is a complete checkpoint).
+Reading one tensor is `hf.Tensors`'s job."""
 
 from __future__ import annotations
 
@@ -61,6 +62,24 @@ def read_config(path: str, model_types: tuple[str, ...],
   return hf_config, config_file
 
 
+def read_params(tensors: hf.Tensors, definition: Any,
+                hf_name: Callable[[tuple[str, ...]], tuple[str, bool]],
+                param_dtype: str) -> dict[str, Any]:
+  """The parameter tree `definition` needs, each leaf read from the HF
+  tensor `hf_name(our path)` names (transposed where it says), checked
+  against its shape and cast to `param_dtype`, one at a time.
+
+  Raises:
+    MissingParameterError, ParameterShapeError: the tensors do not fit.
+  """
+  params: dict[str, Any] = {}
+  for ours, shape_dtype in hf.tree_paths(definition.param_shapes()):
+    name, transpose = hf_name(ours)
+    hf.set_path(params, ours, hf.convert_tensor(
+        tensors, name, ours, shape_dtype.shape, transpose, param_dtype, None))
+  return params
+
+
 def tensor_names(path: str) -> list[str]:
   """Every tensor name a local safetensors checkpoint holds (its index's,
   or its single file's): what a reader of part of it reports skipping."""
@@ -94,11 +113,13 @@ def export_tensors(definition: Any, params: Any,
 
 
 def write_directory(directory: str, tensors: dict[str, np.ndarray],
-                    hf_config: dict[str, Any], overwrite: bool) -> str:
+                    hf_config: dict[str, Any], overwrite: bool,
+                    extra_files: dict[str, bytes] | None = None) -> str:
   """Writes config.json and model.safetensors (metadata format "pt", as
   `save_pretrained` writes) into `directory`, local or gs:// (written
   locally, then uploaded through `infra.paths`); config.json's `dtype` is
-  the tensors' when they share one.
+  the tensors' when they share one. `extra_files` ({name: contents}, a
+  tokenizer's) are written first.
 
   Raises:
     FileExistsError: `directory` holds a checkpoint and not overwrite.
@@ -106,10 +127,13 @@ def write_directory(directory: str, tensors: dict[str, np.ndarray],
   dtypes = {str(t.dtype) for t in tensors.values()}
   if len(dtypes) == 1:
     hf_config = dict(hf_config, dtype=dtypes.pop())
-  for name in (hf.CONFIG_FILE, hf.SAFETENSORS_FILE):
+  extra_files = extra_files or {}
+  for name in (hf.CONFIG_FILE, hf.SAFETENSORS_FILE, *extra_files):
     if paths.exists(paths.join(directory, name)) and not overwrite:
       raise FileExistsError(f"{paths.join(directory, name)} exists; pass "
                             "overwrite=True")
+  for name, data in extra_files.items():
+    paths.write_bytes(paths.join(directory, name), data)
   if not paths.is_remote(directory):
     _write_local(directory, tensors, hf_config)
     return directory

@@ -6,8 +6,9 @@
                T5GemmaForConditionalGeneration (`checkpoints.hf_t5gemma`),
                Gemma 3 (`checkpoints.hf_gemma3`: gemma3_text, and the text
                model of gemma3) or the text model of T5Gemma 2
-               (`checkpoints.hf_t5gemma2`), told apart by config.json's
-               model_type.
+               (`checkpoints.hf_t5gemma2`), or the Llama layout (Llama 3,
+               Qwen 3: `checkpoints.hf_llama`), told apart by
+               config.json's model_type.
   t5x:PATH     a T5X `checkpoint_<step>` directory (local or gs://). T5X does
                not record the architecture, so `config=` must say it: one of
                our config names, a gin file such as configs/models/x.gin, a
@@ -57,9 +58,11 @@ import numpy as np
 from specdec_jax.infra import multihost
 from specdec_jax.infra import paths
 from specdec_jax import sharding as sharding_lib
+from specdec_jax import tokens
 from specdec_jax.checkpoints import hf
 from specdec_jax.checkpoints import hf_files
 from specdec_jax.checkpoints import hf_gemma3
+from specdec_jax.checkpoints import hf_llama
 from specdec_jax.checkpoints import hf_t5gemma
 from specdec_jax.checkpoints import hf_t5gemma2
 from specdec_jax.checkpoints.configs import FAMILIES
@@ -98,13 +101,15 @@ DEMO_DIR = os.path.join(
 SPEC_PREFIXES = ("hf", "t5x", "demo")
 # config.json's model_type -> the loader of a Hugging Face directory
 # (anything else: T5, whose loader names what it cannot read). Gemma's
-# tokenizer.model sits next to the weights; T5's is left to the task.
+# tokenizer.model sits next to the weights, the Llama layout's tokenizer.json
+# (`hf_llama.read_vocabulary`); T5's is left to the task.
 _HF_LOADERS = {hf_t5gemma.MODEL_TYPE: hf_t5gemma.load_t5gemma,
                hf_t5gemma2.MODEL_TYPE: hf_t5gemma2.load_t5gemma2,
-               **{t: hf_gemma3.load_gemma3 for t in hf_gemma3.MODEL_TYPES}}
+               **{t: hf_gemma3.load_gemma3 for t in hf_gemma3.MODEL_TYPES},
+               **{t: hf_llama.load_llama for t in hf_llama.MODEL_TYPES}}
 # A config's family -> the writer of its Hugging Face directory.
 _HF_SAVERS = {"t5": hf.save_t5, "t5gemma": hf_t5gemma.save_t5gemma,
-              "gemma3": hf_gemma3.save_gemma3}
+              "gemma3": hf_gemma3.save_gemma3, "llama": hf_llama.save_llama}
 
 
 # --- Checking parameters against a model definition. ---
@@ -464,14 +469,18 @@ def _load_model(spec: str, *, config: Any, mesh: jax.sharding.Mesh | None,
     return Model(definition, _load_checked(open_t5x(rest), definition, mesh,
                                            replicate))
   if kind == "hf":
-    load = _HF_LOADERS.get(hf_files.model_type(rest))
+    model_type = hf_files.model_type(rest)
+    load = _HF_LOADERS.get(model_type)
     gemma = load is not None
     model_config, params = (load or hf.load_t5)(rest, **overrides)
     definition = registry.make_def(model_config)
     # Gemma's SentencePiece model has no sentinel ids.
     tokenizer = join_path(rest, hf_t5gemma.TOKENIZER_FILE)
-    vocab = (_make_vocab(tokenizer) if gemma and read_bytes(tokenizer)
-             is not None else None)
+    if model_type in hf_llama.MODEL_TYPES:
+      vocab = hf_llama.read_vocabulary(rest)
+    else:
+      vocab = (_make_vocab(tokenizer) if gemma and read_bytes(tokenizer)
+               is not None else None)
     return Model(definition, _to_devices(params, definition, mesh,
                                          replicate), vocab)
   if kind == "demo":
@@ -497,7 +506,7 @@ def vocabulary_of(spec: str, config: Any = None
   loads, read from its config and tokenizer files alone, no weights: a run
   compares its models before it reads any. The fingerprint is
   `protocol.vocab_fingerprint`'s (sha256 of the SentencePiece model, extra
-  ids), None without a vocabulary file."""
+  ids; of a tokenizer.json's pieces, 0), None without a vocabulary file."""
   kind, rest = _parse_spec(os.fspath(spec))
   vocab_file, extra_ids = None, 0
   if kind == "random":
@@ -514,6 +523,10 @@ def vocabulary_of(spec: str, config: Any = None
       raise CheckpointNotFoundError(
           f"missing {hf.CONFIG_FILE} in HF checkpoint directory {rest!r}")
     fields = json.loads(data)
+    if fields.get("model_type") in hf_llama.MODEL_TYPES:
+      data = read_bytes(join_path(rest, tokens.TOKENIZER_FILE))
+      return hf_llama.llama_config_from_hf(fields).vocab_size, (
+          None if data is None else (tokens.pieces_digest(data), 0))
     if fields.get("model_type") in hf_gemma3.MODEL_TYPES:
       size = hf_gemma3.gemma3_config_from_hf(fields).vocab_size
     elif fields.get("model_type") == hf_t5gemma2.MODEL_TYPE:
@@ -539,8 +552,9 @@ def vocabulary_of(spec: str, config: Any = None
 
 def save_hf(model: Model, directory: str, *, overwrite: bool = False) -> str:
   """Writes `model` as the Hugging Face directory of its family (T5,
-  T5Gemma, Gemma 3: `hf.save_t5`, `hf_t5gemma.save_t5gemma`,
-  `hf_gemma3.save_gemma3`), local or gs://; returns `directory`."""
+  T5Gemma, Gemma 3, the Llama layout: `hf.save_t5`,
+  `hf_t5gemma.save_t5gemma`, `hf_gemma3.save_gemma3`,
+  `hf_llama.save_llama`), local or gs://; returns `directory`."""
   family = _family(model.config)
   if family not in _HF_SAVERS:
     raise SpecError(f"a {family} model has no Hugging Face format; export "

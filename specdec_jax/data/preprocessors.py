@@ -137,11 +137,11 @@ def prepend_bos_to_inputs(
   bos = vocab.bos_id
   if bos is None or bos < 0:
     raise ValueError(
-        f"TaskConfig.inputs_bos is True but the SentencePiece model "
-        f"{vocab.sentencepiece_model_file!r} defines no BOS id (T5's and the "
-        "demo's have none): set TaskConfig.inputs_bos = False, or point "
-        "TaskConfig.vocab_path at the model's own tokenizer (Gemma's "
-        "tokenizer.model has BOS 2).")
+        f"TaskConfig.inputs_bos is True but the vocabulary "
+        f"{current_config().vocab_path!r} defines no BOS id (T5's, the "
+        "demo's and Qwen's have none): set TaskConfig.inputs_bos = False, or "
+        "point TaskConfig.vocab_path at the model's own tokenizer (Gemma's "
+        "tokenizer.model has BOS 2, Llama 3's tokenizer.json 128000).")
 
   def prepend(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     inputs = example["inputs"]

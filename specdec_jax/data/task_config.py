@@ -19,6 +19,7 @@ import gin
 import seqio
 
 from specdec_jax import errors
+from specdec_jax.data import bpe_vocabulary
 from specdec_jax.data import local_files
 from specdec_jax.infra import paths
 from specdec_jax.data import text
@@ -78,7 +79,10 @@ class TaskConfig:
 
   Attributes:
     vocab_path: the SentencePiece model every task tokenizes with (default
-      T5's cc_all.32000; Gemma's tokenizer.model for T5Gemma).
+      T5's cc_all.32000; Gemma's tokenizer.model for T5Gemma), or a
+      checkpoint's tokenizer.json (Llama 3's, Qwen's: `bpe_vocabulary`,
+      which reads tokenizer_config.json and generation_config.json beside
+      it; no sentinels, whatever vocab_extra_ids says).
     vocab_extra_ids: sentinel ids appended to the SentencePiece model's
       pieces on load (`<extra_id_0>` the highest, seqio's order): T5's 100
       by default, 0 for a vocabulary without sentinels (Gemma's). The
@@ -261,23 +265,32 @@ class _TaskVocabulary(seqio.SentencePieceVocabulary):
     return self._model
 
 
-_CONFIGURED_VOCABULARY = _TaskVocabulary(None)
+_CONFIGURED_VOCABULARY = bpe_vocabulary.ConfiguredVocabulary(
+    lambda: resolve_package_path(current_config().vocab_path),
+    _TaskVocabulary(None))
 
 
-def get_vocabulary(path: str | None = None) -> seqio.SentencePieceVocabulary:
+def get_vocabulary(path: str | None = None) -> seqio.Vocabulary:
   """The task vocabulary, loaded lazily on first use.
 
   Args:
-    path: a SentencePiece model file. None: `current_config().vocab_path`,
-      looked up at each load (the vocabulary every task here uses).
+    path: a SentencePiece model file or a tokenizer.json. None:
+      `current_config().vocab_path`, looked up at each use (the vocabulary
+      every task here uses).
 
   Returns:
-    A seqio vocabulary with `current_config().vocab_extra_ids` sentinels
-    (looked up at each load): pad 0, EOS 1, `vocab_size` 32100 for T5's
-    (UNK 2, 100 sentinels), 256000 for Gemma's (BOS 2, none). Its first use
-    raises `VocabularyError` if the file does not load.
+    For a SentencePiece model, a seqio vocabulary with
+    `current_config().vocab_extra_ids` sentinels (looked up at each load):
+    pad 0, EOS 1, `vocab_size` 32100 for T5's (UNK 2, 100 sentinels),
+    256000 for Gemma's (BOS 2, none); its first use raises
+    `VocabularyError` if the file does not load. For a tokenizer.json,
+    `bpe_vocabulary.TaskBpeVocabulary` (no sentinels).
   """
-  return _CONFIGURED_VOCABULARY if path is None else _TaskVocabulary(path)
+  if path is None:
+    return _CONFIGURED_VOCABULARY
+  if bpe_vocabulary.is_tokenizer_json(path):
+    return bpe_vocabulary.TaskBpeVocabulary(resolve_package_path(path))
+  return _TaskVocabulary(path)
 
 
 def output_features(inputs_eos: bool = True) -> dict[str, seqio.Feature]:

@@ -40,7 +40,10 @@ def detokenize(vocab, tokens,
   """Text of one generated row: cut at its first stop id, pads dropped.
 
   Ids past the vocabulary's pieces (the padded rows of an embedding table
-  rounded up to a multiple of 128) have no piece: they decode as UNK.
+  rounded up to a multiple of 128) have no piece: they decode as UNK, or
+  are left out by a vocabulary without one. Zeros are dropped as padding
+  unless the vocabulary says it has no padding id (`pad_id` None: a
+  tokenizer.json's, whose id 0 is a piece).
 
   Args:
     vocab: a seqio (or SentencePiece-like) vocabulary with `decode` and
@@ -50,8 +53,11 @@ def detokenize(vocab, tokens,
       by default): the text stops before the first of them.
   """
   ids = cut_at_stop(tokens, stop_ids)
-  return vocab.decode([i if i < vocab.vocab_size else UNK_ID
-                       for i in ids if i != PAD_ID])
+  pad = getattr(vocab, "pad_id", PAD_ID)
+  unk = getattr(vocab, "unk_id", UNK_ID)
+  ids = [i if i < vocab.vocab_size else unk for i in ids
+         if pad is None or i != pad]
+  return vocab.decode([i for i in ids if i is not None and i >= 0])
 
 
 def train_vocab(text_files: Sequence[str], output_prefix: str, *,

@@ -29,7 +29,6 @@ from specdec_jax.decoding import stopping
 from specdec_jax.decoding import widths
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
-from specdec_jax.tokens import DEFAULT_STOP_IDS
 
 # XLA:CPU runs a matmul of one row (a decoding step) itself and, by default,
 # hands those of two or more rows (a verification, an encoder) to YNNPACK.
@@ -121,7 +120,7 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
              mesh: jax.sharding.Mesh | None = None,
              on_nonfinite: str = "error",
              compiler_options: Any = None,
-             stop_ids: Any = DEFAULT_STOP_IDS) -> DecodeResult:
+             stop_ids: Any = None) -> DecodeResult:
   """Plain autoregressive decoding: one target call per token.
 
   Args:
@@ -137,14 +136,18 @@ def generate(model: Model, input_ids: Any, *, max_decode_len: int,
       the stats), or is not checked ("ignore").
     compiler_options: XLA options of the compiled loop, e.g.
       `CPU_EIGEN_MATMULS` (None: XLA's defaults).
-    stop_ids: a row ends after the first of these ids it emits: EOS (1)
-      by default; (1, 107) also ends it at T5Gemma -it's <end_of_turn>.
-      Ints in [1, vocab_size); part of the compiled loop's key.
+    stop_ids: a row ends after the first of these ids it emits; (1, 107)
+      also ends it at T5Gemma -it's <end_of_turn>. Ints in [1,
+      vocab_size); part of the compiled loop's key. None (default): the
+      model vocabulary's own (a tokenizer.json's generation_config.json
+      ids, `checks.default_stop_ids`), else EOS (1).
 
   Returns:
     A `DecodeResult`.
   """
   model = checks.check_model("model", model)
+  if stop_ids is None:
+    stop_ids = checks.default_stop_ids(model)
   stop_ids = checks.check_stop_ids(stop_ids, model.vocab_size)
   options = checks.compiler_options_key(compiler_options)
   on_nonfinite = checks.check_on_nonfinite(on_nonfinite)
@@ -175,7 +178,7 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
                          mesh: jax.sharding.Mesh | None = None,
                          on_nonfinite: str = "error",
                          compiler_options: Any = None,
-                         stop_ids: Any = DEFAULT_STOP_IDS) -> DecodeResult:
+                         stop_ids: Any = None) -> DecodeResult:
   """Speculative decoding (Algorithm 1): exact samples from the target.
 
   Args:
@@ -216,8 +219,8 @@ def speculative_generate(target: Model, draft: Model, input_ids: Any, *,
       checked ("ignore").
     compiler_options: XLA options of the compiled loop, e.g.
       `CPU_EIGEN_MATMULS` (None: XLA's defaults).
-    stop_ids: a row ends after the first of these ids it emits (EOS, 1, by
-      default; see `generate`). The loop and its drafters (a cascade's
+    stop_ids: a row ends after the first of these ids it emits (None: the
+      target vocabulary's own, else EOS, 1; see `generate`). The loop and its drafters (a cascade's
       inner loop, a stop rule's proposals) all stop there, so greedy output
       equals `generate(..., stop_ids=...)`'s.
 
@@ -265,7 +268,8 @@ class SpeculativeDecoder:
     mesh: run sharded on this mesh.
     on_nonfinite: "error", "warn" or "ignore" (see `speculative_generate`).
     compiler_options: XLA options of the compiled loop.
-    stop_ids: the ids that end a row (EOS by default; `generate`).
+    stop_ids: the ids that end a row (None: the target vocabulary's own,
+      else EOS; `generate`).
   """
 
   target: Model
@@ -279,11 +283,13 @@ class SpeculativeDecoder:
   mesh: jax.sharding.Mesh | None = None
   on_nonfinite: str = "error"
   compiler_options: Any = None
-  stop_ids: Any = DEFAULT_STOP_IDS
+  stop_ids: Any = None
 
   def __post_init__(self):
     put = functools.partial(object.__setattr__, self)
     put("target", checks.check_model("target", self.target))
+    if self.stop_ids is None:
+      put("stop_ids", checks.default_stop_ids(self.target))
     put("stop_ids", checks.check_stop_ids(self.stop_ids,
                                           self.target.vocab_size))
     put("draft", checks.check_model("draft", self.draft, cascade_ok=True))

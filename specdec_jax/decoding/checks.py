@@ -22,6 +22,7 @@ from specdec_jax.decoding import widths
 from specdec_jax.decoding.protocol import Model
 from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.memory import footprint
+from specdec_jax.tokens import DEFAULT_STOP_IDS
 from specdec_jax.tokens import EOS_ID
 
 NONFINITE_CHOICES = ("error", "warn", "ignore")
@@ -91,6 +92,14 @@ def check_positive_int(name: str, value: Any, hint: str) -> int:
     raise ValueError(f"{name} must be an integer >= 1, got {value!r}. {hint}")
   check_width(int(value), name)
   return int(value)
+
+
+def default_stop_ids(model: Any) -> tuple[int, ...]:
+  """The ids a decoder not told any stops at: the model vocabulary's own
+  (`stop_ids` of a tokenizer.json's, its generation_config.json's EOS ids:
+  Llama 3.1 Instruct's 128001, 128008 and 128009), else EOS (1)."""
+  ids = getattr(getattr(model, "vocab", None), "stop_ids", None)
+  return tuple(ids) if ids else DEFAULT_STOP_IDS
 
 
 def check_stop_ids(stop_ids: Any, vocab_size: int | None) -> tuple[int, ...]:
@@ -271,7 +280,7 @@ def check_compatible(target: Model, draft: Model,
              f"{draft.vocab_size:,})")
     raise ValueError(
         f"target and draft carry different vocabularies {sizes} "
-        f"(SentencePiece model sha256 {mine[0]}, {mine[1]} extra ids vs "
+        f"(tokenizer fingerprints {mine[0]}, {mine[1]} extra ids vs "
         f"{theirs[0]}, {theirs[1]}): the same id means different pieces, so "
         f"drafts would almost never be accepted. Use a draft trained with "
         f"the target's vocabulary.")

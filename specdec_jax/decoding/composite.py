@@ -91,7 +91,7 @@ def shared_vocab(what: str, *parts: tuple[str, Model]) -> Any:
     if vocab_fingerprint(m) != vocab_fingerprint(known[0][1]):
       raise ValueError(
           f"{what}: {known[0][0]} and {n} carry different vocabularies of "
-          f"the same size (SentencePiece model sha256 "
+          f"the same size (tokenizer fingerprints "
           f"{vocab_fingerprint(known[0][1])[0]} vs {vocab_fingerprint(m)[0]}"
           f"): every level must share the target's vocabulary.")
   return known[0][1].vocab if known else next(

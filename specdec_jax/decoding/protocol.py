@@ -226,13 +226,17 @@ _VOCAB_FINGERPRINTS: "weakref.WeakKeyDictionary[Model, Any]" = (
 
 def vocab_fingerprint(model: Model) -> tuple[str, int] | None:
   """(sha256 of the SentencePiece model, extra ids) of `model.vocab`, or
-  None without one: two models whose fingerprints differ number different
-  pieces alike."""
+  (its `pieces_digest`, 0) for a tokenizer.json vocabulary
+  (`bpe.BpeVocabulary`), or None without one: two models whose
+  fingerprints differ number different pieces alike."""
   if model not in _VOCAB_FINGERPRINTS:
     proto = getattr(model.vocab, "sp_model", None)
-    _VOCAB_FINGERPRINTS[model] = None if not isinstance(
-        proto, bytes) else (hashlib.sha256(proto).hexdigest()[:16],
-                            int(getattr(model.vocab, "extra_ids", 0) or 0))
+    digest = getattr(model.vocab, "pieces_digest", None)
+    _VOCAB_FINGERPRINTS[model] = (
+        (digest, 0) if isinstance(digest, str) else None
+        if not isinstance(proto, bytes) else
+        (hashlib.sha256(proto).hexdigest()[:16],
+         int(getattr(model.vocab, "extra_ids", 0) or 0)))
   return _VOCAB_FINGERPRINTS[model]
 
 

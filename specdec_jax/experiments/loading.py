@@ -82,7 +82,7 @@ def check_draft_vocabularies(config: ExperimentConfig) -> None:
       raise ConfigError(
           f"draft {spec!r} ({size:,} ids) and target {config.target!r} "
           f"({target_size:,} ids) carry different vocabularies "
-          f"(SentencePiece model sha256 {vocab[0]} vs {target_vocab[0]}): "
+          f"(tokenizer fingerprints {vocab[0]} vs {target_vocab[0]}): "
           "the same id names different pieces, so drafts would almost never "
           "be accepted. Use a draft trained with the target's tokenizer.")
 

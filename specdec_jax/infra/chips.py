@@ -123,6 +123,7 @@ class Topology:
 
 TOPOLOGIES = {t.name: t for t in (
     Topology("v4:2x2x1", "tpu_v4", "v4-8", (2, 2, 1), "megacore"),
+    Topology("v4:2x2x2", "tpu_v4", "v4-16", (2, 2, 1), "megacore"),
     Topology("v4:2x2x4", "tpu_v4", "v4-32", (2, 2, 1), "megacore"),
     Topology("v5e:2x2", "tpu_v5e", "v5litepod-4", (2, 2, 1)),
     Topology("v5:2x2x1", "tpu_v5p", "v5p-8", (2, 2, 1)),

@@ -55,12 +55,12 @@ import dataclasses
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from specdec_jax.models import gemma_layers
 from specdec_jax.models import layers
 from specdec_jax.models.gemma_layers import GLOBAL, SLIDING
 from specdec_jax.models.gpt import DecoderOnlyDef
+from specdec_jax.models.gpt import DecoderOnlyTransformer
 
 PAD_ID, EOS_ID, BOS_ID = 0, 1, 2
 END_OF_TURN_ID = 106  # <end_of_turn>, where an -it model's answer ends
@@ -191,12 +191,7 @@ class DecoderLayer(nn.Module):
     """
     h = self.pre_self_attention_norm(x)
     attention = self.self_attention
-    k, v = attention.project_kv(h, positions)
-    if cache is not None:
-      cache = cache.write(k, v, slots)
-      kv = cache
-    else:
-      kv = layers.KVCache.from_projection(k, v)
+    kv, cache = attention.self_keys(h, positions, slots, cache)
     groups = [(kv, bias)] + ([] if cross is None else [cross])
     x = x + self.post_self_attention_norm(
         attention.attend(attention.queries(h, positions), groups))
@@ -283,22 +278,10 @@ class Decoder(nn.Module):
     return layers.constrain(logits, "batch", "length", "vocab"), new_cache
 
 
-class Gemma3Transformer(nn.Module):
-  """Wrapper giving the `decoder/` name scope, as the GPT-like model."""
+class Gemma3Transformer(DecoderOnlyTransformer):
+  """Gemma 3 under `decoder/`, as the GPT-like model."""
 
-  config: Gemma3Config
-
-  def setup(self):
-    self.decoder = Decoder(self.config)
-
-  def decode(self, tokens, positions, cache, return_logits=True, tree=None):
-    return self.decoder(tokens, positions, cache, return_logits, tree)
-
-  def __call__(self, tokens: jax.Array) -> jax.Array:
-    """Uncached causal pass: int [B, T] -> float32 logits [B, T, V]."""
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    logits, _ = self.decoder(tokens, positions, None)
-    return logits
+  decoder_class = Decoder
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,11 @@
 """What the Gemma families share: T5Gemma (`t5gemma.py`, Gemma 2 blocks),
-Gemma 3 (`gemma3.py`) and T5Gemma 2 (`t5gemma2.py`, Gemma 3 blocks).
+Gemma 3 (`gemma3.py`) and T5Gemma 2 (`t5gemma2.py`, Gemma 3 blocks); the
+Llama layout (`llama.py`: Llama 3, Qwen 3) attends and rotates with the
+same pieces.
 
   GemmaNorm      x / rms(x) * (1 + scale), in float32
-  rope           rotary embeddings, with transformers' linear scaling
+  rope           rotary embeddings, with transformers' linear scaling or
+                 Llama 3's frequency-dependent scaling
   window_bias    a sliding window as one more mask on positions
   softcap        tanh(x / c) * c
   Attention      grouped-query attention: optional QK-norm, rotary base per
@@ -23,6 +26,7 @@ width, N query heads, K key/value heads, G query heads per key/value head
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -60,12 +64,33 @@ class Rotary:
 
   Attributes:
     theta: the base.
-    scale: transformers' linear scaling factor (its inverse frequencies
-      divided by it; Gemma 3's global layers use 8 from 4B up).
+    scale: the scaling factor. Without `llama3_band`, transformers' linear
+      scaling: every inverse frequency divided by it (Gemma 3's global
+      layers use 8 from 4B up). With it, Llama 3's (`rope_type: llama3`,
+      8 for Llama 3.1, 32 for 3.2): only the low frequencies are divided.
+    llama3_band: None, or Llama 3's (low_freq_factor, high_freq_factor,
+      original_max_position_embeddings) = (l, h, C): wavelengths above
+      C / l are divided by `scale`, those below C / h kept, and those
+      between interpolated linearly in C / wavelength.
   """
 
   theta: float = 10000.0
   scale: float = 1.0
+  llama3_band: tuple[float, float, int] | None = None
+
+  def inverse_frequencies(self, dim: int) -> jax.Array:
+    """float32 [dim / 2], the angle per position of each pair of H."""
+    inv_freq = 1.0 / (self.theta ** (
+        jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+    if self.llama3_band is None:
+      return inv_freq / jnp.float32(self.scale)
+    low, high, original = self.llama3_band
+    wavelength = 2 * math.pi / inv_freq
+    smooth = (original / wavelength - low) / (high - low)
+    between = (1 - smooth) * inv_freq / self.scale + smooth * inv_freq
+    return jnp.where(wavelength > original / low, inv_freq / self.scale,
+                     jnp.where(wavelength < original / high, inv_freq,
+                               between))
 
 
 def rope(x: jax.Array, positions: jax.Array, rotary: Rotary) -> jax.Array:
@@ -73,9 +98,7 @@ def rope(x: jax.Array, positions: jax.Array, rotary: Rotary) -> jax.Array:
   [1, T]): the two halves of H are rotated together (transformers'
   `rotate_half`), angles computed in float32."""
   half = x.shape[-1] // 2
-  inv_freq = 1.0 / (rotary.theta ** (
-      jnp.arange(0, 2 * half, 2, dtype=jnp.float32) / (2 * half)))
-  inv_freq = inv_freq / jnp.float32(rotary.scale)
+  inv_freq = rotary.inverse_frequencies(2 * half)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
   angles = jnp.concatenate([angles, angles], -1)[:, :, None, :]
   cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
@@ -117,8 +140,12 @@ class GemmaNorm(nn.Module):
     return (y * (1.0 + scale.astype(jnp.float32))).astype(self.dtype)
 
 
+# The RMS norms by name: Gemma's, and the plain one of the Llama layout.
+NORMS = {"gemma": GemmaNorm, "rms": layers.RmsNorm}
+
+
 class Attention(nn.Module):
-  """Grouped-query attention of the Gemma families.
+  """Grouped-query attention of the Gemma families and the Llama layout.
 
   Queries and keys are projected, then (Gemma 3) RMS-normed per head
   (`query_norm`, `key_norm`), then rotated (when `rotary` is set); logits
@@ -133,7 +160,10 @@ class Attention(nn.Module):
     query_pre_attn_scalar: logits are scaled by its -1/2 power.
     softcap: c of tanh(x / c) * c on the logits, or None.
     rotary: the layer's rotary settings; None: no rotary (cross-attention).
-    qk_norm: RMS-norm queries and keys per head (Gemma 3).
+    qk_norm: RMS-norm queries and keys per head (Gemma 3, Qwen 3).
+    norm: the QK-norms' kind: "gemma" (`GemmaNorm`, 1 + scale) or "rms"
+      (`layers.RmsNorm`, scale: Qwen 3's).
+    qkv_bias: biases on the query, key and value projections (Qwen 2).
     epsilon: the QK-norms' epsilon.
     dtype: compute dtype; logits and softmax are float32.
     param_dtype: dtype of the kernels.
@@ -147,6 +177,8 @@ class Attention(nn.Module):
   softcap: float | None = None
   rotary: Rotary | None = None
   qk_norm: bool = False
+  norm: str = "gemma"
+  qkv_bias: bool = False
   epsilon: float = 1e-6
   dtype: Any = "float32"
   param_dtype: Any = "float32"
@@ -154,7 +186,8 @@ class Attention(nn.Module):
   def setup(self):
     proj = lambda heads: layers.DenseGeneral(
         features=(heads, self.head_dim), kernel_axes=("embed", "joined_kv"),
-        dtype=self.dtype, param_dtype=self.param_dtype)
+        dtype=self.dtype, param_dtype=self.param_dtype,
+        use_bias=self.qkv_bias)
     self.query = proj(self.num_heads)
     self.key = proj(self.num_kv_heads)
     self.value = proj(self.num_kv_heads)
@@ -163,8 +196,9 @@ class Attention(nn.Module):
         kernel_axes=("joined_kv", "embed"), dtype=self.dtype,
         param_dtype=self.param_dtype)
     if self.qk_norm:
-      norm = lambda: GemmaNorm(epsilon=self.epsilon, dtype=self.dtype,
-                               param_dtype=self.param_dtype, axis_name="kv")
+      kind = NORMS[self.norm]
+      norm = lambda: kind(epsilon=self.epsilon, dtype=self.dtype,
+                          param_dtype=self.param_dtype, axis_name="kv")
       self.query_norm = norm()
       self.key_norm = norm()
 
@@ -184,6 +218,24 @@ class Attention(nn.Module):
                        self.key_norm if self.qk_norm else None)
     v = layers.constrain(self.value(x), "batch", "length", "heads", "kv")
     return k, v
+
+  def self_keys(self, x: jax.Array, positions: jax.Array, slots: jax.Array,
+                cache: layers.KVCache | None
+                ) -> tuple[layers.KVCache, layers.KVCache | None]:
+    """Self-attention's keys: those of x [B, T, D] at `positions` [B, T],
+    written into `cache` at `slots` [B, T] (the T positions, or a token
+    tree's slots).
+
+    Returns:
+      (what the queries attend to: the whole updated cache, or without a
+      cache these T keys/values in cache layout; the updated cache or
+      None).
+    """
+    k, v = self.project_kv(x, positions)
+    if cache is None:
+      return layers.KVCache.from_projection(k, v), None
+    cache = cache.write(k, v, slots)
+    return cache, cache
 
   def queries(self, x: jax.Array, positions: jax.Array | None) -> jax.Array:
     """x [B, T, D] -> queries [B, T, N, H] (normed, rotated)."""

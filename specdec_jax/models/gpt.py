@@ -42,7 +42,7 @@ see `layers.KVCache`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import flax
 import flax.linen as nn
@@ -208,13 +208,16 @@ class Decoder(nn.Module):
     return layers.constrain(logits, "batch", "length", "vocab"), new_cache
 
 
-class GPTTransformer(nn.Module):
-  """Wrapper giving the T5X decoder-only `decoder/` name scope."""
+class DecoderOnlyTransformer(nn.Module):
+  """Wrapper giving a decoder-only model T5X's `decoder/` name scope: one
+  per family, whose subclass names its `decoder_class` (a module of the
+  family's config whose `__call__` is `Decoder.__call__`'s)."""
 
-  config: GPTConfig
+  decoder_class: ClassVar[type]
+  config: Any
 
   def setup(self):
-    self.decoder = Decoder(self.config)
+    self.decoder = self.decoder_class(self.config)
 
   def decode(self, tokens, positions, cache, return_logits=True, tree=None):
     return self.decoder(tokens, positions, cache, return_logits, tree)
@@ -224,6 +227,12 @@ class GPTTransformer(nn.Module):
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     logits, _ = self.decoder(tokens, positions, None)
     return logits
+
+
+class GPTTransformer(DecoderOnlyTransformer):
+  """The GPT-like model under `decoder/`."""
+
+  decoder_class = Decoder
 
 
 class DecoderOnlyDef(base.FlaxModelDef):

@@ -110,23 +110,26 @@ class RmsNorm(nn.Module):
     epsilon: added to the mean square.
     dtype: output dtype.
     param_dtype: dtype of `scale` [D].
+    axis_name: the logical name of `scale`'s axis (`kv` for a per-head
+      QK-norm, as Qwen 3's).
   """
 
   epsilon: float = 1e-6
   dtype: Dtype = "float32"
   param_dtype: Dtype = "float32"
+  axis_name: str = "embed"
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     """[..., D] -> [..., D] in `dtype`."""
     y = rms_normalize(x, self.epsilon).astype(self.dtype)
     scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],),
-                   self.param_dtype, ("embed",))
+                   self.param_dtype, (self.axis_name,))
     return y * scale.astype(self.dtype)
 
 
 class DenseGeneral(nn.Module):
-  """A bias-free linear map over one or more trailing axes.
+  """A linear map over one or more trailing axes, bias-free unless asked.
 
   The kernel is stored 2-D, [prod(input axes), prod(features)], exactly as
   T5X stores it, and reshaped on use.
@@ -138,6 +141,8 @@ class DenseGeneral(nn.Module):
     dtype: compute dtype (inputs and kernel are cast to it).
     param_dtype: dtype of the stored kernel.
     kernel_init: initializer of the 2-D kernel.
+    use_bias: add a `bias` [prod(features)] (named by the kernel's output
+      axis; zeros at init), as Qwen 2's query, key and value projections.
   """
 
   features: int | Sequence[int]
@@ -147,6 +152,7 @@ class DenseGeneral(nn.Module):
   param_dtype: Dtype = "float32"
   kernel_init: Initializer = nn.initializers.variance_scaling(
       1.0, "fan_in", "truncated_normal")
+  use_bias: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -160,8 +166,13 @@ class DenseGeneral(nn.Module):
                     self.param_dtype, self.kernel_axes)
     kernel = kernel.astype(self.dtype).reshape(in_shape + features)
     x = x.astype(self.dtype)
-    return jax.lax.dot_general(
+    y = jax.lax.dot_general(
         x, kernel, ((axis, tuple(range(len(axis)))), ((), ())))
+    if not self.use_bias:
+      return y
+    bias = _param(self, "bias", nn.initializers.zeros, (math.prod(features),),
+                  self.param_dtype, tuple(self.kernel_axes)[-1:])
+    return y + bias.astype(self.dtype).reshape(features)
 
 
 class Embed(nn.Module):

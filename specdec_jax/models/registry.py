@@ -1,9 +1,9 @@
 """Model configs by name, and the `ModelDef` that runs each.
 
 Real sizes are T5X's (t5x/examples/t5/t5_1_0/*.gin and t5_1_1/*.gin), the
-paper's GPT-like models and the published T5Gemma and Gemma 3 checkpoints
-(see `_t5gemma` and `_gemma3` for where each number comes from); the
-`*_tiny` configs are for tests. Each name
+paper's GPT-like models and the published T5Gemma, Gemma 3, Llama 3 and
+Qwen 3 checkpoints (see `_t5gemma`, `_gemma3`, `_llama3` and `_qwen3` for
+where each number comes from); the `*_tiny` configs are for tests. Each name
 also has a gin file, `configs/models/<name>.gin`, binding the same fields.
 
   >>> from specdec_jax.models import registry
@@ -18,6 +18,7 @@ import dataclasses
 from specdec_jax.models.gemma3 import Gemma3Config, Gemma3Def
 from specdec_jax.models.gemma_layers import GLOBAL, SLIDING
 from specdec_jax.models.gpt import GPTConfig, GPTDef
+from specdec_jax.models.llama import LlamaConfig, LlamaDef
 from specdec_jax.models.t5 import T5Config, T5Def
 from specdec_jax.models.t5gemma import StackConfig
 from specdec_jax.models.t5gemma import T5GemmaConfig, T5GemmaDef
@@ -28,6 +29,8 @@ GPT_VOCAB = 8192  # The paper's "8k" lm1b vocabulary.
 GEMMA_VOCAB = 256000  # Gemma's SentencePiece vocabulary.
 # Gemma 3's: 262144 ids (270M, 1B); from 4B up 64 more (image tokens).
 GEMMA3_VOCAB, GEMMA3_VOCAB_WIDE = 262_144, 262_208
+LLAMA3_VOCAB = 128_256  # Llama 3's BPE: 128000 pieces + 256 special ids.
+QWEN3_VOCAB = 151_936  # Qwen's byte-level BPE (151669 ids in use), padded.
 
 NAMES = (
     "t5_tiny", "t5_1_1_tiny", "gpt_tiny",
@@ -41,9 +44,13 @@ NAMES = (
     "gemma3_tiny", "gemma3_tiny_draft",
     "gemma3_270m", "gemma3_1b", "gemma3_4b", "gemma3_12b", "gemma3_27b",
     "t5gemma2_tiny",
+    "llama3_tiny", "qwen3_tiny",
+    "llama3_2_1b", "llama3_2_3b", "llama3_1_8b", "llama3_1_70b",
+    "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_14b",
+    "qwen3_32b",
 )
 ModelConfig = (T5Config | GPTConfig | T5GemmaConfig | Gemma3Config
-               | T5Gemma2Config)
+               | T5Gemma2Config | LlamaConfig)
 
 
 def _t5_1_0(emb, heads, layers, head_dim, mlp) -> T5Config:
@@ -140,6 +147,38 @@ def _gemma3_tiny(vocab, emb, heads, kv_heads) -> Gemma3Config:
                       layer_types=(SLIDING, SLIDING, GLOBAL), max_len=64)
 
 
+# Llama 3.1 and 3.2 (the Hub's config.json of meta-llama/Llama-3.2-1B, -3B,
+# Llama-3.1-8B, -70B): vocabulary 128256, 8 key/value heads, rotary base
+# 500k with Llama 3's scaling (factor 32 for 3.2, 8 for 3.1; frequency
+# factors 1 and 4 around 8192 positions), 131072 positions, RMS epsilon
+# 1e-5; 3.2's output layer tied, 3.1's not. Each gives the published
+# parameter count (tests/test_llama_checkpoints.py).
+def _llama3(emb, layers, heads, head_dim, mlp, *, factor) -> LlamaConfig:
+  return LlamaConfig(
+      vocab_size=LLAMA3_VOCAB, emb_dim=emb, num_layers=layers,
+      num_heads=heads, num_kv_heads=8, head_dim=head_dim, mlp_dim=mlp,
+      tie_embeddings=factor == 32.0, rope_theta=500_000.0,
+      rope_scale=factor, rope_llama3_band=(1.0, 4.0, 8192),
+      layer_norm_epsilon=1e-5, max_len=131072)
+
+
+# Qwen 3 (the Hub's config.json of Qwen/Qwen3-0.6B ... -32B): vocabulary
+# 151936, heads of 128 with 8 key/value heads and QK-norm, rotary base 1M
+# unscaled, 40960 positions, RMS epsilon 1e-6; tied output layer up to 4B.
+def _qwen3(emb, layers, heads, mlp, *, tied) -> LlamaConfig:
+  return LlamaConfig(
+      vocab_size=QWEN3_VOCAB, emb_dim=emb, num_layers=layers,
+      num_heads=heads, num_kv_heads=8, head_dim=128, mlp_dim=mlp,
+      qk_norm=True, tie_embeddings=tied, rope_theta=1_000_000.0,
+      layer_norm_epsilon=1e-6, max_len=40960)
+
+
+def _llama_tiny(**options) -> LlamaConfig:
+  return LlamaConfig(vocab_size=128, emb_dim=32, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=8, mlp_dim=64, max_len=64,
+                     **options)
+
+
 def _base_config(name: str) -> ModelConfig:
   match name:
     case "t5_tiny":
@@ -220,6 +259,32 @@ def _base_config(name: str) -> ModelConfig:
       return _gemma3(3840, 48, 16, 8, 15360)
     case "gemma3_27b":
       return _gemma3(5376, 62, 32, 16, 21504, head_dim=128, scalar=168.0)
+    case "llama3_tiny":  # Llama 3's scaled rotary, its band inside H = 8
+      return _llama_tiny(rope_theta=10_000.0, rope_scale=8.0,
+                         rope_llama3_band=(1.0, 4.0, 64))
+    case "qwen3_tiny":
+      return _llama_tiny(qk_norm=True, tie_embeddings=True,
+                         layer_norm_epsilon=1e-6)
+    case "llama3_2_1b":
+      return _llama3(2048, 16, 32, 64, 8192, factor=32.0)
+    case "llama3_2_3b":
+      return _llama3(3072, 28, 24, 128, 8192, factor=32.0)
+    case "llama3_1_8b":
+      return _llama3(4096, 32, 32, 128, 14336, factor=8.0)
+    case "llama3_1_70b":
+      return _llama3(8192, 80, 64, 128, 28672, factor=8.0)
+    case "qwen3_0_6b":
+      return _qwen3(1024, 28, 16, 3072, tied=True)
+    case "qwen3_1_7b":
+      return _qwen3(2048, 28, 16, 6144, tied=True)
+    case "qwen3_4b":
+      return _qwen3(2560, 36, 32, 9728, tied=True)
+    case "qwen3_8b":
+      return _qwen3(4096, 36, 32, 12288, tied=False)
+    case "qwen3_14b":
+      return _qwen3(5120, 40, 40, 17408, tied=False)
+    case "qwen3_32b":
+      return _qwen3(5120, 64, 64, 25600, tied=False)
   raise ValueError(f"unknown model config {name!r}; known: {', '.join(NAMES)}")
 
 
@@ -231,7 +296,8 @@ def get_config(name: str, **overrides) -> ModelConfig:
     **overrides: config fields to change, e.g. dtype="bfloat16".
 
   Returns:
-    A `T5Config`, `GPTConfig`, `T5GemmaConfig` or `Gemma3Config`.
+    A `T5Config`, `GPTConfig`, `T5GemmaConfig`, `Gemma3Config`,
+    `T5Gemma2Config` or `LlamaConfig`.
   """
   config = _base_config(name)
   try:
@@ -242,7 +308,9 @@ def get_config(name: str, **overrides) -> ModelConfig:
 
 def make_def(config: ModelConfig):
   """The `ModelDef` that runs `config` (T5Def, GPTDef, T5GemmaDef,
-  Gemma3Def or T5Gemma2Def)."""
+  Gemma3Def, T5Gemma2Def or LlamaDef)."""
+  if isinstance(config, LlamaConfig):
+    return LlamaDef(config)
   if isinstance(config, T5Gemma2Config):
     return T5Gemma2Def(config)
   if isinstance(config, Gemma3Config):

@@ -42,6 +42,10 @@ class OtherSettingsError(ValueError, errors.UsageError):
   """An output prefix that holds a run made with other settings."""
 
 
+class NotTranslationError(ValueError, errors.UsageError):
+  """A task whose examples are not English-German translations."""
+
+
 def check_settings(path: str, settings: dict[str, Any]) -> None:
   """Records the settings, or refuses to resume a run made with others."""
   if os.path.exists(path):
@@ -124,8 +128,9 @@ def write_translations(model: Model, examples: Sequence[batching.Example],
         f"--shard must be in [0, {shards}) for --shards={shards}, got {shard}")
   for e in examples:
     if not e.inputs_text.startswith(tasks.TRANSLATE_PREFIX):
-      raise ValueError(f"not an English-German translation example: input "
-                       f"{e.inputs_text[:60]!r}")
+      raise NotTranslationError(
+          f"not an English-German translation example: input "
+          f"{e.inputs_text[:60]!r}; --task must be a translation task")
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   check_settings(output + ".settings.json", settings)
   done = read_done(output)
