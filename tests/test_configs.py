@@ -229,6 +229,37 @@ def test_the_draft_recipe_comparison_differs_only_in_the_loss():
     dataclasses.replace(config, workdir="w").check()
 
 
+def test_a_command_lines_length_replaces_the_gin_files():
+  """scripts/train.py's `--gin.train.TrainConfig.num_steps=2` on a demo
+  config that gives num_epochs means 2 steps instead (the other field bound
+  to None after it); both on the command line, or neither, is left to
+  TrainConfig.check, which refuses both. Control: without the extra
+  binding the config holds both and is refused."""
+  from specdec_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  gin_file = os.path.join(_CONFIGS, "training", "demo_draft_small_distill.gin")
+  steps = ["train.TrainConfig.num_steps = 2"]
+  extra = config_lib.length_from_command_line(steps)
+  assert extra == ["train.TrainConfig.num_epochs = None"], extra
+  assert config_lib.length_from_command_line(
+      steps + ["train.TrainConfig.num_epochs = 3"]) == []
+  assert config_lib.length_from_command_line(
+      ["TrainConfig.num_epochs = 3"]) == ["TrainConfig.num_steps = None"]
+  try:
+    for bindings, refused in ((steps + extra, False), (steps, True)):
+      gin.clear_config()
+      gin_flags.parse([gin_file], bindings)
+      config = dataclasses.replace(gin.get_configurable(train.TrainConfig)(),
+                                   workdir="w")
+      if refused:
+        with pytest.raises(Exception, match="exactly one of num_steps"):
+          config.check()
+      else:
+        assert (config.num_steps, config.num_epochs) == (2, None)
+        config.check()
+  finally:
+    gin.clear_config()
+
+
 def _buildable_versions(tfds_name: str) -> set[str]:
   """The versions the pinned TFDS can build of `name[/config]`."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top

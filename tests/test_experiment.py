@@ -386,79 +386,34 @@ def _experiment_gin(tmp_path, models, extra=""):
   return gin_file
 
 
-def test_run_experiment_script_with_gin(setup, tmp_path):
-  """The absl script parses --gin_file and --gin.X=... overrides, writes the
-  config into the workdir and the table, and keeps its compiled decoding
-  loops in --compilation_cache_dir (what a rerun loads instead of
-  compiling); a bad gin value fails clearly, and a refused rerun with its
-  message alone."""
-  _, models, task_config = setup
-  gin_file = _experiment_gin(tmp_path, models)
-  workdir = tmp_path / "wd"
-  cmd = [sys.executable, os.path.join(REPO, "scripts", "run_experiment.py"),
-         f"--gin_file={gin_file}", f"--workdir={workdir}",
-         "--gin.experiment.ExperimentConfig.gamma=2",
-         "--gin.experiment.ExperimentConfig.max_examples=2",
-         f"--gin.TaskConfig.vocab_path='{task_config['vocab_path']}'",
-         f"--gin.TaskConfig.local_data_dir='{task_config['local_data_dir']}'",
-         "--gin.TaskConfig.wmt_ende_files={'test': 'mini'}",
-         f"--compilation_cache_dir={tmp_path / 'xla'}"]
-  # JAX chooses its platform, as for a user (issue 60: with libtpu
-  # installed its probe printed errors on a CPU).
-  env = {k: v for k, v in helpers.script_env().items() if k != "JAX_PLATFORMS"}
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                        timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert not helpers.library_errors(proc.stderr), proc.stderr[-3000:]
-  assert "gamma = 2" in (workdir / "config.gin").read_text()
-  assert len(_lines(str(workdir))) == 2
-  assert "| wmt14_ende_local |" in (workdir / "table.md").read_text()
-  # The closing line: the measured speedup beside Theorem 3.8 at the
-  # measured verification cost, and the ideal prediction named as such.
-  summary = json.loads((workdir / "summary.json").read_text())
-  closing = (f"speedup {summary['speedup']:.2f}x, Theorem 3.8 predicts "
-             f"{summary['predicted_at_lengths_with_verify_cost']:.2f}x at the "
-             f"measured verification cost (v={summary['verify_cost']:.2f}), "
-             f"{summary['predicted_speedup']:.2f}x if verifying gamma + 1 "
-             "tokens cost one step")
-  assert closing in proc.stderr, proc.stderr[-2000:]
-  cached = os.listdir(tmp_path / "xla")
-  assert any(name.startswith("jit_run") for name in cached), cached
-  # The script's one real launch is above; these two run in this process.
-  other = helpers.run_script("run_experiment", *cmd[2:],
-                             "--gin.experiment.ExperimentConfig.gamma=3")
-  # A usage error ends with its message and status 1, not a traceback.
-  assert other.returncode == 1
-  assert "Traceback" not in other.stderr, other.stderr[-3000:]
-  assert "WorkdirError: " in other.stderr
-  assert "gamma: 2 in the workdir, 3 now" in other.stderr
-  assert "--overwrite" in other.stderr
-  # Issue 38, finding 3: the refused rerun rewrote config.gin to gamma 3.
-  assert "gamma = 2" in (workdir / "config.gin").read_text()
-  assert "gamma = 3" not in (workdir / "config.gin").read_text()
-  bad = helpers.run_script("run_experiment", cmd[2],
-                           f"--workdir={tmp_path / 'bad'}",
-                           "--gin.experiment.ExperimentConfig.gamma=0")
-  assert bad.returncode != 0 and "every gamma must be >= 1" in bad.stderr
+def test_the_script_refuses_cleanly_stops_on_ctrl_c_and_resumes(setup,
+                                                                  tmp_path):
+  """scripts/run_experiment.py as a user runs it: --gin_file and --gin.X=...
+  overrides (written into the workdir's config.gin), its compiled decoding
+  loops kept in --compilation_cache_dir (what a rerun loads instead of
+  compiling), and no library error line while JAX chooses its platform as
+  for a user (issue 60: with libtpu installed its probe printed errors on a
+  CPU).
 
-
-def test_a_refused_run_leaves_no_trace_and_ctrl_c_stops_in_one_line(
-    setup, tmp_path):
-  """Issue 60. A run refused before its first example (a missing
-  checkpoint, gamma=0) left config.gin and fingerprint.json in the fresh
-  workdir, so the fixed command was refused for results that did not
-  exist: now the workdir is left absent, and the fixed command runs.
-  Ctrl-C during the examples printed a 65-line KeyboardInterrupt traceback
-  (status -2): now one line (the examples kept, the command that resumes)
-  and status 130, and the same command resumes, each example once."""
+  Issue 60: a run refused before its first example (a missing checkpoint,
+  gamma=0) left config.gin and fingerprint.json in the fresh workdir, so
+  the fixed command was refused for results that did not exist: now the
+  workdir is left absent, and the fixed command runs. Ctrl-C during the
+  examples printed a 65-line KeyboardInterrupt traceback (status -2): now
+  one line (the examples kept, the command that resumes) and status 130,
+  and the same command resumes, saying so (issue 66), each example once,
+  and ends with the closing line: the measured speedup beside Theorem 3.8
+  at the measured verification cost, the ideal prediction named as such.
+  A rerun with other settings is refused with its message alone
+  (issue 38: it rewrote config.gin)."""
   _, models, task_config = setup
   # Timed repeats slow each example down (not its compile; 1500: about a
   # second each, 300 were outrun on 2 loaded cores), so the Ctrl-C
   # lands while examples remain.
-  gin_file = _experiment_gin(tmp_path, models,
-                             "  gamma = 2\n  repeats = 1500\n")
+  gin_file = _experiment_gin(tmp_path, models, "  repeats = 1500\n")
   workdir = tmp_path / "wd"
   args = [f"--gin_file={gin_file}", f"--workdir={workdir}",
+          "--gin.experiment.ExperimentConfig.gamma=2",
           f"--gin.TaskConfig.vocab_path='{task_config['vocab_path']}'",
           f"--gin.TaskConfig.local_data_dir='{task_config['local_data_dir']}'",
           "--gin.TaskConfig.wmt_ende_files={'test': 'mini'}",
@@ -470,6 +425,7 @@ def test_a_refused_run_leaves_no_trace_and_ctrl_c_stops_in_one_line(
     result = helpers.run_script("run_experiment", *args, refused)
     assert result.returncode == 1 and why in result.stderr, (
         result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert not workdir.exists(), sorted(os.listdir(workdir))
   # The fixed command, as a real process (a terminal's Ctrl-C is SIGINT).
   log = tmp_path / "interrupted.txt"
@@ -477,13 +433,13 @@ def test_a_refused_run_leaves_no_trace_and_ctrl_c_stops_in_one_line(
   # run in the background (`make test &`) ignores SIGINT, a child inherits
   # an ignored signal, and its Ctrl-C would never arrive. A handler (not an
   # ignore) here leaves the child the default action.
+  env = {k: v for k, v in helpers.script_env().items() if k != "JAX_PLATFORMS"}
   previous = signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
     with open(log, "w") as out:
       proc = subprocess.Popen(
           [sys.executable, os.path.join(REPO, "scripts", "run_experiment.py"),
-           *args], stdout=out, stderr=subprocess.STDOUT,
-          env=helpers.script_env())
+           *args], stdout=out, stderr=subprocess.STDOUT, env=env)
   finally:
     signal.signal(signal.SIGINT, previous)
   try:
@@ -501,17 +457,40 @@ def test_a_refused_run_leaves_no_trace_and_ctrl_c_stops_in_one_line(
   done = len(_lines(str(workdir)))
   assert code == 130, (code, text[-3000:])
   assert "Traceback" not in text, text[-3000:]
+  assert not helpers.library_errors(text), text[-3000:]
   last = text.strip().splitlines()[-1]
   assert last.startswith(f"Stopped by the user (Ctrl-C) after {done} "
                          f"finished example"), last
   assert f"kept in {workdir}" in last and "run the same command" in last, last
   assert done < len(SENTENCES), "the run ended before the Ctrl-C"
+  assert "gamma = 2" in (workdir / "config.gin").read_text()
+  cached = os.listdir(tmp_path / "xla")
+  assert any(name.startswith("jit_run") for name in cached), cached
+  # The script's one real launch is above; the rest run in this process.
   resumed = helpers.run_script("run_experiment", *args)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert (f"resuming: {done} of {len(SENTENCES)} examples already in "
           f"{workdir}") in resumed.stderr, resumed.stderr[-3000:]
   ids = [r["id"] for r in _lines(str(workdir))]
   assert sorted(ids) == sorted(set(ids)) and len(ids) == len(SENTENCES), ids
+  assert "| wmt14_ende_local |" in (workdir / "table.md").read_text()
+  summary = json.loads((workdir / "summary.json").read_text())
+  closing = (f"speedup {summary['speedup']:.2f}x, Theorem 3.8 predicts "
+             f"{summary['predicted_at_lengths_with_verify_cost']:.2f}x at the "
+             f"measured verification cost (v={summary['verify_cost']:.2f}), "
+             f"{summary['predicted_speedup']:.2f}x if verifying gamma + 1 "
+             "tokens cost one step")
+  assert closing in resumed.stderr, resumed.stderr[-2000:]
+  other = helpers.run_script("run_experiment", *args,
+                             "--gin.experiment.ExperimentConfig.gamma=3")
+  # A usage error ends with its message and status 1, not a traceback.
+  assert other.returncode == 1
+  assert "Traceback" not in other.stderr, other.stderr[-3000:]
+  assert "WorkdirError: " in other.stderr
+  assert "gamma: 2 in the workdir, 3 now" in other.stderr
+  assert "--overwrite" in other.stderr
+  assert "gamma = 2" in (workdir / "config.gin").read_text()
+  assert "gamma = 3" not in (workdir / "config.gin").read_text()
 
 
 # ----------------------------------------------------------------------------

@@ -51,11 +51,13 @@ GAMMA = 4  # configs/experiments/demo/ende_sentences_draft_base_t0.gin
 # emulator (one per session).
 WORKDIR = "gs://results/two_processes"
 LEASE_S = 4
-# The killed run's. It renews every third of it, so when it is killed (right
-# after its first example: on idle cores its 3 examples take seconds, less
-# than a renewal period) at least two thirds, 40 s, are left: more than a
-# restart takes to reach the lock, so the restart meets a live lease.
-KILLED_LEASE_S = 60
+# The killed run's. It renews every third of it, so when it is killed
+# (right after its first example: on idle cores its 3 examples take
+# seconds, less than a renewal period) at least two thirds, 30 s, are
+# left; the restart starts at once and reaches the lock well within that
+# (its imports and joining the job, 10-15 s on loaded cores), so it meets
+# a live lease and waits out what is left of it.
+KILLED_LEASE_S = 45
 GCS_ENV = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
            "GOOGLE_AUTH_TOKEN_FOR_TESTING")
 
@@ -150,6 +152,7 @@ def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
                   ["--gin.ExperimentConfig.trace_examples=0",
                    "--gin.ExperimentConfig.summary_every_examples=1"],
                   lease=KILLED_LEASE_S)
+  restarted = []
   try:
     # Generous: loading and compiling take ~1 min on 2 idle cores, several
     # on a machine shared with other jobs.
@@ -166,24 +169,28 @@ def two_process_run(gcs_emulator, tmp_path_factory):  # noqa: F811
     # with the command that resumes (issue 47).
     procs[0].send_signal(signal.SIGKILL)
     lost_at = time.monotonic()
+    stale = paths.read_bytes(lock)
+    # Issue 60: the same command, restarted at once on both processes (as
+    # a preempted slice's startup script does), waits the dead run's lease
+    # out and completes; no second restart by hand.
+    restarted = _launch(tmp_path, cache, "resumed",
+                        ["--gin.ExperimentConfig.trace_examples=1"])
     survivor = procs[1].wait(timeout=120)
     waited = time.monotonic() - lost_at
+    killed_at = len(_lines(results))
+    assert stale is not None  # SIGKILL released nothing
+    assert json.loads(stale)["expires"] > time.time() + 10, (
+        "the killed run's lease runs out too soon for the restart to meet "
+        "it")
+    scalars = helpers.tensorboard_scalars(
+        lambda n: paths.read_bytes(paths.join(WORKDIR, n)), _events())
+  except BaseException:
+    for proc in restarted:
+      _kill(proc)
+    raise
   finally:
     for proc in procs:
       _kill(proc)
-  killed_at = len(_lines(results))
-  stale = paths.read_bytes(lock)
-  assert stale is not None  # SIGKILL released nothing
-  scalars = helpers.tensorboard_scalars(
-      lambda n: paths.read_bytes(paths.join(WORKDIR, n)), _events())
-  # Issue 60: the same command, restarted at once on both processes (as a
-  # preempted slice's startup script does), waits the dead run's lease out
-  # and completes; no second restart by hand.
-  restarted = _launch(tmp_path, cache, "resumed",
-                      ["--gin.ExperimentConfig.trace_examples=1"])
-  assert json.loads(stale)["expires"] > time.time() + 20, (
-      "the killed run's lease ran out before the restart: nothing to wait "
-      "out")
   codes = _wait(restarted, tmp_path)
   assert survivor == 1 and waited < 60, (survivor, waited, _tail(tmp_path))
   last = (tmp_path / "killed1.txt").read_text().strip().splitlines()[-1]

@@ -3,10 +3,9 @@ root with the flags the docs show, in a fresh interpreter each.
 
 An in-process run shares imports and gin's registry with the tests before
 it (a training run without a run file passed in the suite and crashed for
-users, issue 66), so these run nothing in-process. Invariants:
-- `scripts/train.py` with a shipped demo config and no run file trains,
-  evaluates and exports a model that loads, reading the vocabulary shipped
-  in the package, and prints no error-level line and no start-up notice;
+users, issue 66), so these run nothing in-process (the docs' own commands,
+the plain training command among them, run in tests/test_docs_commands.py).
+Invariants:
 - each mistake a user can make at the command line ends with one line
   (`TypeName: message`, naming what was wrong and the fix), status 1 and
   no traceback: a missing gin file, a run of length given twice, no
@@ -23,52 +22,10 @@ cores): tiny settings keep the rest short.
 import json
 import os
 
-import numpy as np
 import pytest
-import sentencepiece as spm
 
-import specdec_jax as sd
 from specdec_jax.data import tasks
 from tests import helpers
-
-# Short of the plain command only in the evaluation's size (the whole
-# validation split, 1014 sentences, is decoded for BLEU at the end), the
-# examples read (the first 512 of 29,000 are tokenized, not all) and their
-# batches' widths (one, so one step program compiles, not one a width).
-TINY_TRAIN = ("--gin.train.TrainConfig.max_train_examples=512",
-              "--gin.train.TrainConfig.eval_examples=16",
-              "--gin.train.TrainConfig.bleu_examples=8",
-              # One batch shape: one compiled step.
-              "--gin.train.TrainConfig.length_buckets=(128,)")
-SHIPPED_VOCAB = tasks.resolve_package_path(
-    "package:demo_models/target/vocab.model")
-
-needs_shared_data = pytest.mark.skipif(
-    not (tasks.default_local_data_dir() / "multi30k.train.en").exists(),
-    reason="the Multi30k training text (../shared/data) is not here")
-
-
-@needs_shared_data
-def test_the_plain_training_command_trains_exports_and_is_quiet(tmp_path):
-  """docs/demo_models.md's command, with no run file: one device, the
-  package's vocabulary (no scripts/train_vocab.py first), the gin file's
-  num_epochs replaced by the command line's num_steps."""
-  workdir = tmp_path / "distill"
-  proc = helpers.launch(["scripts/train.py",
-                         "--gin_file=training/demo_draft_small_distill.gin",
-                         "--gin.train.TrainConfig.num_steps=2", *TINY_TRAIN,
-                         f"--workdir={workdir}"])
-  helpers.assert_succeeded(proc)
-  assert "step 2/2" in proc.stderr
-  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
-  assert [r["kind"] for r in rows] == ["train", "eval"]
-  assert rows[-1]["step"] == 2 and np.isfinite(rows[-1]["eval_loss"])
-  model = sd.load_model(str(workdir / "model"))
-  shipped = spm.SentencePieceProcessor(model_file=SHIPPED_VOCAB)
-  assert model.vocab.encode("Zwei Hunde.") == shipped.encode("Zwei Hunde.")
-  with open(workdir / "train_config.json") as f:
-    recorded = json.load(f)
-  assert (recorded["num_steps"], recorded["num_epochs"]) == (2, None)
 
 
 def _mistakes(tmp_path):
@@ -166,20 +123,43 @@ def test_plan_run_plans_a_table_naming_each_program_first(tmp_path):
 
 def test_plan_run_projects_one_row_on_another_chip(tmp_path):
   """One row, --chip and --verify_widths: the plan's JSON has the chip's
-  roofline and the target's call on each width."""
+  roofline and the target's call on each width.
+
+  plan_run forces JAX's CPU platform before JAX starts: with JAX_PLATFORMS
+  naming an accelerator this machine lacks (as a TPU VM's environment
+  names its chips), it still plans, on the simulated CPU devices of the
+  row's (2, 4) mesh; the negative control, the same environment for a
+  plain JAX program, fails to start a backend. The verdict is the last
+  lines (the JSON in --output only), the figures name the compiler that
+  made them (XLA:CPU without a TPU topology), and gin logs no error line
+  for an include it then finds (issue 60)."""
+  env = helpers.script_env(JAX_PLATFORMS="tpu")
+  control = helpers.launch(["-c", "import jax; jax.devices()"], env=env)
+  assert control.returncode != 0
   row = tmp_path / "row.gin"
-  row.write_text(_TINY_ROW % {"gamma": 3})
+  # An include found on gin's search path (its macros only).
+  row.write_text((_TINY_ROW % {"gamma": 3}).replace(
+      "experiment.ExperimentConfig:",
+      "include 'experiments/table2/checkpoints.gin'\n"
+      "experiment.ExperimentConfig:"))
   out = tmp_path / "plan.json"
   proc = helpers.launch(["scripts/plan_run.py", f"--gin_file={row}",
                          "--chip=h100", "--verify_widths=2,8",
-                         f"--output={out}"])
+                         "--gin.ExperimentConfig.mesh_shape=(2, 4)",
+                         f"--output={out}", "--compilation_cache_dir="],
+                        env=env)
   helpers.assert_succeeded(proc)
   plan = json.loads(out.read_text())
-  assert plan["chip"] == "h100"
+  assert plan["chip"] == "h100" and plan["devices"] == 8, plan
+  assert plan["compiler"].startswith("XLA:CPU"), plan["compiler"]
   widths = plan["verification_widths"]
   assert [w["tokens"] for w in widths] == [1, 2, 8]
   assert widths[0]["relative_to_one_token"] == 1.0
   assert all(w["roofline_seconds"] > 0 for w in widths)
+  lines = proc.stdout.strip().splitlines()
+  assert "figures from XLA:CPU" in lines[0], lines
+  assert lines[1].startswith("fits: True: peak "), lines
+  assert lines[-1] == f"full plan: {out}", lines
 
 
 @pytest.mark.skipif(

@@ -7,8 +7,6 @@ tests/toy_training.py, so nothing here needs /work/shared or the network.
 
 import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -283,8 +281,9 @@ def test_teacher_outputs_script_translates_and_refuses_other_settings(
   writes aligned .en (the sources, in the split's order) and .de (the
   teacher's greedy translation, or the reference where it does not end
   within max_decode_len); a rerun with other settings is refused, naming
-  them. Shards and resuming are tested in-process (tests/test_teacher.py);
-  this checks the script's flags reach them."""
+  them. Shards and resuming are tested in-process (tests/test_teacher.py),
+  the script's launch as a process by tests/test_docs_commands.py (the
+  docs' two shards); this checks the script's flags reach them."""
   data = tmp_path / "data"
   data.mkdir()
   files = tasks.current_config().multi30k_files
@@ -294,15 +293,13 @@ def test_teacher_outputs_script_translates_and_refuses_other_settings(
       shutil.copy(f"{files[split]}.{side}", data / f"{name}.{side}")
   model = str(trained[0] / "model")
   output = tmp_path / "out" / "mix"
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
   def run(*flags):
-    return subprocess.run(
-        [sys.executable, os.path.join(repo, "scripts", "teacher_outputs.py"),
-         f"--model={model}", f"--output={output}", "--max_examples=6",
-         "--batch_size=4", *flags],
-        env=helpers.script_env(SPECDEC_SHARED_DATA=str(data)), cwd=repo,
-        capture_output=True, text=True, timeout=300)
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setenv("SPECDEC_SHARED_DATA", str(data))
+      return helpers.run_script(
+          "teacher_outputs", f"--model={model}", f"--output={output}",
+          "--max_examples=6", "--batch_size=4", *flags)
 
   done = run("--max_decode_len=8")
   assert done.returncode == 0, done.stderr[-2000:]
@@ -320,12 +317,7 @@ def test_teacher_outputs_script_translates_and_refuses_other_settings(
     expected = (vocabularies.detokenize(teacher.vocab, tokens)
                 if (tokens == 1).any() else german[i])
     assert line.rstrip("\n") == " ".join(expected.split()), i
-  # The refused rerun in this process (the script's real launch is above).
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setenv("SPECDEC_SHARED_DATA", str(data))
-    other = helpers.run_script(
-        "teacher_outputs", f"--model={model}", f"--output={output}",
-        "--max_examples=6", "--batch_size=4", "--max_decode_len=9")
+  other = run("--max_decode_len=9")
   assert other.returncode == 1 and "Traceback" not in other.stderr
   assert other.stderr.strip().splitlines()[-1].startswith(
       "OtherSettingsError: ")

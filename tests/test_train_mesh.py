@@ -5,31 +5,31 @@ tests/toy_training.py.
 Invariants: with the same seeds and batches, distillation with dropout
 on the (2, 4) data x model mesh of runs/cpu_8_model_parallel.gin (the
 teacher sharded over `model`, its 6 heads whole, batch rows over `data`)
-and on the two single-device processes of runs/cpu_2_processes.gin (a
-(1, 2) mesh across processes, gloo collectives) logs the train losses of
-a one-device run, step by step, to 1e-5 relative (they agree to ~1e-6:
-the dropout masks are the same bits on every layout, since a jitted
-random draw does not depend on its sharding; `jax_threefry_partitionable`,
-on by default, lets each device draw only its shard's bits, and changes
-which bits, so the runs compared must share its setting); each of the two
-processes reads only its half of the examples, and their shares add up to
-the one-device batches; the log's first lines name the mesh and the bytes
-per device of the teacher's parameters (a quarter and the whole heads) and
-of the student's state; only process 0 writes the metrics, the
-TensorBoard events and the model; with a gs:// workdir (the emulator)
-the two processes commit their shards of each checkpoint straight into the
-bucket and the same command again resumes from it, with the one-device
-losses; both processes SIGKILLed after a
-checkpoint (on the (2, 4) mesh, batch rows split over the processes) and
-started again resume from it and log the uninterrupted run's losses; the
-mesh's workdir resumes on one device from its last step; on-policy
-distillation (the XXL recipe's) on the mesh equals one device's; a
-workdir another run holds is refused; and a run file's mesh gives a fresh
-process the simulated CPU devices it needs.
+logs the train losses of a one-device run, step by step, to 1e-5
+relative (they agree to ~1e-6: the dropout masks are the same bits on
+every layout, since a jitted random draw does not depend on its sharding;
+`jax_threefry_partitionable`, on by default, lets each device draw only
+its shard's bits, and changes which bits, so the runs compared must share
+its setting); the log's first lines name the mesh and the bytes per
+device of the teacher's parameters (a quarter and the whole heads) and of
+the student's state. The same mesh over the two processes of
+runs/cpu_2_processes.gin (4 simulated CPU devices each, gloo collectives,
+batch rows split over the processes, each reading only its half of the
+examples) into a gs:// workdir (the emulator), SIGKILLed after a
+checkpoint both processes committed into the bucket and started again,
+resumes from it, logs the uninterrupted run's losses, ends with a final
+evaluation and export on both processes (exit 0), and only process 0
+writes the metrics, the TensorBoard events and the model. The shares of a
+split add up to the one-device batches; the mesh's workdir resumes on one
+device from its last step; on-policy distillation (the XXL recipe's) on
+the mesh equals one device's; a workdir another run holds is refused; and
+a run file's mesh gives a fresh process the simulated CPU devices it
+needs.
 """
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -58,7 +58,6 @@ from tests.gcs_emulator import gcs_emulator  # noqa: F401  (fixture)
 from tests.toy_training import corpus  # noqa: F401  (fixture)
 
 STEPS = 6
-RESUMED_AT = 3  # the gs:// two-process run's first command stops there
 RTOL = 1e-5  # measured: 6.6e-7 on the mesh, 1.2e-7 on two processes
 DROPOUT = 0.1  # moves the first loss by ~0.6%, hundreds of times RTOL
 # 6 heads: 4 devices on `model` do not divide them, so the teacher's
@@ -104,7 +103,8 @@ def _losses(workdir):
 
 @pytest.fixture(scope="module")
 def runs(corpus, teacher, tmp_path_factory):  # noqa: F811
-  """(gin file, one-device workdir, 8-device workdir, 8-device log)."""
+  """(gin file, one-device workdir, 8-device workdir, the fixture's folder,
+  8-device log)."""
   root = tmp_path_factory.mktemp("mesh")
   files = tasks.current_config().multi30k_files  # the toy data
   gin_file = _gin_file(root / "distill.gin",
@@ -116,14 +116,14 @@ def runs(corpus, teacher, tmp_path_factory):  # noqa: F811
                          "--gin_file=runs/cpu_8_model_parallel.gin",
                          f"--workdir={eight}"])
   helpers.assert_succeeded(proc)
-  return gin_file, one, eight, proc.stderr
+  return gin_file, one, eight, root, proc.stderr
 
 
 def test_a_mesh_run_logs_the_losses_of_one_device(runs, corpus, teacher,  # noqa: F811
                                                   tmp_path):
   """Dropout included: a mask drawn differently on the mesh (another key,
   another bit stream) moves the losses past RTOL, as dropping it does."""
-  _, one, eight, log = runs
+  _, one, eight, _, log = runs
   assert len(_losses(one)) == STEPS
   np.testing.assert_allclose(_losses(eight), _losses(one), rtol=RTOL)
   train.train(_config(tmp_path, corpus, teacher, num_steps=1,
@@ -146,17 +146,18 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _two_processes(gin_file, workdir, *flags, port=None):
+def _two_processes(gin_file, workdir, *flags, port=None, **env):
   """Starts `scripts/train.py` as the two processes of one job (the same
   command, but --process_index), each in a process group of its own
-  (its supervisor and the supervised child: `_kill` ends both)."""
+  (its supervisor and the supervised child: `_kill` ends both), `env`
+  added to their environment."""
   port = port or _free_port()
   return [subprocess.Popen(
       [sys.executable, os.path.join(helpers.REPO, "scripts", "train.py"),
        f"--gin_file={gin_file}", "--gin_file=runs/cpu_2_processes.gin",
        f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
        "--process_count=2", f"--process_index={index}", *flags],
-      cwd=helpers.REPO, env=helpers.script_env(), stdout=subprocess.PIPE,
+      cwd=helpers.REPO, env=helpers.script_env(**env), stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True, start_new_session=True)
           for index in (0, 1)]
 
@@ -169,63 +170,19 @@ def _finish(procs) -> list[str]:
   return logs
 
 
-@pytest.fixture(scope="module")
-def two(runs, gcs_emulator, tmp_path_factory):  # noqa: F811
-  """(local copy of the workdir, logs of both commands) of the two-process
-  run into a gs:// workdir on the Cloud Storage emulator: 3 steps, then the
-  6-step command, which resumes from the first's final checkpoint."""
-  bucket = "gs://models/two"
-  _finish(_two_processes(runs[0], bucket, f"--gin.train.TrainConfig."
-                         f"num_steps={RESUMED_AT}"))
-  after_first = paths.list_files(bucket)
-  logs = _finish(_two_processes(runs[0], bucket))
-  workdir = tmp_path_factory.mktemp("two") / "two"
-  paths.copy_tree(bucket, str(workdir))
-  return workdir, logs, after_first
-
-
-def test_two_processes_log_the_losses_of_one_device(runs, two):
-  """The same command on two processes (one CPU device each, no XLA_FLAGS
-  of the test's 8) trains one model: each process reads only its half of
-  the examples, the batches stay one device's, and process 0 alone writes
-  its rows.
-
-  The workdir is gs:// (the emulator, real processes): both processes
-  write their shards of each checkpoint into the bucket, committed once
-  (orbax's directories through `infra.bucket_fs`, no local mirror of
-  them), and the same command run again resumes from the bucket's
-  checkpoint: a first run of 3 steps (the rsqrt schedule does not depend on
-  the number of steps), then the 6-step command logs "resumed from step 3"
-  and steps 4-6 with the losses of the uninterrupted one-device run, so
-  metrics.jsonl reads as one run's."""
-  one, (workdir, logs, after_first) = runs[1], two
-  assert "training on a mesh (1, 2) (data, model) of 2 cpu devices in 2 " in (
-      logs[0])
-  # Each read its half of the 256 examples (seqio's shards: even and odd).
-  assert ("2 processes read the 256 examples of train, each its share: "
-          "128, 128 examples") in logs[0]
-  # The first run committed step 3 in the bucket: every process's shards
-  # (ocdbt.process_0 and _1), one commit marker for the step.
-  assert f"checkpoints/{RESUMED_AT}/commit_success.txt" in after_first
-  assert {f"checkpoints/{RESUMED_AT}/state/ocdbt.process_{i}/manifest.ocdbt"
-          for i in (0, 1)} <= set(after_first)
-  assert f"resumed from step {RESUMED_AT}" in logs[0], logs[0][-3000:]
-  assert [r["step"] for r in toy.rows(workdir)] == list(range(1, STEPS + 1))
-  np.testing.assert_allclose(_losses(workdir), _losses(one), rtol=RTOL)
-  assert os.listdir(workdir / "tensorboard")
-  assert _committed(workdir)[-1] == STEPS
-  params = checkpoints.load_model(str(workdir / "model")).params
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
-                                                       atol=1e-6),
-               params, toy.params(one))
-
-
 def _committed(workdir) -> list[int]:
-  """The steps of a workdir's committed checkpoints (orbax renames a
-  checkpoint's temporary directory to its step once every process wrote)."""
-  found = workdir / "checkpoints"
-  return sorted(int(d) for d in (os.listdir(found) if found.exists() else ())
-                if d.isdigit())
+  """The steps of a workdir's committed checkpoints, local or in a bucket
+  (orbax writes a step's commit marker once every process wrote)."""
+  if str(workdir).startswith("gs://"):
+    names = paths.list_files(paths.join(str(workdir), "checkpoints"))
+  else:
+    found = workdir / "checkpoints"
+    names = [f"{d}/commit_success.txt" for d in (
+        os.listdir(found) if found.exists() else ())
+             if os.path.exists(found / d / "commit_success.txt")]
+  # A step's own marker, not an item's (`1/meta/commit_success.txt`).
+  return sorted(int(n.split("/")[0]) for n in names
+                if re.fullmatch(r"\d+/commit_success\.txt", n))
 
 
 def _kill(procs) -> None:
@@ -244,33 +201,44 @@ def _kill(procs) -> None:
       time.sleep(0.05)
 
 
-def test_a_killed_two_process_run_resumes_where_it_stopped(runs, tmp_path):
-  """Both processes SIGKILLed once a checkpoint is committed (a preempted
-  slice: nothing runs on), then the same command again: the restart takes
-  the workdir (its lock died with its holder), logs "resumed from step k"
-  for the last committed checkpoint k, and its steps after k log the
-  uninterrupted run's losses, so metrics.jsonl reads as one run's.
+def test_two_processes_killed_in_a_bucket_resume_to_the_end(runs,
+                                                             gcs_emulator):  # noqa: F811
+  """The same command on two processes trains one model, as a multi-host
+  slice does: the (2, 4) mesh of the 8-device run, 4 CPU devices a process
+  (the run file's mesh gives a fresh process its simulated devices), batch
+  rows split over the processes, each reading only its half of the
+  examples, into a gs:// workdir (the emulator, real processes).
 
-  On the (2, 4) mesh of the 8-device run, 4 devices a process: batch rows
-  split over the processes, as on a multi-host slice (each process's share
-  of a batch joined on 4 devices), the uninterrupted run to equal being
-  the module's single-process run of that mesh."""
-  gin_file, eight, workdir = runs[0], runs[2], tmp_path / "killed"
+  Both processes are SIGKILLed once a checkpoint is committed in the bucket
+  (a preempted slice: nothing runs on; every process's shards,
+  ocdbt.process_0 and _1, one commit marker for the step, no local mirror).
+  The same command again takes the workdir (its lock died with its
+  holder), logs "resumed from step k" for the last committed checkpoint k,
+  and its steps after k log the uninterrupted run's losses, so
+  metrics.jsonl reads as one run's. It ends as a run with a final
+  evaluation does (BLEU decoded on each process's first device, process 0
+  reporting) and exports the model: every process reaches the same
+  collectives to the end, and both exit 0. Process 0 alone writes."""
+  del gcs_emulator  # the environment it sets is inherited
+  gin_file, one, eight = runs[0], runs[1], runs[2]
+  bucket = "gs://models/two"
   # A checkpoint every step: one is committed soon, long before the end.
-  command = (gin_file, workdir, "--gin.train.TrainConfig.checkpoint_every=1",
+  command = (gin_file, bucket, "--gin.train.TrainConfig.checkpoint_every=1",
              "--gin.experiment.ExperimentConfig.mesh_shape=(2, 4)")
-  procs = _two_processes(*command)
-  deadline = time.time() + 300
-  while not _committed(workdir) and time.time() < deadline:
+  # A short lease on the bucket's lock (renewed every 2 s while the run
+  # lives): the restart finds it run out (tests/test_multihost.py waits
+  # one out) instead of waiting 2 minutes, the default.
+  procs = _two_processes(*command, **{locks.LEASE_ENV: "6"})
+  deadline = time.time() + 600
+  while not _committed(bucket) and time.time() < deadline:
     assert all(p.poll() is None for p in procs), "a process ended early"
-    time.sleep(0.02)
+    time.sleep(0.05)
   _kill(procs)
-  steps = _committed(workdir)
+  steps = _committed(bucket)
   assert steps and steps[-1] < STEPS, steps
-  # The restart also ends as a run with a final evaluation does (BLEU
-  # decoded on each process's first device, process 0 reporting) and
-  # exports the model: every process reaches the same collectives to the
-  # end, and both exit 0.
+  stored = paths.list_files(bucket)
+  assert {f"checkpoints/{steps[-1]}/state/ocdbt.process_{i}/manifest.ocdbt"
+          for i in (0, 1)} <= set(stored), stored
   logs = _finish(_two_processes(
       *command, "--gin.train.TrainConfig.eval_every=0",
       "--gin.train.TrainConfig.eval_examples=None",
@@ -278,15 +246,27 @@ def test_a_killed_two_process_run_resumes_where_it_stopped(runs, tmp_path):
       "--gin.train.TrainConfig.max_decode_len=8"))
   assert ("training on a mesh (2, 4) (data, model) of 8 cpu devices in 2 "
           "process(es), 4 of them this process's") in logs[0]
+  # Each read its half of the 256 examples (seqio's shards: even and odd).
+  assert ("2 processes read the 256 examples of train, each its share: "
+          "128, 128 examples") in logs[0]
   assert f"resumed from step {steps[-1]}" in logs[0], logs[0][-3000:]
+  workdir = runs[3] / "two"
+  paths.copy_tree(bucket, str(workdir))
   assert [r["step"] for r in toy.rows(workdir)] == list(range(1, STEPS + 1))
   # 1e-7 apart (gloo adds across processes in its own order); a restart
-  # from scratch or at another batch moves them by percents.
+  # from scratch or at another batch moves them by percents. The 8-device
+  # run logs the one-device losses (the first test).
   np.testing.assert_allclose(_losses(workdir), _losses(eight), rtol=RTOL)
+  np.testing.assert_allclose(_losses(workdir), _losses(one), rtol=RTOL)
   (final,) = toy.rows(workdir, "eval")
   assert final["step"] == STEPS and np.isfinite(final["eval_loss"])
   assert "eval at step" not in logs[1]  # process 0 alone reports
-  checkpoints.load_model(str(workdir / "model"))
+  assert os.listdir(workdir / "tensorboard")
+  assert _committed(workdir)[-1] == STEPS
+  params = checkpoints.load_model(str(workdir / "model")).params
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
+                                                       atol=1e-6),
+               params, toy.params(one))
 
 
 def test_the_shares_of_a_split_add_up_to_its_batches(corpus):  # noqa: F811
@@ -354,19 +334,14 @@ def test_a_busy_workdir_is_refused_before_anything_loads(corpus, teacher,  # noq
   assert not (tmp_path / "metrics.jsonl").exists()
 
 
-def test_a_run_file_mesh_gets_its_simulated_cpu_devices():
+def test_a_run_file_mesh_gets_its_simulated_cpu_devices(runs):
   """A user sets no XLA_FLAGS: a (2, 4) mesh gives a fresh process's CPU 8
-  devices (a (1, 2) mesh over two processes one each: the two-process test
-  above); a process whose JAX has started keeps its devices (this one, 8
-  from conftest.py)."""
-  code = ("import jax\n"
-          "from specdec_jax.launch import gin_flags\n"
-          "gin_flags.simulate_cpu_devices((2, 4))\n"
-          "print(jax.device_count())")
-  out = subprocess.run([sys.executable, "-c", code], env=helpers.script_env(),
-                       capture_output=True, text=True, timeout=300,
-                       check=True).stdout
-  assert out.split()[-1] == "8"
+  devices (the 8-device run above is such a process: its log names them;
+  the two-process run 4 a process); a process whose JAX has started keeps
+  its devices (this one, 8 from conftest.py)."""
+  assert "XLA_FLAGS" not in helpers.script_env() or (
+      helpers.SIMULATED_DEVICES_FLAG not in helpers.script_env()["XLA_FLAGS"])
+  assert "of 8 cpu devices" in runs[4]
   before = os.environ.get("XLA_FLAGS")
   gin_flags.simulate_cpu_devices((4, 4))
   assert os.environ.get("XLA_FLAGS") == before and jax.device_count() == 8
