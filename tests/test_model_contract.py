@@ -35,6 +35,11 @@ INPUTS = np.array([[5, 6, 7, 8, 9, 1, 0],
                    [10, 11, 1, 0, 0, 0, 0],
                    [3, 4, 5, 6, 7, 8, 1]], np.int32)
 LENGTHS = (INPUTS != 0).sum(1)
+# One cache length and one reference width for every test: the programs a
+# family compiles (prefill, one-token and chunk extends, the forward pass)
+# are shared by its tests.
+CACHE_LENGTH = 8
+REFERENCE_WIDTH = 16
 CONTINUATION = np.array([[20, 21, 22, 23, 24, 25],
                          [30, 31, 32, 33, 34, 35],
                          [40, 41, 42, 43, 44, 45]], np.int32)
@@ -53,13 +58,19 @@ class Case:
   def reference(self, row: int, continuation: np.ndarray) -> np.ndarray:
     """Uncached logits [K + 1, V] at the start token and each continuation
     token of `row` (what `extend` must give at those positions)."""
+    # Padded on the right to one width (a causal pass: later positions
+    # change no earlier logit), so each family compiles one forward pass.
     if self.decoder_only:
-      seq = np.concatenate([INPUTS[row, :LENGTHS[row]], continuation])[None]
-      return np.asarray(self.forward(self.params, seq))[0, LENGTHS[row] - 1:]
-    decoder = np.concatenate([[self.start], continuation])[None].astype(
-        np.int32)
+      seq = np.concatenate([INPUTS[row, :LENGTHS[row]], continuation])
+      end = len(seq)
+      seq = np.pad(seq, (0, REFERENCE_WIDTH - end))[None].astype(np.int32)
+      return np.asarray(self.forward(self.params, seq))[
+          0, LENGTHS[row] - 1:end]
+    decoder = np.concatenate([[self.start], continuation]).astype(np.int32)
+    end = len(decoder)
+    decoder = np.pad(decoder, (0, CACHE_LENGTH - end))[None]
     return np.asarray(self.forward(self.params, INPUTS[row:row + 1],
-                                   decoder))[0]
+                                   decoder))[0, :end]
 
   def self_caches(self, cache) -> tuple:
     return cache.layers if self.decoder_only else cache.self_attention
@@ -96,7 +107,7 @@ def _steps(case, cache, start_token, start_pos, tokens, n):
 
 
 def test_cached_decoding_equals_uncached_forward(case):
-  pre = case.prefill(case.params, INPUTS, 6)
+  pre = case.prefill(case.params, INPUTS, CACHE_LENGTH)
   logits, _ = _steps(case, pre.cache, pre.start_token, pre.start_pos,
                      CONTINUATION, 5)
   assert logits.dtype == np.float32
@@ -109,7 +120,7 @@ def test_cached_decoding_equals_uncached_forward(case):
 def test_chunk_at_per_row_offsets_equals_single_steps(case):
   """Rows at different offsets (1, 2, 3 tokens already fed) take a chunk of
   3 tokens at once: the logits equal the uncached ones at those positions."""
-  pre = case.prefill(case.params, INPUTS, 8)
+  pre = case.prefill(case.params, INPUTS, CACHE_LENGTH)
   seqs = np.concatenate([np.asarray(pre.start_token)[:, None], CONTINUATION],
                         axis=1)
   done = np.array([1, 2, 3])
@@ -133,7 +144,7 @@ def test_chunk_at_per_row_offsets_equals_single_steps(case):
 def test_repeated_position_changes_nothing(case):
   """Feeding relative indices (0, 0, 1, 2) equals (0, 1, 2): the engine
   re-feeds a row's last token at the start of each iteration."""
-  pre = case.prefill(case.params, INPUTS, 6)
+  pre = case.prefill(case.params, INPUTS, CACHE_LENGTH)
   start = np.asarray(pre.start_pos)[:, None]
   tokens = np.concatenate([np.asarray(pre.start_token)[:, None],
                            CONTINUATION[:, :2]], 1)
@@ -152,7 +163,7 @@ def test_stale_slots_do_not_affect_logits(case):
   """After a 5-token draft, roll back to relative index 2 and scribble over
   every later slot: the next token's logits are those of the fresh
   sequence."""
-  pre = case.prefill(case.params, INPUTS, 8)
+  pre = case.prefill(case.params, INPUTS, CACHE_LENGTH)
   start = np.asarray(pre.start_pos)
   draft = np.concatenate([np.asarray(pre.start_token)[:, None],
                           CONTINUATION[:, :4]], 1)
@@ -175,7 +186,7 @@ def test_stale_slots_do_not_affect_logits(case):
 
 
 def test_greedy_decode_equals_argmax_of_teacher_forced_pass(case):
-  pre = case.prefill(case.params, INPUTS, 8)
+  pre = case.prefill(case.params, INPUTS, CACHE_LENGTH)
   cache, tokens, pos = pre.cache, pre.start_token, pre.start_pos
   generated = []
   for _ in range(8):
@@ -193,7 +204,7 @@ def test_the_checks_see_a_corrupted_valid_slot(case):
   """Negative control: the same scribbling as in the stale-slot test, on a
   slot that IS visible (the start token's), changes the logits by far more
   than the tolerance, so the tests above can fail."""
-  pre = case.prefill(case.params, INPUTS, 6)
+  pre = case.prefill(case.params, INPUTS, CACHE_LENGTH)
   start = np.asarray(pre.start_pos)
   _, cache = case.extend(case.params, pre.cache,
                          np.asarray(pre.start_token)[:, None],
