@@ -134,13 +134,14 @@ def for_test(command: str, root: str,
     extra: script path (e.g. "scripts/train.py") -> flags added at the end
       of each of its invocations in the command.
   """
-  python = shlex.quote(sys.executable)
-  out = re.sub(r"(^|\s)\.venv/bin/python\b", rf"\1{python}", command)
-  out = re.sub(r"(^|[\s;(])python3?(\s)", rf"\1{python}\2", out)
-  # /tmp first: `root` itself may be under /tmp.
-  out = re.sub(r"(^|[\s=])/tmp/", rf"\1{root}/tmp/", out)
+  # /tmp first: `root` itself may be under /tmp. The interpreter last: it
+  # may be under /tmp too (a clone in /tmp), and is no workdir to move.
+  out = re.sub(r"(^|[\s=])/tmp/", rf"\1{root}/tmp/", command)
   out = re.sub(r"(^|[\s=])workdir/", rf"\1{root}/workdir/", out)
   out = out.replace("$HOME/results", f"{root}/results")
+  python = shlex.quote(sys.executable)
+  out = re.sub(r"(^|\s)\.venv/bin/python\b", rf"\1{python}", out)
+  out = re.sub(r"(^|[\s;(])python3?(\s)", rf"\1{python}\2", out)
   for script, flags in dict(extra).items():
     out = _append_flags(out, script, " ".join(shlex.quote(f) for f in flags))
   return out

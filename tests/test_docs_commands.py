@@ -141,6 +141,20 @@ def test_every_documented_command_is_run_or_excused():
     assert len(block.commands) == len(PLAN[key]), (key, block.commands)
 
 
+def test_a_clone_under_tmp_keeps_its_interpreter(monkeypatch):
+  """A page's /tmp/ workdirs move under the test's folder, the venv's
+  Python does not, even in a clone under /tmp (it did: the emulator's
+  interpreter became a path that was not there and the dry run waited for
+  it forever)."""
+  monkeypatch.setattr(sys, "executable", "/tmp/clone/.venv/bin/python")
+  out = doc_commands.for_test(
+      ".venv/bin/python scripts/x.py --workdir=/tmp/w\npython y.py /tmp/z",
+      "/tmp/root")
+  assert out == ("/tmp/clone/.venv/bin/python scripts/x.py "
+                 "--workdir=/tmp/root/tmp/w\n"
+                 "/tmp/clone/.venv/bin/python y.py /tmp/root/tmp/z"), out
+
+
 def _run(key: str, indices, root, extra=TINY, env=None, timeout=900):
   """Runs commands `indices` of block `key` in one bash, as a user would
   paste them, rewritten for the test (doc_commands.for_test)."""
