@@ -46,34 +46,32 @@ def pytest_configure(config):
 
 
 # Each module's summed test time in seconds (`--durations=0` of a
-# clean-clone `make test` on 2 cores, 2026-12-05), for the order below; a
-# module not listed counts as 0 s. Rough numbers do: only the order
-# matters.
+# `make test` on 2 cores, 2026-12-07, less what that day's merges took
+# out), for the order below; a module not listed counts as 0 s. Rough
+# numbers do: only the order matters.
 MODULE_SECONDS = {
-    "test_exact_demo.py": 177, "test_multihost.py": 230,
-    "test_adaptive.py": 103, "test_demo.py": 102, "test_decoding.py": 96,
-    "test_experiment.py": 120, "test_train.py": 40, "test_tpu_compile.py": 63,
-    "test_train_resume.py": 45, "test_train_mesh.py": 170,
-    "test_trees.py": 57, "test_buckets.py": 35, "test_plan.py": 43,
-    "test_bucket_checkpoints.py": 16,
-    "test_reproduce.py": 40, "test_model_contract.py": 44,
-    "test_t5gemma.py": 56, "test_t5gemma_rows.py": 19,
-    "test_sharding.py": 32, "test_layering.py": 28, "test_distill.py": 27,
-    "test_versions.py": 27, "test_checkpoints.py": 26,
-    "test_checkpoints_hf.py": 22, "test_t5.py": 22,
-    "test_traced_numbers.py": 22, "test_plan_training.py": 21,
-    "test_sampling.py": 18, "test_reliability.py": 17,
-    "test_prompt_lookup.py": 20,
-    # Issue 67's modules, timed with -n 0 beside other work (load ~4).
-    "test_extending.py": 43, "test_rules.py": 19, "test_composites.py": 19,
-    "test_iterate.py": 7,
-    "test_footprint.py": 15, "test_quiet_import.py": 15,
-    # Measured on the same 2 cores under a load of 5-7 (2026-12-07), halved.
-    "test_gemma3.py": 70, "test_gemma3_rows.py": 17,
-    "test_gemma3_checkpoints.py": 12, "test_t5gemma2.py": 12,
-    # CPU seconds of one run under a load of 7 (2026-12-07).
-    "test_llama.py": 45, "test_llama_checkpoints.py": 12,
-    "test_llama_rows.py": 22,
+    "test_exact_demo.py": 208, "test_multihost.py": 200,
+    "test_docs_commands.py": 185, "test_train_mesh.py": 130,
+    "test_experiment.py": 130, "test_tpu_compile.py": 112,
+    "test_t5gemma.py": 112, "test_adaptive.py": 112, "test_decoding.py": 107,
+    "test_scripts.py": 80, "test_trees.py": 71, "test_plan.py": 70,
+    "test_gemma3.py": 70, "test_demo.py": 67, "test_model_contract.py": 65,
+    "test_llama.py": 60, "test_train_resume.py": 56, "test_train.py": 50,
+    "test_reproduce.py": 40, "test_layering.py": 38, "test_buckets.py": 37,
+    "test_sharding.py": 32, "test_t5gemma_rows.py": 31,
+    "test_extending.py": 30, "test_checkpoints.py": 30,
+    "test_distill.py": 29, "test_checkpoints_hf.py": 29,
+    "test_sampling.py": 23, "test_t5.py": 23, "test_traced_numbers.py": 23,
+    "test_reliability.py": 21, "test_rules.py": 20, "test_composites.py": 19,
+    "test_plan_training.py": 19, "test_gemma3_rows.py": 17,
+    "test_t5gemma2.py": 17, "test_configs.py": 17,
+    "test_bucket_checkpoints.py": 16, "test_llama_rows.py": 16,
+    "test_gemma3_checkpoints.py": 16, "test_theory_adaptive.py": 11,
+    "test_negative_controls.py": 11, "test_experiment_lm.py": 11,
+    "test_prompt_lookup.py": 10, "test_distill_sharded.py": 8,
+    "test_iterate.py": 7, "test_footprint.py": 7, "test_step_timers.py": 6,
+    "test_quiet_import.py": 5, "test_llama_checkpoints.py": 5,
+    "test_tasks.py": 4, "test_teacher.py": 4,
 }
 
 
