@@ -52,7 +52,8 @@ def pytest_configure(config):
 MODULE_SECONDS = {
     "test_exact_demo.py": 208, "test_multihost.py": 200,
     "test_docs_commands.py": 185, "test_train_mesh.py": 130,
-    "test_experiment.py": 130, "test_tpu_compile.py": 112,
+    "test_experiment.py": 80,
+    "test_experiment_script.py": 50, "test_tpu_compile.py": 112,
     "test_t5gemma.py": 112, "test_adaptive.py": 112, "test_decoding.py": 107,
     "test_scripts.py": 80, "test_trees.py": 71, "test_plan.py": 70,
     "test_gemma3.py": 70, "test_demo.py": 67, "test_model_contract.py": 65,

@@ -251,7 +251,8 @@ def test_a_command_lines_length_replaces_the_gin_files():
       config = dataclasses.replace(gin.get_configurable(train.TrainConfig)(),
                                    workdir="w")
       if refused:
-        with pytest.raises(Exception, match="exactly one of num_steps"):
+        with pytest.raises(config_lib.TrainConfigError,
+                           match="exactly one of num_steps"):
           config.check()
       else:
         assert (config.num_steps, config.num_epochs) == (2, None)
