@@ -19,20 +19,29 @@ import pytest
 # Subprocesses the tests start inherit it.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# LLVM at -O0 instead of -O2 for XLA:CPU's kernels: compiling is most of
-# the suite's time, and this takes 12% off its CPU time (1,234 s -> 1,080 s
-# of test time, 11m06s -> 9m46s of pytest on 2 cores, docs/log/
-# suite_timing.md); the compiled code runs slower, which the few tests
-# that run much (the 250-row samples of tests/test_exact_demo.py) pay for
-# in part. It is code generation only: the optimized HLO is the same at
-# every level (XLA's passes do not read it), so every program a test
-# checks is the one users run. Without fast math at any level the numbers
-# are IEEE float32 either way; -O1 and -O2 fuse multiply-adds, -O0 does
-# not, so a model's logits can differ in the last bits (sampled tokens of
-# the demo models agreed on 32 rows; acceptance sums by ~1e-6). Tests compare
-# programs compiled in the same process, or with tolerances.
+# Two XLA:CPU settings that make compiling quicker; compiling is most of
+# the suite's time (docs/log/suite_timing.md has the measurements):
+#
+# - LLVM at -O0 instead of -O2 for XLA:CPU's kernels: 12% off the suite's
+#   CPU time when adopted. Code generation only: the optimized HLO is the
+#   same at every level. -O1 and -O2 fuse multiply-adds, -O0 does not, so
+#   a model's logits can differ in the last bits (sampled tokens of the
+#   demo models agreed on 32 rows; acceptance sums by ~1e-6).
+# - XLA:CPU's older loop emitter instead of its MLIR fusion emitters
+#   (`--xla_cpu_use_fusion_emitters=false`): 30% off the suite's summed
+#   test time (3,046 s -> 2,121 s, 2026-12-07). This one changes the
+#   optimized HLO's fusion (which ops share a kernel: the demo speculative
+#   loop has 126 fusions instead of 162, and writes a cache slice with
+#   dynamic-update-slice where the other path fuses a scatter); every op
+#   computes what it did. The tests that read a CPU program's structure
+#   (the in-place cache writes of tests/test_t5.py) compile it with the
+#   users' setting, `helpers.USERS_XLA_CPU_OPTIONS`.
+#
+# Tests compare programs compiled in the same process, or with tolerances;
+# users' programs keep XLA's defaults.
 _FLAGS = ("--xla_force_host_platform_device_count=8",
-          "--xla_backend_optimization_level=0")
+          "--xla_backend_optimization_level=0",
+          "--xla_cpu_use_fusion_emitters=false")
 for _flag in _FLAGS:
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +
@@ -46,33 +55,31 @@ def pytest_configure(config):
 
 
 # Each module's summed test time in seconds (`--durations=0` of a
-# `make test` on 2 cores, 2026-12-07, less what that day's merges took
-# out), for the order below; a module not listed counts as 0 s. Rough
+# `make test` on 2 cores, 2026-12-07, with both flags above), for the
+# order below; a module not listed counts as 0 s. Rough
 # numbers do: only the order matters.
 MODULE_SECONDS = {
-    "test_exact_demo.py": 208, "test_multihost.py": 200,
-    "test_docs_commands.py": 185, "test_train_mesh.py": 130,
-    "test_experiment.py": 80,
-    "test_experiment_script.py": 50, "test_tpu_compile.py": 112,
-    "test_t5gemma.py": 112, "test_adaptive.py": 112, "test_decoding.py": 107,
-    "test_scripts.py": 80, "test_trees.py": 71, "test_plan.py": 70,
-    "test_gemma3.py": 70, "test_demo.py": 67, "test_model_contract.py": 65,
-    "test_llama.py": 60, "test_train_resume.py": 56, "test_train.py": 50,
-    "test_reproduce.py": 40, "test_layering.py": 38, "test_buckets.py": 37,
-    "test_sharding.py": 32, "test_t5gemma_rows.py": 31,
-    "test_extending.py": 30, "test_checkpoints.py": 30,
-    "test_distill.py": 29, "test_checkpoints_hf.py": 29,
-    "test_sampling.py": 23, "test_t5.py": 23, "test_traced_numbers.py": 23,
-    "test_reliability.py": 21, "test_rules.py": 20, "test_composites.py": 19,
-    "test_plan_training.py": 19, "test_gemma3_rows.py": 17,
-    "test_t5gemma2.py": 17, "test_configs.py": 17,
-    "test_bucket_checkpoints.py": 16, "test_llama_rows.py": 16,
-    "test_gemma3_checkpoints.py": 16, "test_theory_adaptive.py": 11,
-    "test_negative_controls.py": 11, "test_experiment_lm.py": 11,
-    "test_prompt_lookup.py": 10, "test_distill_sharded.py": 8,
-    "test_iterate.py": 7, "test_footprint.py": 7, "test_step_timers.py": 6,
-    "test_quiet_import.py": 5, "test_llama_checkpoints.py": 5,
-    "test_tasks.py": 4, "test_teacher.py": 4,
+    "test_docs_commands.py": 295, "test_multihost.py": 191,
+    "test_exact_demo.py": 184, "test_train_mesh.py": 142,
+    "test_scripts.py": 107, "test_demo.py": 97, "test_tpu_compile.py": 94,
+    "test_adaptive.py": 79, "test_t5gemma.py": 67,
+    "test_experiment_script.py": 57, "test_gemma3.py": 54,
+    "test_decoding.py": 53, "test_plan.py": 48, "test_experiment.py": 46,
+    "test_model_contract.py": 42, "test_trees.py": 41,
+    "test_train_resume.py": 36, "test_reproduce.py": 34, "test_train.py": 33,
+    "test_llama.py": 33, "test_buckets.py": 31, "test_layering.py": 25,
+    "test_checkpoints.py": 25, "test_sharding.py": 19,
+    "test_checkpoints_hf.py": 18, "test_configs.py": 17,
+    "test_t5gemma_rows.py": 17, "test_extending.py": 16, "test_t5.py": 16,
+    "test_sampling.py": 15, "test_traced_numbers.py": 15,
+    "test_reliability.py": 14, "test_gemma3_checkpoints.py": 14,
+    "test_distill.py": 13, "test_composites.py": 12,
+    "test_plan_training.py": 11, "test_t5gemma2.py": 11, "test_rules.py": 10,
+    "test_bucket_checkpoints.py": 10, "test_gemma3_rows.py": 9,
+    "test_llama_rows.py": 8, "test_experiment_lm.py": 8,
+    "test_distill_sharded.py": 8, "test_negative_controls.py": 8,
+    "test_theory_adaptive.py": 6, "test_quiet_import.py": 4,
+    "test_tasks.py": 4, "test_prompt_lookup.py": 4,
 }
 
 

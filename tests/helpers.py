@@ -404,11 +404,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIMULATED_DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
 
 
+# What tests/conftest.py's `--xla_cpu_use_fusion_emitters=false` changes
+# back for one compile (`lowered.compile(compiler_options=...)`): XLA:CPU's
+# default, so a test of a CPU program's structure reads the program users
+# get.
+USERS_XLA_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": True}
+
+
 def script_env(**overrides: str) -> dict[str, str]:
   """The environment of a script a test launches: this process's, the
   repository on PYTHONPATH, and XLA_FLAGS without conftest.py's 8 simulated
   devices (a script runs on the one CPU device a user's machine has) but
-  with its other flags (LLVM -O0: the same programs, compiled sooner);
+  with its other flags (LLVM -O0 and the loop emitter: compiled sooner);
   then `overrides`."""
   flags_ = os.environ.get("XLA_FLAGS", "").replace(SIMULATED_DEVICES_FLAG, "")
   return dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS=" ".join(flags_.split()),

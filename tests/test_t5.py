@@ -21,6 +21,7 @@ from specdec_jax.decoding.protocol import ModelDef
 from specdec_jax.models import layers
 from specdec_jax.models import registry
 from specdec_jax.models import t5
+from tests import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = ("t5_tiny", "t5_1_1_tiny")
@@ -178,7 +179,8 @@ def _cache_copies_in_step_loop(definition, params, num_tokens):
       return definition.extend(params, cache, tokens, positions)[1]
     return jax.lax.fori_loop(0, 4, body, cache)
 
-  hlo = jax.jit(loop).lower(params, pre.cache).compile().as_text()
+  hlo = jax.jit(loop).lower(params, pre.cache).compile(
+      compiler_options=helpers.USERS_XLA_CPU_OPTIONS).as_text()
   shapes = {str(list(leaf.shape)).replace(" ", "")
             for kv in pre.cache.self_attention
             for leaf in (kv.key, kv.value)}
