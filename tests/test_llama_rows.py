@@ -3,9 +3,10 @@ read through a tokenizer.json (`data/bpe_vocabulary.py`).
 
 Invariants:
   - Llama 3 rows: the pretrained ones plain prompts after BOS, stopping at
-    <|end_of_text|>; the Instruct ones Llama 3.1 Instruct's chat template
-    after BOS, stopping at its three ids; Qwen 3 rows: the chat template
-    with thinking off, no BOS, stopping at <|im_end|> or <|endoftext|>;
+    <|end_of_text|>; the Instruct ones the checkpoint's own chat template
+    (its date fixed) after BOS, stopping at its three ids; Qwen 3 rows: the
+    checkpoint's chat template with thinking off, no BOS, stopping at
+    <|im_end|> or <|endoftext|>;
     every row names its pair's architectures;
   - with `TaskConfig.vocab_path` a tokenizer.json, a prompt task gives
     [BOS] + the text's ids as the tokenizer encodes them (none for Qwen),
@@ -16,7 +17,9 @@ Invariants:
     carrying the qwen3 fixture tokenizer, given what its header tells a
     user to override (and the tiny tokenizer's stop ids), with a target 3
     ids wider than its draft: every prompt is the chat template's ids, and
-    the speculative tokens equal the target's.
+    the speculative tokens equal the target's; its prompts are what the
+    checkpoint's own chat template renders (transformers' ids for the
+    fixture's message).
 """
 
 import json
@@ -73,7 +76,13 @@ def test_rows_bind_prompts_and_stop_ids(row, task, stops, bos, chat,
   assert (config.task, tuple(config.stop_ids)) == (task, stops)
   assert (settings.vocab_extra_ids, settings.inputs_bos) == (0, bos)
   assert settings.vocab_path.endswith("/tokenizer.json")
-  assert (settings.prompt_template != tasks.PLAIN_PROMPT) == chat
+  # Instruction and chat rows: the target checkpoint's own template, with
+  # Llama's date fixed and Qwen's thinking off.
+  assert settings.prompt_template == (
+      tasks.CHECKPOINT_CHAT_TEMPLATE if chat else tasks.PLAIN_PROMPT)
+  assert dict(settings.chat_template_kwargs) == (
+      {} if not chat else {"date_string": "26 Jul 2024"} if bos
+      else {"enable_thinking": False})
   assert (config.target_config, config.draft_config) == configs
   for name in configs:
     registry.get_config(name)
@@ -151,7 +160,8 @@ def test_an_instruction_row_runs_end_to_end(row_bindings, tmp_path):
   try:
     config = _parse("qwen3/instruct_32b_0_6b_t0", lines)
     assert (config.gamma, config.dtype) == (7, "bfloat16")
-    template = tasks.current_config().prompt_template
+    assert tasks.current_config().prompt_template == "checkpoint"
+    template = tasks.prompt_text()
     summary = experiment.run(config, str(tmp_path / "run"))
   finally:
     gin.clear_config()
@@ -165,6 +175,12 @@ def test_an_instruction_row_runs_end_to_end(row_bindings, tmp_path):
              for e in INSTRUCTIONS]
   assert [r["input_length"] for r in records] == [
       len(vocab.encode(p)) for p in prompts]
+  # The first instruction is the fixture's message: transformers' ids.
+  with open(os.path.join(os.path.dirname(BPE["qwen3"]),
+                         "reference.json")) as f:
+    reference = json.load(f)
+  assert INSTRUCTIONS[0]["instruction"] == reference["message"]
+  assert vocab.encode(prompts[0]) == reference["chat_ids"]
   for r in records:
     assert r["speculative"]["7"]["tokens"] == r["baseline"]["tokens"]
   assert np.all([len(r["baseline"]["tokens"]) <= 8 for r in records])
