@@ -1,16 +1,17 @@
-"""Llama 3 and Qwen 3 checkpoints (`checkpoints/hf_llama.py`) and their
-tokenizers (`tokens.BpeVocabulary`).
+"""Llama 3, Qwen 3 and Qwen 2.5 checkpoints (`checkpoints/hf_llama.py`)
+and their tokenizers (`tokens.BpeVocabulary`).
 
 Invariants:
   - every published size has, from shapes, the published parameter count
     (Llama: the Hub's exact count; Qwen 3: its model cards' total and
-    non-embedding counts, at their precision);
+    non-embedding counts, at their precision; Qwen 2.5: the Hub's counts,
+    and the cards' where they round the shapes' counts);
   - the Hub's own config.json files read as the registry's sizes;
   - a checkpoint as the Hub holds it (transformers 4's config.json with
     `rope_scaling`, sharded safetensors) loads exactly, with its
     tokenizer as the Model's vocabulary;
   - export (`save_llama`) is the exact inverse of the loader, tokenizer
-    files included; bfloat16 stays bfloat16; an untied checkpoint without
+    files included, and so is our orbax format (`checkpoints.convert`); bfloat16 stays bfloat16; an untied checkpoint without
     lm_head.weight, and variants the layout does not run, are refused
     naming what is wrong;
   - a tokenizer.json written by the `tokenizers` library encodes and
@@ -263,17 +264,30 @@ def test_save_llama_round_trip(hub_llama, tmp_path):
 
 
 def test_our_format_round_trip(hub_llama, tmp_path):
-  """`checkpoints.convert` writes our orbax format (family "llama"), which
-  reads back into the same config and parameters; the tokenizer stays with
-  the Hugging Face directory (our format records SentencePiece models
-  only)."""
+  """`checkpoints.convert` writes our orbax format (family "llama") with
+  the checkpoint's tokenizer.json and its companions beside the weights;
+  it reads back into the same config, parameters and vocabulary (pieces,
+  stop ids, chat template), and a run's pre-flight check reads the same
+  tokenizer fingerprint from it as from the Hugging Face directory. A
+  tokenizer.json given as `vocab=` brings the files beside it."""
   out = checkpoints.convert(f"hf:{hub_llama}", str(tmp_path / "ours"))
   manifest = json.loads((tmp_path / "ours" / "config.json").read_text())
-  assert (manifest["family"], manifest["vocab"]) == ("llama", None)
+  assert (manifest["family"], manifest["vocab"]) == ("llama",
+                                                     tokens.TOKENIZER_FILE)
   back = sd.load_model(out)
   expected = sd.load_model(f"hf:{hub_llama}")
   assert back.config == expected.config
   _same_params(back.params, expected.params)
+  assert back.vocab == expected.vocab  # every file, byte for byte
+  assert back.vocab.stop_ids == (401, 404)
+  assert set(back.vocab.files()) == set(expected.vocab.files()) == {
+      n for n in tokens.BPE_FILES if os.path.exists(os.path.join(hub_llama, n))}
+  assert checkpoints.vocabulary_of(out) == checkpoints.vocabulary_of(
+      f"hf:{hub_llama}")
+  again = checkpoints.save(back.params, str(tmp_path / "again"),
+                           config=back.config,
+                           vocab=os.path.join(hub_llama, tokens.TOKENIZER_FILE))
+  assert sd.load_model(again).vocab == expected.vocab
 
 
 def test_bfloat16_parameters():
