@@ -27,6 +27,9 @@ setuptools.setup(
         # BPE tokenizers (tokenizer.json) of Llama 3 and Qwen 3 checkpoints; the
         # version transformers 5.24 reads them with.
         "tokenizers==0.23.3",
+        # A checkpoint's chat template (Jinja), rendered as transformers 5.24
+        # renders it; 3.1.6, the first without the known sandbox escapes.
+        "jinja2==3.1.6",
         "seqio==0.0.20",
         "tensorflow==2.21.0",
         "tensorflow-text==2.21.1",

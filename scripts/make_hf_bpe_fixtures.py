@@ -19,10 +19,12 @@ saved by it (tokenizer.json), shaped as the family's own:
     <|endoftext|>;
 special tokens after the learned pieces, as the real ones (Llama 3's from
 128000, Qwen's from 151643); tokenizer_config.json with a chat template
-in the family's form; generation_config.json. reference.json holds
+in the family's form (Llama's dated system header, Qwen's thinking
+switch); generation_config.json. reference.json holds
 `AutoTokenizer`'s ids and texts: each text encoded with and without
 special tokens, decoded with and without them, and one user message
-through the chat template (text and ids).
+through the chat template with the family's switches (`chat_kwargs`:
+a fixed date, thinking off), text and ids.
 """
 
 import json
@@ -52,21 +54,46 @@ FAMILIES = {
         plain=[], bos="<|begin_of_text|>", eos="<|eot_id|>",
         stops=["<|end_of_text|>", "<|eot_id|>"],
         tokenizer_class="PreTrainedTokenizerFast",
+        # A system header dated by `date_string`, else today (transformers'
+        # `strftime_now`), as Llama 3.2's is; indented blocks, so trimming
+        # and lstrip matter.
         chat_template=(
-            "{{ bos_token }}{% for m in messages %}<|start_header_id|>"
-            "{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] | trim }}"
-            "<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
-            "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")),
+            "{{- bos_token }}\n"
+            "{%- if not date_string is defined %}\n"
+            "    {%- set date_string = strftime_now('%d %b %Y') %}\n"
+            "{%- endif %}\n"
+            "<|start_header_id|>system<|end_header_id|>\n\n"
+            "Today Date: {{ date_string }}\n\n<|eot_id|>\n"
+            "{%- for m in messages %}\n"
+            "    {%- if m['role'] not in ['user', 'assistant'] %}\n"
+            "        {{- raise_exception('roles are user and assistant') }}\n"
+            "    {%- endif %}\n"
+            "    {{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>"
+            "\\n\\n' + m['content'] | trim + '<|eot_id|>' }}\n"
+            "{%- endfor %}\n"
+            "{%- if add_generation_prompt %}\n"
+            "    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n"
+            "{%- endif %}\n"),
+        chat_kwargs={"date_string": "26 Jul 2024"}),
     "qwen3": dict(
         specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         plain=["<think>", "</think>"], bos=None, eos="<|im_end|>",
         stops=["<|im_end|>", "<|endoftext|>"],
         tokenizer_class="Qwen2Tokenizer",
+        # Thinking switched off by `enable_thinking`, as Qwen 3's is.
         chat_template=(
-            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-            "{{ m['content'] }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n"
-            "{% endif %}")),
+            "{%- for m in messages %}\n"
+            "{{- '<|im_start|>' + m.role + '\\n' + m.content + "
+            "'<|im_end|>\\n' }}\n"
+            "{%- endfor %}\n"
+            "{%- if add_generation_prompt %}\n"
+            "    {{- '<|im_start|>assistant\\n' }}\n"
+            "    {%- if enable_thinking is defined and enable_thinking is "
+            "false %}\n"
+            "        {{- '<think>\\n\\n</think>\\n\\n' }}\n"
+            "    {%- endif %}\n"
+            "{%- endif %}\n"),
+        chat_kwargs={"enable_thinking": False}),
 }
 TEXTS = [
     "A man in a blue shirt is standing on a ladder.",
@@ -131,10 +158,10 @@ def _write(family: str, path: str) -> None:
                                                 "<|endoftext|>")}
   with open(os.path.join(path, "generation_config.json"), "w") as f:
     json.dump(generation, f, indent=2)
-  _reference(path)
+  _reference(path, spec["chat_kwargs"])
 
 
-def _reference(path: str) -> None:
+def _reference(path: str, chat_kwargs) -> None:
   """What transformers' AutoTokenizer makes of the directory."""
   hf = transformers.AutoTokenizer.from_pretrained(path)
   rows = []
@@ -148,14 +175,16 @@ def _reference(path: str) -> None:
                                            skip_special_tokens=True)})
   messages = [{"role": "user", "content": MESSAGE}]
   chat = hf.apply_chat_template(messages, tokenize=False,
-                                add_generation_prompt=True)
+                                add_generation_prompt=True, **chat_kwargs)
   chat_ids = hf.apply_chat_template(messages, tokenize=True,
-                                    add_generation_prompt=True)
+                                    add_generation_prompt=True,
+                                    **chat_kwargs)
   if hasattr(chat_ids, "keys"):  # transformers 5 returns a BatchEncoding
     chat_ids = chat_ids["input_ids"]
   reference = {"class": type(hf).__name__, "vocab_size": len(hf),
                "bos_id": hf.bos_token_id, "eos_id": hf.eos_token_id,
-               "texts": rows, "message": MESSAGE, "chat": chat,
+               "texts": rows, "message": MESSAGE,
+               "chat_kwargs": chat_kwargs, "chat": chat,
                "chat_ids": list(chat_ids)}
   with open(os.path.join(path, "reference.json"), "w") as f:
     json.dump(reference, f, indent=1, ensure_ascii=False)

@@ -206,12 +206,13 @@ class SentencePieceVocabulary:
 # as transformers 5 decodes (it leaves BPE text uncleaned).
 #
 # Chat templates are Jinja programs (Llama 3's writes a dated system header,
-# Qwen 3's thinking switches); no Jinja runs here. The vocabulary carries the
-# checkpoint's template as it is (`chat_template`), and a run takes its
-# prompt as a `{input}` template (`TaskConfig.prompt_template`): the text
-# the checkpoint's template renders for one user message with the
-# generation prompt (docs/llama_qwen.md shows the one line of transformers
-# that prints it).
+# Qwen 3's thinking switches). The vocabulary carries the checkpoint's
+# template as it is (`chat_template`, with `bos_token` and `eos_token` as
+# text), and a run takes its prompt as a `{input}` template
+# (`TaskConfig.prompt_template`): either written out, or 'checkpoint', the
+# text the checkpoint's own template renders for one user message with the
+# generation prompt (`data/chat_template.py` renders it as transformers
+# does).
 #
 # Two checkpoints share a vocabulary when the same ids name the same pieces:
 # `pieces_digest` hashes the tokenizer's pieces and special tokens with their
@@ -270,7 +271,9 @@ class BpeVocabulary:
     generation = json.loads(self._files.get(GENERATION_CONFIG_FILE, b"{}"))
     added = {t["content"]: t["id"] for t in
              json.loads(self._files[TOKENIZER_FILE]).get("added_tokens", [])}
-    self._eos = added.get(_token(config.get("eos_token")))
+    self._bos_token = _token(config.get("bos_token"))
+    self._eos_token = _token(config.get("eos_token"))
+    self._eos = added.get(self._eos_token)
     self._stop_ids = _ids(generation.get("eos_token_id"))
     if self._eos is None and self._stop_ids:
       self._eos = self._stop_ids[0]
@@ -354,8 +357,20 @@ class BpeVocabulary:
 
   @property
   def chat_template(self) -> str | None:
-    """The checkpoint's chat template (Jinja source, not run here)."""
+    """The checkpoint's chat template (Jinja source; `data/chat_template`
+    renders it)."""
     return self._chat_template
+
+  @property
+  def bos_token(self) -> str | None:
+    """tokenizer_config.json's BOS token as text (a chat template writes
+    it), or None."""
+    return self._bos_token
+
+  @property
+  def eos_token(self) -> str | None:
+    """tokenizer_config.json's EOS token as text, or None."""
+    return self._eos_token
 
   def encode(self, s: str) -> list[int]:
     """Ids of `s`, no special ids added (special tokens in the text are

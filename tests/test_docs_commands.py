@@ -67,7 +67,7 @@ PLAN = {
     "docs/llama_qwen.md#1": [
         "needs transformers and a downloaded checkpoint (the `hf` extra): "
         "it prints the checkpoint's own chat template to compare with"],
-    "docs/llama_qwen.md#2": [INSTALL, CLOUD, CLOUD, CLOUD, CLOUD, CLOUD],
+    "docs/llama_qwen.md#2": [INSTALL, *[CLOUD] * 7],
     "docs/llama_qwen.md#3": [CLOUD],
     "docs/llama_qwen.md#4": [TPU_PLAN],
     "docs/llama_qwen.md#5": [TPU_PLAN],

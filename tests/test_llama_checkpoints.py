@@ -1,16 +1,17 @@
-"""Llama 3 and Qwen 3 checkpoints (`checkpoints/hf_llama.py`) and their
-tokenizers (`tokens.BpeVocabulary`).
+"""Llama 3, Qwen 3 and Qwen 2.5 checkpoints (`checkpoints/hf_llama.py`)
+and their tokenizers (`tokens.BpeVocabulary`).
 
 Invariants:
   - every published size has, from shapes, the published parameter count
     (Llama: the Hub's exact count; Qwen 3: its model cards' total and
-    non-embedding counts, at their precision);
+    non-embedding counts, at their precision; Qwen 2.5: the Hub's counts,
+    and the cards' where they round the shapes' counts);
   - the Hub's own config.json files read as the registry's sizes;
   - a checkpoint as the Hub holds it (transformers 4's config.json with
     `rope_scaling`, sharded safetensors) loads exactly, with its
     tokenizer as the Model's vocabulary;
   - export (`save_llama`) is the exact inverse of the loader, tokenizer
-    files included; bfloat16 stays bfloat16; an untied checkpoint without
+    files included, and so is our orbax format (`checkpoints.convert`); bfloat16 stays bfloat16; an untied checkpoint without
     lm_head.weight, and variants the layout does not run, are refused
     naming what is wrong;
   - a tokenizer.json written by the `tokenizers` library encodes and
@@ -101,6 +102,29 @@ def test_qwen3_sizes_match_published_parameter_counts(name, total,
   assert f"{without / 1e9:.{digits(non_embedding)}f}" == non_embedding
 
 
+# Qwen 2.5: the parameter count the Hub shows for each checkpoint (read
+# from its safetensors files), and the model cards' two counts ("Number of
+# Parameters", and without the embeddings) where they round ours: up to 3B.
+# From 7B up the cards print 7.61/6.53, 14.7/13.1, 32.5/31.0 and 72.7/70.0
+# billion, against 7.62/6.53, 14.77/13.21, 32.76/31.21 and 72.71/70.21 from
+# the published shapes, which the Hub's counts of the files agree with.
+@pytest.mark.parametrize("name,hub,card", [
+    ("qwen2_5_0_5b", "0.494", ("0.49", "0.36")),
+    ("qwen2_5_1_5b", "1.54", ("1.54", "1.31")),
+    ("qwen2_5_3b", "3.09", ("3.09", "2.77")),
+    ("qwen2_5_7b", "7.62", None), ("qwen2_5_14b", "14.8", None),
+    ("qwen2_5_32b", "32.8", None), ("qwen2_5_72b", "72.7", None)])
+def test_qwen2_5_sizes_match_published_parameter_counts(name, hub, card):
+  """Every registered Qwen 2.5 size rounds to the Hub's count, and to its
+  model card's two counts where the card rounds it."""
+  count, without = _count(name)
+  digits = lambda printed: len(printed.split(".")[1])
+  assert f"{count / 1e9:.{digits(hub)}f}" == hub
+  if card:
+    assert f"{count / 1e9:.{digits(card[0])}f}" == card[0]
+    assert f"{without / 1e9:.{digits(card[1])}f}" == card[1]
+
+
 # What the Hub's config.json files set (transformers 4 wrote them).
 HUB_LLAMA_1B = {
     "architectures": ["LlamaForCausalLM"], "attention_bias": False,
@@ -139,13 +163,34 @@ HUB_QWEN3_0_6B = dict(
     max_window_layers=28, num_attention_heads=16, num_hidden_layers=28,
     tie_word_embeddings=True)
 
+# Qwen2.5-0.5B's (model_type qwen2: biases on q/k/v; the window fields are
+# there but off), and the same file with 32B-Instruct's shapes and width.
+HUB_QWEN2_5_0_5B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
+    "hidden_size": 896, "initializer_range": 0.02,
+    "intermediate_size": 4864, "max_position_embeddings": 32768,
+    "max_window_layers": 24, "model_type": "qwen2",
+    "num_attention_heads": 14, "num_hidden_layers": 24,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "use_cache": True, "use_mrope": False, "use_sliding_window": False,
+    "vocab_size": 151936}
+HUB_QWEN2_5_32B = dict(
+    HUB_QWEN2_5_0_5B, hidden_size=5120, intermediate_size=27648,
+    num_attention_heads=40, num_hidden_layers=64, num_key_value_heads=8,
+    tie_word_embeddings=False, vocab_size=152064, eos_token_id=151645)
+del HUB_QWEN2_5_32B["max_window_layers"]
 
 @pytest.mark.parametrize("fields,name", [
     (HUB_LLAMA_1B, "llama3_2_1b"), (HUB_LLAMA_8B, "llama3_1_8b"),
-    (HUB_QWEN3_0_6B, "qwen3_0_6b"), (HUB_QWEN3_32B, "qwen3_32b")])
+    (HUB_QWEN3_0_6B, "qwen3_0_6b"), (HUB_QWEN3_32B, "qwen3_32b"),
+    (HUB_QWEN2_5_0_5B, "qwen2_5_0_5b"), (HUB_QWEN2_5_32B, "qwen2_5_32b")])
 def test_hub_configs_read_as_the_registry_sizes(fields, name):
   """The Hub's config files read as the registry's configs: rotary base and
-  Llama 3's scaling, head width, tied or untied output layer, QK-norm."""
+  Llama 3's scaling, head width, tied or untied output layer, QK-norm or
+  Qwen 2.5's biases."""
   assert hf_llama.llama_config_from_hf(fields) == registry.get_config(name)
 
 
@@ -219,17 +264,30 @@ def test_save_llama_round_trip(hub_llama, tmp_path):
 
 
 def test_our_format_round_trip(hub_llama, tmp_path):
-  """`checkpoints.convert` writes our orbax format (family "llama"), which
-  reads back into the same config and parameters; the tokenizer stays with
-  the Hugging Face directory (our format records SentencePiece models
-  only)."""
+  """`checkpoints.convert` writes our orbax format (family "llama") with
+  the checkpoint's tokenizer.json and its companions beside the weights;
+  it reads back into the same config, parameters and vocabulary (pieces,
+  stop ids, chat template), and a run's pre-flight check reads the same
+  tokenizer fingerprint from it as from the Hugging Face directory. A
+  tokenizer.json given as `vocab=` brings the files beside it."""
   out = checkpoints.convert(f"hf:{hub_llama}", str(tmp_path / "ours"))
   manifest = json.loads((tmp_path / "ours" / "config.json").read_text())
-  assert (manifest["family"], manifest["vocab"]) == ("llama", None)
+  assert (manifest["family"], manifest["vocab"]) == ("llama",
+                                                     tokens.TOKENIZER_FILE)
   back = sd.load_model(out)
   expected = sd.load_model(f"hf:{hub_llama}")
   assert back.config == expected.config
   _same_params(back.params, expected.params)
+  assert back.vocab == expected.vocab  # every file, byte for byte
+  assert back.vocab.stop_ids == (401, 404)
+  assert set(back.vocab.files()) == set(expected.vocab.files()) == {
+      n for n in tokens.BPE_FILES if os.path.exists(os.path.join(hub_llama, n))}
+  assert checkpoints.vocabulary_of(out) == checkpoints.vocabulary_of(
+      f"hf:{hub_llama}")
+  again = checkpoints.save(back.params, str(tmp_path / "again"),
+                           config=back.config,
+                           vocab=os.path.join(hub_llama, tokens.TOKENIZER_FILE))
+  assert sd.load_model(again).vocab == expected.vocab
 
 
 def test_bfloat16_parameters():

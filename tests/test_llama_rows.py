@@ -1,11 +1,12 @@
-"""The rows of configs/experiments/llama3/ and qwen3/, and the tasks they
-read through a tokenizer.json (`data/bpe_vocabulary.py`).
+"""The rows of configs/experiments/llama3/, qwen3/ and qwen2_5/, and the
+tasks they read through a tokenizer.json (`data/bpe_vocabulary.py`).
 
 Invariants:
   - Llama 3 rows: the pretrained ones plain prompts after BOS, stopping at
-    <|end_of_text|>; the Instruct ones Llama 3.1 Instruct's chat template
-    after BOS, stopping at its three ids; Qwen 3 rows: the chat template
-    with thinking off, no BOS, stopping at <|im_end|> or <|endoftext|>;
+    <|end_of_text|>; the Instruct ones the checkpoint's own chat template
+    (its date fixed) after BOS, stopping at its three ids; Qwen 3 and 2.5
+    rows: the checkpoint's chat template (Qwen 3's with thinking off), no
+    BOS, stopping at <|im_end|> or <|endoftext|>;
     every row names its pair's architectures;
   - with `TaskConfig.vocab_path` a tokenizer.json, a prompt task gives
     [BOS] + the text's ids as the tokenizer encodes them (none for Qwen),
@@ -16,7 +17,9 @@ Invariants:
     carrying the qwen3 fixture tokenizer, given what its header tells a
     user to override (and the tiny tokenizer's stop ids), with a target 3
     ids wider than its draft: every prompt is the chat template's ids, and
-    the speculative tokens equal the target's.
+    the speculative tokens equal the target's; its prompts are what the
+    checkpoint's own chat template renders (transformers' ids for the
+    fixture's message).
 """
 
 import json
@@ -53,18 +56,29 @@ def _parse(row, lines=()):
   return gin.get_configurable(experiment.ExperimentConfig)()
 
 
+LLAMA_DATE = {"date_string": "26 Jul 2024"}
+NO_THINKING = {"enable_thinking": False}
+
+
+# chat: None for plain prompts, else the chat template's arguments.
 @pytest.mark.parametrize("row,task,stops,bos,chat,configs", [
-    ("llama3/ende_8b_1b_t0", "wmt14_ende_prompt", (128001,), True, False,
+    ("llama3/ende_8b_1b_t0", "wmt14_ende_prompt", (128001,), True, None,
      ("llama3_1_8b", "llama3_2_1b")),
     ("llama3/instruct_70b_8b_t1", "instructions_local",
-     (128001, 128008, 128009), True, True, ("llama3_1_70b", "llama3_1_8b")),
+     (128001, 128008, 128009), True, LLAMA_DATE,
+     ("llama3_1_70b", "llama3_1_8b")),
     ("qwen3/cnndm_32b_1_7b_t0", "cnn_dailymail_prompt", (151645, 151643),
-     False, True, ("qwen3_32b", "qwen3_1_7b")),
+     False, NO_THINKING, ("qwen3_32b", "qwen3_1_7b")),
     ("qwen3/instruct_8b_0_6b_t1", "instructions_local", (151645, 151643),
-     False, True, ("qwen3_8b", "qwen3_0_6b"))])
+     False, NO_THINKING, ("qwen3_8b", "qwen3_0_6b")),
+    ("qwen2_5/ende_72b_0_5b_t1", "wmt14_ende_prompt", (151645, 151643),
+     False, {}, ("qwen2_5_72b", "qwen2_5_0_5b")),
+    ("qwen2_5/instruct_32b_0_5b_t0", "instructions_local", (151645, 151643),
+     False, {}, ("qwen2_5_32b", "qwen2_5_0_5b"))])
 def test_rows_bind_prompts_and_stop_ids(row, task, stops, bos, chat,
                                         configs):
-  """Each row's task, stop ids, BOS, template and architectures."""
+  """Each row's task, stop ids, BOS, template and architectures (a draft
+  never wider than its target: Qwen 2.5's 0.5B is 128 ids narrower)."""
   try:
     config = _parse(row)
     settings = tasks.current_config()
@@ -73,10 +87,14 @@ def test_rows_bind_prompts_and_stop_ids(row, task, stops, bos, chat,
   assert (config.task, tuple(config.stop_ids)) == (task, stops)
   assert (settings.vocab_extra_ids, settings.inputs_bos) == (0, bos)
   assert settings.vocab_path.endswith("/tokenizer.json")
-  assert (settings.prompt_template != tasks.PLAIN_PROMPT) == chat
+  # Instruction and chat rows: the target checkpoint's own template, with
+  # Llama's date fixed and Qwen 3's thinking off.
+  assert settings.prompt_template == (
+      tasks.PLAIN_PROMPT if chat is None else tasks.CHECKPOINT_CHAT_TEMPLATE)
+  assert dict(settings.chat_template_kwargs) == (chat or {})
   assert (config.target_config, config.draft_config) == configs
-  for name in configs:
-    registry.get_config(name)
+  target, draft = (registry.get_config(name) for name in configs)
+  assert draft.vocab_size <= target.vocab_size
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen3"])
@@ -151,7 +169,8 @@ def test_an_instruction_row_runs_end_to_end(row_bindings, tmp_path):
   try:
     config = _parse("qwen3/instruct_32b_0_6b_t0", lines)
     assert (config.gamma, config.dtype) == (7, "bfloat16")
-    template = tasks.current_config().prompt_template
+    assert tasks.current_config().prompt_template == "checkpoint"
+    template = tasks.prompt_text()
     summary = experiment.run(config, str(tmp_path / "run"))
   finally:
     gin.clear_config()
@@ -165,6 +184,12 @@ def test_an_instruction_row_runs_end_to_end(row_bindings, tmp_path):
              for e in INSTRUCTIONS]
   assert [r["input_length"] for r in records] == [
       len(vocab.encode(p)) for p in prompts]
+  # The first instruction is the fixture's message: transformers' ids.
+  with open(os.path.join(os.path.dirname(BPE["qwen3"]),
+                         "reference.json")) as f:
+    reference = json.load(f)
+  assert INSTRUCTIONS[0]["instruction"] == reference["message"]
+  assert vocab.encode(prompts[0]) == reference["chat_ids"]
   for r in records:
     assert r["speculative"]["7"]["tokens"] == r["baseline"]["tokens"]
   assert np.all([len(r["baseline"]["tokens"]) <= 8 for r in records])

@@ -48,6 +48,7 @@ import functools
 import hashlib
 import json
 import os
+import posixpath
 import re
 import tempfile
 from typing import Any, Mapping
@@ -163,15 +164,20 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
   """Saves parameters in our format.
 
   The directory holds `config.json` ({"format", "format_version", "family":
-  "t5"|"gpt", "config": fields, "vocab": file or null}), the parameters as
-  an orbax PyTree checkpoint in `params/`, and optionally `vocab.model`.
+  "t5"|"gpt"|..., "config": fields, "vocab": file or null}), the parameters
+  as an orbax PyTree checkpoint in `params/`, and optionally the
+  vocabulary: `vocab.model` (SentencePiece), or a BPE tokenizer's
+  `tokenizer.json` with those of its companions it has
+  (`tokens.BPE_FILES`: tokenizer_config.json, chat_template.jinja,
+  generation_config.json), as a Hugging Face directory holds them.
 
   Args:
     model_or_params: a `Model`, or a parameter tree.
     directory: where to write (local or gs://).
     config: the architecture (T5Config/GPTConfig); defaults to the Model's.
-    vocab: a SentencePiece model file to record (default: the Model's
-      vocabulary file, if it has one).
+    vocab: a SentencePiece model file, or a tokenizer.json (its companions
+      beside it are copied with it), to record (default: the Model's
+      vocabulary, if it has one).
     copy_vocab: copy `vocab` into the directory (else record its path).
     vocab_extra_ids: sentinel ids appended to the vocabulary (T5's 100
       `<extra_id_*>`); default: the Model vocabulary's, else 0.
@@ -181,9 +187,13 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
     `directory`.
   """
   params = model_or_params
+  bpe_files = None  # a tokenizer.json and its companions: {name: bytes}
   if isinstance(model_or_params, Model):
     params = model_or_params.params
     config = config if config is not None else model_or_params.config
+    if vocab is None and isinstance(model_or_params.vocab,
+                                    tokens.BpeVocabulary):
+      bpe_files = model_or_params.vocab.files()
     if vocab is None:
       vocab = getattr(model_or_params.vocab, "sentencepiece_model_file", None)
     if vocab_extra_ids is None:
@@ -203,8 +213,13 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
     vocab_data = read_bytes(vocab)
     if vocab_data is None:
       raise CheckpointNotFoundError(f"vocabulary file not found: {vocab!r}")
-    vocab_entry = VOCAB_FILE if copy_vocab else (
-        vocab if is_gcs(vocab) else os.path.abspath(vocab))
+    is_bpe = posixpath.basename(vocab) == tokens.TOKENIZER_FILE
+    if is_bpe and copy_vocab:  # with the files beside it that exist
+      bpe_files = _read_bpe_files(posixpath.dirname(vocab) or ".")
+    vocab_entry = (tokens.TOKENIZER_FILE if is_bpe else VOCAB_FILE) if (
+        copy_vocab) else (vocab if is_gcs(vocab) else os.path.abspath(vocab))
+  elif bpe_files is not None:
+    vocab_entry = tokens.TOKENIZER_FILE
   # orbax is slow to import: only when a checkpoint is read or written.
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   params_dir = join_path(directory, PARAMS_DIR)
@@ -221,7 +236,10 @@ def save(model_or_params: Model | Any, directory: str, *, config: Any = None,
     _save_orbax_then_upload(ocp, params, params_dir)
   if not multihost.is_primary():
     return directory
-  if vocab_data is not None and copy_vocab:
+  if bpe_files is not None:
+    for name, data in bpe_files.items():
+      write_bytes(join_path(directory, name), data)
+  elif vocab_data is not None and copy_vocab:
     write_bytes(join_path(directory, VOCAB_FILE), vocab_data)
   manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
               "family": family, "config": dataclasses.asdict(config),
@@ -242,10 +260,25 @@ def _save_orbax_then_upload(ocp: Any, params: Any, params_dir: str) -> None:
     paths.copy_tree(os.path.join(local, PARAMS_DIR), params_dir)
 
 
-def _make_vocab(path: str, extra_ids: int = 0) -> SentencePieceVocabulary:
-  """The checkpoint's vocabulary: SentencePiece itself, not seqio's class,
-  whose TensorFlow import would cost a decoding user seconds and a page of
-  log lines (the seqio tasks read the same file with seqio's own)."""
+def _read_bpe_files(directory: str) -> dict[str, bytes]:
+  """tokenizer.json and those of `tokens.BPE_FILES` beside it that exist."""
+  files = {name: read_bytes(join_path(directory, name))
+           for name in tokens.BPE_FILES}
+  return {name: data for name, data in files.items() if data is not None}
+
+
+def _make_vocab(path: str, extra_ids: int = 0
+                ) -> SentencePieceVocabulary | tokens.BpeVocabulary:
+  """The checkpoint's vocabulary: a tokenizer.json (with the files beside
+  it) as a `tokens.BpeVocabulary`; else SentencePiece itself, not seqio's
+  class, whose TensorFlow import would cost a decoding user seconds and a
+  page of log lines (the seqio tasks read the same file with seqio's
+  own)."""
+  if posixpath.basename(path) == tokens.TOKENIZER_FILE:
+    files = _read_bpe_files(posixpath.dirname(path) or ".")
+    if tokens.TOKENIZER_FILE not in files:
+      raise CheckpointNotFoundError(f"vocabulary file not found: {path!r}")
+    return tokens.BpeVocabulary(files, source=posixpath.dirname(path))
   # A gs:// vocabulary is fetched through the one I/O layer into a local
   # cache first.
   return SentencePieceVocabulary(paths.local_copy(path), extra_ids=extra_ids)
@@ -546,6 +579,9 @@ def vocabulary_of(spec: str, config: Any = None
         vocab_file = join_path(directory, vocab_file)
       extra_ids = int(manifest.get("vocab_extra_ids", 0))
   proto = None if vocab_file is None else read_bytes(vocab_file)
+  if proto is not None and posixpath.basename(
+      vocab_file) == tokens.TOKENIZER_FILE:
+    return int(size), (tokens.pieces_digest(proto), 0)
   return int(size), None if proto is None else (
       hashlib.sha256(proto).hexdigest()[:16], extra_ids)
 

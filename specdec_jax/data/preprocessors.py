@@ -16,6 +16,7 @@ import tensorflow as tf
 from specdec_jax.data.task_config import current_config
 from specdec_jax.data.task_config import INPUT_PLACEHOLDER
 from specdec_jax.data.task_config import PLAIN_PROMPT
+from specdec_jax.data.task_config import prompt_text
 from specdec_jax.data.task_config import SUMMARIZE_PREFIX
 from specdec_jax.data.task_config import TRANSLATE_PREFIX
 
@@ -91,7 +92,8 @@ def instruction_and_response(
 def apply_prompt_template(dataset: tf.data.Dataset) -> tf.data.Dataset:
   """Places each example's `inputs` text in `TaskConfig.prompt_template`.
 
-  The template is read when the pipeline is built. `PLAIN_PROMPT` returns
+  The template is read when the pipeline is built (a checkpoint's chat
+  template rendered then: `task_config.prompt_text`). `PLAIN_PROMPT` returns
   the dataset as it is; another template gets the input stripped of
   leading and trailing whitespace in place of its `{input}`.
 
@@ -101,7 +103,7 @@ def apply_prompt_template(dataset: tf.data.Dataset) -> tf.data.Dataset:
   Returns:
     The examples, `inputs` templated.
   """
-  template = current_config().prompt_template
+  template = prompt_text()
   if template == PLAIN_PROMPT:
     return dataset
   before, after = template.split(INPUT_PLACEHOLDER)

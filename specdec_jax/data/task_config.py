@@ -15,11 +15,13 @@ from typing import Any, Iterator, Mapping
 
 # First: TensorFlow's import quiet on a machine without a GPU.
 from specdec_jax.data import tensorflow_env  # noqa: F401  # pylint: disable=unused-import
+from absl import logging
 import gin
 import seqio
 
 from specdec_jax import errors
 from specdec_jax.data import bpe_vocabulary
+from specdec_jax.data import chat_template
 from specdec_jax.data import local_files
 from specdec_jax.infra import paths
 from specdec_jax.data import text
@@ -39,6 +41,9 @@ PLAIN_PROMPT = INPUT_PLACEHOLDER
 # `<end_of_turn>` (107) are single pieces of Gemma's SentencePiece model.
 GEMMA_CHAT_TEMPLATE = ("<start_of_turn>user\n" + INPUT_PLACEHOLDER +
                        "<end_of_turn>\n<start_of_turn>model\n")
+# The chat template of the vocabulary's checkpoint (a tokenizer.json's),
+# rendered for one user message: `prompt_text`.
+CHECKPOINT_CHAT_TEMPLATE = chat_template.CHECKPOINT
 TRANSLATE_PREFIX = text.TRANSLATE_PREFIX
 SUMMARIZE_PREFIX = text.SUMMARIZE_PREFIX
 SHARED_DATA_ENV = local_files.SHARED_DATA_ENV
@@ -100,7 +105,16 @@ class TaskConfig:
       leaves the input as it is; any other template gets the input with
       leading and trailing whitespace stripped, as Gemma's chat template
       trims a message. `GEMMA_CHAT_TEMPLATE` is the format of T5Gemma's
-      instruction-tuned (-it) checkpoints.
+      instruction-tuned (-it) checkpoints. `CHECKPOINT_CHAT_TEMPLATE`
+      ('checkpoint') renders the chat template of the tokenizer.json
+      vocabulary's checkpoint (Llama 3's, Qwen 3's) for one user message
+      and the generation prompt, as transformers does
+      (`data/chat_template.py`), with `chat_template_kwargs`.
+    chat_template_kwargs: the variables a checkpoint's chat template reads
+      beyond its messages, for `prompt_template = 'checkpoint'`: e.g.
+      {'enable_thinking': False} for Qwen 3, {'date_string': '26 Jul 2024'}
+      for Llama 3 (whose 3.2 template writes today's date without it, so a
+      resumed run could not tell its prompts from yesterday's).
     tfds_data_dir: the TFDS data dir holding prepared datasets. None: seqio's
       override (t5x's --tfds_data_dir) or TFDS's default ($TFDS_DATA_DIR or
       ~/tensorflow_datasets).
@@ -138,6 +152,8 @@ class TaskConfig:
   lm1b_prompt_words: int = 4
   instruction_files: Mapping[str, str] = dataclasses.field(
       default_factory=dict)
+  chat_template_kwargs: Mapping[str, Any] = dataclasses.field(
+      default_factory=dict)
 
   def __post_init__(self):
     extra = self.vocab_extra_ids
@@ -149,12 +165,22 @@ class TaskConfig:
       raise ValueError(f"TaskConfig.inputs_bos must be True or False, got "
                        f"{self.inputs_bos!r}.")
     template = self.prompt_template
-    if (not isinstance(template, str)
+    if template != CHECKPOINT_CHAT_TEMPLATE and (
+        not isinstance(template, str)
         or template.count(INPUT_PLACEHOLDER) != 1):
       raise ValueError(
           f"TaskConfig.prompt_template must be a string holding "
           f"{INPUT_PLACEHOLDER!r} exactly once (where the input text goes), "
-          f"got {template!r}; the input as it is: {PLAIN_PROMPT!r}.")
+          f"or {CHECKPOINT_CHAT_TEMPLATE!r} (the tokenizer's own chat "
+          f"template), got {template!r}; the input as it is: "
+          f"{PLAIN_PROMPT!r}.")
+    if (not isinstance(self.chat_template_kwargs, Mapping)
+        or not all(isinstance(k, str) and k.isidentifier()
+                   for k in self.chat_template_kwargs)):
+      raise ValueError(
+          f"TaskConfig.chat_template_kwargs must map variable names to "
+          f"values, e.g. {{'enable_thinking': False}}, got "
+          f"{self.chat_template_kwargs!r}.")
 
   def resolve(self, path: str) -> str:
     """`path` made absolute against `local_data_dir` unless it already is."""
@@ -291,6 +317,42 @@ def get_vocabulary(path: str | None = None) -> seqio.Vocabulary:
   if bpe_vocabulary.is_tokenizer_json(path):
     return bpe_vocabulary.TaskBpeVocabulary(resolve_package_path(path))
   return _TaskVocabulary(path)
+
+
+def prompt_text(config: TaskConfig | None = None) -> str:
+  """The `{input}` template a task's inputs are placed in.
+
+  `config.prompt_template` as written, or for 'checkpoint' what the chat
+  template of the tokenizer.json at `config.vocab_path` renders for one
+  user message with the generation prompt (`chat_template.
+  prompt_template`, with `config.chat_template_kwargs`; without the BOS
+  token it writes first when `config.inputs_bos` adds BOS as an id).
+
+  Raises:
+    chat_template.ChatTemplateError: 'checkpoint' with a SentencePiece
+      vocabulary or a tokenizer without a template, or a template that is
+      not one `{input}` text.
+  """
+  config = config or current_config()
+  if config.prompt_template != CHECKPOINT_CHAT_TEMPLATE:
+    return config.prompt_template
+  path = resolve_package_path(config.vocab_path)
+  if not bpe_vocabulary.is_tokenizer_json(path):
+    raise chat_template.ChatTemplateError(
+        f"TaskConfig.prompt_template = {CHECKPOINT_CHAT_TEMPLATE!r} reads "
+        f"the chat template beside a tokenizer.json (Llama 3's, Qwen 3's), "
+        f"but TaskConfig.vocab_path is {config.vocab_path!r}: for Gemma's "
+        "SentencePiece model use tasks.GEMMA_CHAT_TEMPLATE, or write the "
+        "prompt's text with '{input}'.")
+  vocab = bpe_vocabulary.TaskBpeVocabulary(path).vocabulary
+  source = os.path.dirname(config.vocab_path) or config.vocab_path
+  text = chat_template.prompt_template(
+      vocab.chat_template, bos_token=vocab.bos_token,
+      eos_token=vocab.eos_token, strip_bos=config.inputs_bos,
+      source=source, **dict(config.chat_template_kwargs))
+  logging.info("prompts: %s's chat template with %s: %r", source,
+               dict(config.chat_template_kwargs), text)
+  return text
 
 
 def output_features(inputs_eos: bool = True) -> dict[str, seqio.Feature]:

@@ -88,6 +88,7 @@ from specdec_jax.data.preprocessors import prepend_bos_to_inputs  # noqa: F401  
 from specdec_jax.data.preprocessors import summarize_article
 from specdec_jax.data.preprocessors import TOKENIZE_BOS_AND_EOS
 from specdec_jax.data.preprocessors import translate_en_to_de
+from specdec_jax.data.task_config import CHECKPOINT_CHAT_TEMPLATE  # noqa: F401  (public)
 from specdec_jax.data.task_config import current_config
 from specdec_jax.data.task_config import output_features
 from specdec_jax.data.task_config import default_local_data_dir  # noqa: F401  (public)
@@ -99,6 +100,7 @@ from specdec_jax.data.task_config import NUM_EXTRA_IDS  # noqa: F401  (public)
 from specdec_jax.data.task_config import override_config  # noqa: F401  (public)
 from specdec_jax.data.task_config import PACKAGE_PREFIX  # noqa: F401  (public)
 from specdec_jax.data.task_config import PLAIN_PROMPT  # noqa: F401  (public)
+from specdec_jax.data.task_config import prompt_text  # noqa: F401  (public)
 from specdec_jax.data.task_config import resolve_package_path  # noqa: F401  (public)
 from specdec_jax.data.task_config import set_config  # noqa: F401  (public)
 from specdec_jax.data.task_config import SHARED_DATA_ENV  # noqa: F401  (public)

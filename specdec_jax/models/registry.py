@@ -1,10 +1,11 @@
 """Model configs by name, and the `ModelDef` that runs each.
 
 Real sizes are T5X's (t5x/examples/t5/t5_1_0/*.gin and t5_1_1/*.gin), the
-paper's GPT-like models and the published T5Gemma, Gemma 3, Llama 3 and
-Qwen 3 checkpoints (see `_t5gemma`, `_gemma3`, `_llama3` and `_qwen3` for
-where each number comes from); the `*_tiny` configs are for tests. Each name
-also has a gin file, `configs/models/<name>.gin`, binding the same fields.
+paper's GPT-like models and the published T5Gemma, Gemma 3, Llama 3, Qwen 3
+and Qwen 2.5 checkpoints (see `_t5gemma`, `_gemma3`, `_llama3`, `_qwen3` and
+`_qwen2_5` for where each number comes from); the `*_tiny` configs are for
+tests. Each name also has a gin file, `configs/models/<name>.gin`, binding
+the same fields.
 
   >>> from specdec_jax.models import registry
   >>> cfg = registry.get_config("t5_1_1_small", dtype="bfloat16")
@@ -31,6 +32,8 @@ GEMMA_VOCAB = 256000  # Gemma's SentencePiece vocabulary.
 GEMMA3_VOCAB, GEMMA3_VOCAB_WIDE = 262_144, 262_208
 LLAMA3_VOCAB = 128_256  # Llama 3's BPE: 128000 pieces + 256 special ids.
 QWEN3_VOCAB = 151_936  # Qwen's byte-level BPE (151669 ids in use), padded.
+# Qwen 2.5's: the same tokenizer; 151936 rows up to 3B, 152064 from 7B up.
+QWEN2_5_VOCAB, QWEN2_5_VOCAB_WIDE = 151_936, 152_064
 
 NAMES = (
     "t5_tiny", "t5_1_1_tiny", "gpt_tiny",
@@ -48,6 +51,8 @@ NAMES = (
     "llama3_2_1b", "llama3_2_3b", "llama3_1_8b", "llama3_1_70b",
     "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_14b",
     "qwen3_32b",
+    "qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b",
+    "qwen2_5_14b", "qwen2_5_32b", "qwen2_5_72b",
 )
 ModelConfig = (T5Config | GPTConfig | T5GemmaConfig | Gemma3Config
                | T5Gemma2Config | LlamaConfig)
@@ -173,6 +178,18 @@ def _qwen3(emb, layers, heads, mlp, *, tied) -> LlamaConfig:
       layer_norm_epsilon=1e-6, max_len=40960)
 
 
+# Qwen 2.5 (the Hub's config.json of Qwen/Qwen2.5-0.5B ... -72B): biases on
+# the query, key and value projections, no QK-norm, heads of 128 (64 for
+# 0.5B), rotary base 1M unscaled, 32768 positions, RMS epsilon 1e-6; tied
+# output layer and 151936 rows up to 3B, untied and 152064 from 7B up.
+def _qwen2_5(emb, layers, heads, kv_heads, mlp, *, tied) -> LlamaConfig:
+  return LlamaConfig(
+      vocab_size=QWEN2_5_VOCAB if tied else QWEN2_5_VOCAB_WIDE, emb_dim=emb,
+      num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
+      head_dim=emb // heads, mlp_dim=mlp, qkv_bias=True, tie_embeddings=tied,
+      rope_theta=1_000_000.0, layer_norm_epsilon=1e-6, max_len=32768)
+
+
 def _llama_tiny(**options) -> LlamaConfig:
   return LlamaConfig(vocab_size=128, emb_dim=32, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=8, mlp_dim=64, max_len=64,
@@ -285,6 +302,20 @@ def _base_config(name: str) -> ModelConfig:
       return _qwen3(5120, 40, 40, 17408, tied=False)
     case "qwen3_32b":
       return _qwen3(5120, 64, 64, 25600, tied=False)
+    case "qwen2_5_0_5b":
+      return _qwen2_5(896, 24, 14, 2, 4864, tied=True)
+    case "qwen2_5_1_5b":
+      return _qwen2_5(1536, 28, 12, 2, 8960, tied=True)
+    case "qwen2_5_3b":
+      return _qwen2_5(2048, 36, 16, 2, 11008, tied=True)
+    case "qwen2_5_7b":
+      return _qwen2_5(3584, 28, 28, 4, 18944, tied=False)
+    case "qwen2_5_14b":
+      return _qwen2_5(5120, 48, 40, 8, 13824, tied=False)
+    case "qwen2_5_32b":
+      return _qwen2_5(5120, 64, 40, 8, 27648, tied=False)
+    case "qwen2_5_72b":
+      return _qwen2_5(8192, 80, 64, 8, 29568, tied=False)
   raise ValueError(f"unknown model config {name!r}; known: {', '.join(NAMES)}")
 
 
