@@ -42,8 +42,9 @@ def test_every_experiment_config_parses_and_validates_but_placeholders():
       f"lm1b_{d}_t{t}.gin" for d in ("unigram", "bigram", "gpt_6m")
       for t in (0, 1))
   assert not any(reproduce.is_shared_config(f) for f in files)
-  # table2, table3, beyond, t5gemma, gemma3, llama3, qwen3, qwen2_5
-  assert len(files) == 12 + 16 + 5 + 16 + 18 + 18 + 18 + 12
+  # table2, table3, beyond, t5gemma, gemma3, llama3, qwen3, qwen2_5,
+  # t5gemma2
+  assert len(files) == 12 + 16 + 5 + 16 + 18 + 18 + 18 + 12 + 8
   try:
     for path in files:
       _parse(path)

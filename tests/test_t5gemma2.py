@@ -17,20 +17,28 @@ Invariants:
     control shows that the windows one key wider or narrower, or the
     end-of-image embedding ignored, miss by far more;
   - greedy `sd.generate` equals HF `generate` token for token, and
-    speculative decoding with a random T5Gemma 2 draft equals it too. (The cache contract, chunks and rollback included,
-    is tests/test_model_contract.py's, on t5gemma2_tiny.)
+    speculative decoding with a random T5Gemma 2 draft equals it too. (The
+    cache contract, chunks and rollback included, is
+    tests/test_model_contract.py's, on t5gemma2_tiny.)
+  - the published sizes: 270M-270M's config.json reads as the registry's
+    config, and each registered size's count from shapes rounds to the
+    published total (embedding shared, decoder attention merged).
 """
 
 import dataclasses
 import logging
 import os
 
+import gin
 import jax
 import numpy as np
 import pytest
 
 import specdec_jax as sd
 from specdec_jax.checkpoints import hf_t5gemma2
+from specdec_jax.data import tasks
+from specdec_jax.experiments import experiment
+from specdec_jax.launch import gin_flags
 from specdec_jax.models import registry
 from specdec_jax.models import t5gemma2
 
@@ -169,3 +177,94 @@ def test_live_against_transformers(tmp_path):
   tokens = sd.generate(ours, ids, max_decode_len=8).tokens
   width = generated.shape[1] - 1
   np.testing.assert_array_equal(tokens[:, :width], generated.numpy()[:, 1:])
+
+
+# google/t5gemma-2-270m-270m's config.json (transformers 5), the fields
+# that make the text model: the vision tower's are left out.
+_HUB_STACK = {
+    "attention_bias": False, "attn_logit_softcapping": None,
+    "final_logit_softcapping": None, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 640,
+    "intermediate_size": 2048,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 3,
+    "max_position_embeddings": 32768, "num_attention_heads": 4,
+    "num_hidden_layers": 18, "num_key_value_heads": 1,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_parameters": {
+        "full_attention": {"factor": 8.0, "rope_theta": 1000000,
+                           "rope_type": "linear"},
+        "sliding_attention": {"rope_theta": 10000, "rope_type": "default"}},
+    "sliding_window": 512, "use_bidirectional_attention": False,
+    "vocab_size": 262144}
+HUB_270M_270M = {
+    "architectures": ["T5Gemma2ForConditionalGeneration"],
+    "model_type": "t5gemma2", "bos_token_id": 2, "eos_token_id": 1,
+    "pad_token_id": 0, "eoi_token_index": 256000, "image_token_index": 256001,
+    "is_encoder_decoder": True, "vocab_size": 262144,
+    "decoder": dict(_HUB_STACK, model_type="t5gemma2_decoder"),
+    "encoder": {"model_type": "t5gemma2_encoder", "eoi_token_index": 256000,
+                "text_config": dict(_HUB_STACK, model_type="t5gemma2_text",
+                                    tie_word_embeddings=True)}}
+
+
+def test_the_hub_config_reads_as_the_registry_size():
+  """The published 270M-270M config.json reads as 't5gemma2_270m_270m':
+  Gemma 3 270M's stacks, but with the global rotary scaled x8."""
+  config = hf_t5gemma2.t5gemma2_config_from_hf(HUB_270M_270M)
+  assert config == registry.get_config("t5gemma2_270m_270m")
+  assert config.encoder.rope_scale == 8.0
+  assert registry.get_config("gemma3_270m").rope_scale == 1.0
+
+
+# The totals T5Gemma 2's announcement and model cards give, the vision
+# encoder (417M) left out: "~370M", "~1.7B", "~7B".
+GEMMA3_OF = {"t5gemma2_270m_270m": "gemma3_270m",
+             "t5gemma2_1b_1b": "gemma3_1b", "t5gemma2_4b_4b": "gemma3_4b"}
+
+
+@pytest.mark.parametrize("name,billions", [
+    ("t5gemma2_270m_270m", "0.37"), ("t5gemma2_1b_1b", "1.7"),
+    ("t5gemma2_4b_4b", "7")])
+def test_registry_sizes_match_published_parameter_counts(name, billions):
+  """One embedding shared by encoder, decoder and output, and merged
+  decoder attention (no cross-attention weights): a published size's
+  count is the embedding plus twice its Gemma 3 stack, which rounds to the
+  published total."""
+  config = registry.get_config(name)
+  shapes = registry.make_def(config).param_shapes()
+  count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
+  digits = len(billions.split(".")[1]) if "." in billions else 0
+  assert f"{count / 1e9:.{digits}f}" == billions, count
+  # The embedding, the end-of-image vector, and twice a Gemma 3 model of
+  # the size without its embedding (its layers and final norm).
+  gemma3 = registry.make_def(dataclasses.replace(
+      registry.get_config(GEMMA3_OF[name]), vocab_size=config.vocab_size))
+  embedding = config.vocab_size * config.encoder.emb_dim
+  layers = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(
+      gemma3.param_shapes())) - embedding
+  assert count == embedding + config.encoder.emb_dim + 2 * layers
+
+
+@pytest.mark.parametrize("row,task,draft,gamma", [
+    ("ende_270m_270m_t0", "wmt14_ende", "t5gemma2_270m_270m", 5),
+    ("cnndm_1b_1b_t1", "cnn_dailymail", "t5gemma2_1b_1b", 2)])
+def test_rows_bind_the_published_sizes(row, task, draft, gamma):
+  """A row of configs/experiments/t5gemma2/ names the 4B-4B target and its
+  draft by registered architecture, Gemma 3's tokenizer with BOS and no
+  sentinels, and stops at EOS; its temperature is its file name's."""
+  try:
+    gin_flags.parse([f"experiments/t5gemma2/{row}.gin"], [],
+                    extra_search_paths=[])
+    config = gin.get_configurable(experiment.ExperimentConfig)()
+    settings = tasks.current_config()
+  finally:
+    gin.clear_config()
+  assert (config.task, tuple(config.stop_ids), config.gamma) == (
+      task, (1,), gamma)
+  assert (config.target_config, config.draft_config) == ("t5gemma2_4b_4b",
+                                                         draft)
+  assert (settings.vocab_extra_ids, settings.inputs_bos) == (0, True)
+  assert config.temperature == float(row[-1])
+  target, small = (registry.get_config(n) for n in (config.target_config,
+                                                    config.draft_config))
+  assert small.vocab_size == target.vocab_size

@@ -1,11 +1,11 @@
 """Model configs by name, and the `ModelDef` that runs each.
 
 Real sizes are T5X's (t5x/examples/t5/t5_1_0/*.gin and t5_1_1/*.gin), the
-paper's GPT-like models and the published T5Gemma, Gemma 3, Llama 3, Qwen 3
-and Qwen 2.5 checkpoints (see `_t5gemma`, `_gemma3`, `_llama3`, `_qwen3` and
-`_qwen2_5` for where each number comes from); the `*_tiny` configs are for
-tests. Each name also has a gin file, `configs/models/<name>.gin`, binding
-the same fields.
+paper's GPT-like models and the published T5Gemma, Gemma 3, T5Gemma 2,
+Llama 3, Qwen 3 and Qwen 2.5 checkpoints (see `_t5gemma`, `_gemma3`,
+`_t5gemma2`, `_llama3`, `_qwen3` and `_qwen2_5` for where each number comes
+from); the `*_tiny` configs are for tests. Each name also has a gin file,
+`configs/models/<name>.gin`, binding the same fields.
 
   >>> from specdec_jax.models import registry
   >>> cfg = registry.get_config("t5_1_1_small", dtype="bfloat16")
@@ -47,6 +47,7 @@ NAMES = (
     "gemma3_tiny", "gemma3_tiny_draft",
     "gemma3_270m", "gemma3_1b", "gemma3_4b", "gemma3_12b", "gemma3_27b",
     "t5gemma2_tiny",
+    "t5gemma2_270m_270m", "t5gemma2_1b_1b", "t5gemma2_4b_4b",
     "llama3_tiny", "qwen3_tiny",
     "llama3_2_1b", "llama3_2_3b", "llama3_1_8b", "llama3_1_70b",
     "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_14b",
@@ -140,6 +141,20 @@ def _gemma3(emb, layers, heads, kv_heads, mlp, *, head_dim=256, window=1024,
       head_dim=head_dim, mlp_dim=mlp, query_pre_attn_scalar=scalar,
       sliding_window=window, rope_scale=8.0 if wide else 1.0,
       max_len=131072 if wide else 32768)
+
+
+# T5Gemma 2 (google/t5gemma-2-270m-270m's config.json, transformers 5):
+# encoder and decoder are the Gemma 3 stack of that size, over one
+# 262,144-id embedding, with the global layers' rotary scaled x8 (linear)
+# at every size and 32,768 positions. The 1B-1B and 4B-4B stacks are Gemma
+# 3 1B's and 4B's with the same conventions; their config.json files were
+# not read here (`load_model("hf:DIR")` reads the architecture from the
+# file either way).
+def _t5gemma2(stack: Gemma3Config) -> T5Gemma2Config:
+  stack = dataclasses.replace(stack, vocab_size=GEMMA3_VOCAB, rope_scale=8.0,
+                              max_len=32768)
+  return T5Gemma2Config(vocab_size=GEMMA3_VOCAB, encoder=stack,
+                        decoder=stack, max_input_len=32768)
 
 
 def _gemma3_tiny(vocab, emb, heads, kv_heads) -> Gemma3Config:
@@ -266,6 +281,12 @@ def _base_config(name: str) -> ModelConfig:
       stack = _gemma3_tiny(128, 32, 4, 2)
       return T5Gemma2Config(vocab_size=128, encoder=stack, decoder=stack,
                             eoi_token_id=100, max_input_len=64)
+    case "t5gemma2_270m_270m":
+      return _t5gemma2(_base_config("gemma3_270m"))
+    case "t5gemma2_1b_1b":
+      return _t5gemma2(_base_config("gemma3_1b"))
+    case "t5gemma2_4b_4b":
+      return _t5gemma2(_base_config("gemma3_4b"))
     case "gemma3_270m":
       return _gemma3(640, 18, 4, 1, 2048, window=512, wide=False)
     case "gemma3_1b":
