@@ -64,6 +64,10 @@ PLAN = {
     "docs/gemma3.md#3": [TPU_PLAN],
     "docs/gemma3.md#4": [TPU_PLAN],
     "docs/gemma3.md#5": [CLOUD + " (the real checkpoints), and a TPU"],
+    "docs/gemma3.md#6": [RUN, TRAINING_CONFIG, RUN,
+                         "run_experiment's rows of the models the lines "
+                         "above train (tests/test_experiment_lm.py and the "
+                         "Gemma 3 row test run decoder-only rows)"],
     "docs/llama_qwen.md#1": [
         "needs transformers and a downloaded checkpoint (the `hf` extra): "
         "it prints the checkpoint's own chat template to compare with"],
@@ -260,6 +264,33 @@ def test_mesh_training_as_the_tpu_guide_shows_it_on_a_cpu(tmp_path):
   assert "training on a mesh (2, 4) (data, model) of 8 cpu devices" in (
       proc.stderr)
   assert "step 6/6" in proc.stderr
+
+
+@needs_shared_data
+def test_a_gemma3_draft_distilled_on_the_cpu_mesh(tmp_path):
+  """docs/gemma3.md's distillation recipe (issue 68), tiny settings: the
+  tiny Gemma 3 target trained on one device (no run file), then its draft
+  distilled from it on the (2, 4) mesh of runs/cpu_8_model_parallel.gin:
+  the teacher's forward runs in every step (the logged KL is finite and
+  positive) and the student exports a model that loads."""
+  rows = ["--gin.train.TrainConfig.length_buckets=(160,)",
+          "--gin.train.TrainConfig.num_steps=2",
+          "--gin.train.TrainConfig.num_epochs=None"]
+  _run("docs/gemma3.md#6", [0], tmp_path,
+       {"scripts/train.py": TINY_TRAIN + rows})
+  target = tmp_path / "workdir/gemma3_tiny/target/model"
+  proc = _run("docs/gemma3.md#6", [2], tmp_path, {
+      "scripts/train.py": TINY_TRAIN + rows + [
+          f"--gin.train.TrainConfig.teacher='{target}'"]})
+  assert "training on a mesh (2, 4) (data, model) of 8 cpu devices" in (
+      proc.stderr)
+  workdir = tmp_path / "workdir/gemma3_tiny/draft_distill"
+  train = [json.loads(line) for line in open(workdir / "metrics.jsonl")
+           if json.loads(line)["kind"] == "train"]
+  assert train and all(np.isfinite(r["kl"]) and r["kl"] > 0 for r in train)
+  student = sd.load_model(str(workdir / "model"))
+  assert student.config.emb_dim == 16  # the draft, not its teacher
+  assert sd.load_model(str(target)).config.emb_dim == 96
 
 
 def test_the_t5gemma_dry_run_offline(tmp_path):

@@ -24,8 +24,10 @@ Importing this module registers these seqio tasks:
 - `lm1b_local`: text files, one sentence a line; no file by default
   (`TaskConfig.lm1b_files`).
 - `wmt14_ende_prompt`, `wmt14_ende_local_prompt`, `cnn_dailymail_prompt`,
-  `cnn_dailymail_local_prompt`: the same tasks for a decoder-only model
-  (Gemma 3): `inputs` is the prompt, without EOS.
+  `cnn_dailymail_local_prompt`, `multi30k_ende_local_prompt`: the same tasks
+  for a decoder-only model (Gemma 3): `inputs` is the prompt, without EOS
+  (the tiny Gemma 3 pair of configs/training/gemma3_tiny_*.gin trains and
+  is measured on the Multi30k one).
 - `instructions_local`: JSONL instructions (databricks-dolly-15k's format:
   `instruction`, optional `context` and `response`); `inputs` is the
   instruction (a blank line, then the context, when there is one), without
@@ -127,7 +129,8 @@ INSTRUCTIONS_LOCAL = "instructions_local"
 # The decoder-only form of a task: `inputs` is a prompt without EOS.
 PROMPT_SUFFIX = "_prompt"
 PROMPT_TASKS = tuple(name + PROMPT_SUFFIX for name in (
-    "wmt14_ende", "wmt14_ende_local", "cnn_dailymail", "cnn_dailymail_local"))
+    "wmt14_ende", "wmt14_ende_local", "cnn_dailymail", "cnn_dailymail_local",
+    "multi30k_ende_local"))
 
 _LM1B_SPLITS = ("train", "test")  # lm1b has no validation split.
 

@@ -242,9 +242,15 @@ class Decoder(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.token_embedder = layers.Embed(cfg.vocab_size, cfg.emb_dim,
-                                       dtype=cfg.dtype,
-                                       param_dtype=cfg.param_dtype)
+    # The embedding is scaled by sqrt(D) on the way in and is the output
+    # layer too: a unit normal (T5X's initialiser, for T5, which does
+    # neither) would start a model trained from scratch with logits of
+    # standard deviation sqrt(D) (a loss near 90 nats for the tiny pair of
+    # configs/training/gemma3_tiny_*.gin); 1/sqrt(D) starts them near 1.
+    self.token_embedder = layers.Embed(
+        cfg.vocab_size, cfg.emb_dim, dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        embedding_init=nn.initializers.normal(stddev=cfg.emb_dim ** -0.5))
     self.layers = [DecoderLayer(cfg, kind) for kind in cfg.layer_types]
     self.decoder_norm = gemma_layers.GemmaNorm(
         epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype,
