@@ -297,17 +297,26 @@ def _train_into_bucket(config: TrainConfig) -> dict[str, Any]:
                  config.workdir, local)
     # On every process, so that all wait for each checkpoint alike.
     after = copy.upload if multihost.is_primary() else lambda: None
+    # The checkpoints go straight into the bucket, committed there by
+    # orbax: the metrics up to a checkpoint's step are uploaded before it
+    # starts, or a kill between its commit and the next upload would lose
+    # them (a resumed run keeps the rows up to its checkpoint and drops
+    # the later ones, `resume.forget_metrics_after`).
+    before = copy.upload if multihost.is_primary() else None
     return _train(dataclasses.replace(config, workdir=local),
                   after_checkpoint=after, recorded=config,
-                  store=config.workdir)
+                  store=config.workdir, before_checkpoint=before)
 
 
 def _train(config: TrainConfig,
            after_checkpoint: Callable[[], None] | None = None,
            recorded: TrainConfig | None = None,
-           store: str | None = None) -> dict[str, Any]:
+           store: str | None = None,
+           before_checkpoint: Callable[[], None] | None = None
+           ) -> dict[str, Any]:
   """`train` in a local workdir; `after_checkpoint` runs once each
-  periodic checkpoint is written; train_config.json records `recorded`
+  periodic checkpoint is written, `before_checkpoint` before it is started
+  (with the metrics of its step on disk); train_config.json records `recorded`
   (default: `config`); `store` (default: the workdir) holds `checkpoints/`
   and `model/`. On several processes every one runs this; process 0
   alone writes the metrics, TensorBoard, train_config.json and the model's
@@ -443,6 +452,9 @@ def _train(config: TrainConfig,
         window, window_start = collections.Counter(), time.time()
       if config.checkpoint_every and step % config.checkpoint_every == 0:
         check_finite()
+        if before_checkpoint:
+          writer.flush()
+          before_checkpoint()
         _save(manager, state, per_epoch)
         writer.flush()
         if after_checkpoint:
