@@ -12,6 +12,8 @@ TPU compiler's programs: tests/test_tpu_compile.py.)
 """
 
 import dataclasses
+import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +32,7 @@ from specdec_jax.planning import hlo
 from specdec_jax.planning import plan
 from specdec_jax.planning import plan_table
 from specdec_jax.models import registry
+from tests import helpers
 
 V4 = chips.get_chip("tpu_v4")
 
@@ -278,18 +281,50 @@ def test_the_alpha_sweep_is_theorem_3_8_and_breaks_even_at_speedup_one(plans):
   assert plan.break_even_alpha(3, 1.0, 1.0) is None
 
 
+def test_every_shipped_row_is_a_table_row_and_no_include_is():
+  """`plan_run --experiments='experiments/qwen3/*.gin'` plans every row of
+  a family (the instruction rows and names of three parts, e.g.
+  instruct_32b_0_6b_t0, included) and none of the files they include."""
+  root = os.path.join(helpers.REPO, "configs", "experiments")
+  for family in ("table2", "t5gemma", "t5gemma2", "gemma3", "llama3",
+                 "qwen3", "qwen2_5"):
+    names = sorted(os.listdir(os.path.join(root, family)))
+    rows = [n for n in names if plan_table.is_row(n)]
+    assert rows == [n for n in names if re.search(r"_t[01]\.gin$", n)], (
+        family, names)
+    assert rows, family
+  for name in ("instruct_32b_0_6b_t0.gin", "cnndm_1b_t1.gin",
+               "ende_small_t0.gin", "ende_2b_2b_t1.gin"):
+    assert plan_table.is_row(name), name
+  for name in ("ende.gin", "instruct.gin", "checkpoints.gin",
+               "checkpoints_t5_v1_0.gin"):
+    assert not plan_table.is_row(name), name
+
+
 def test_a_projection_table_reads_back_and_plots(tmp_path):
   """`plan_run --experiments ... --figure` draws from the table it wrote:
   the rows read back give each planned row's gamma, c and v as printed,
-  and the figure is a PNG."""
+  and the figure is a PNG. Two rows that differ only in their task (the
+  same shapes) are compiled once and print the same figures: one plan
+  covers both."""
+  logged = []
   text = plan_table.project_table(
-      ["experiments/x/ende_tiny_t0.gin"], lambda f, run: _config((1, 1)),
+      ["experiments/x/ende_tiny_t0.gin", "experiments/x/instruct_tiny_t0.gin"],
+      lambda f, run: _config((1, 1), task=(
+          "wmt14_ende_local" if "ende" in f else "instructions_local")),
       input_len=8, setups=[("One device", "runs/cpu.gin", "tpu_v4")],
-      log=lambda *_: None)
+      log=logged.append)
   rows = plan_table.read_rows(text)
   assert [(r["setup"], r["row"], r["gamma"]) for r in rows] == [
-      ("One device", "ende_tiny_t0", 3)]
+      ("One device", "ende_tiny_t0", 3), ("One device", "instruct_tiny_t0", 3)]
+  compiles = [l for l in logged if "compiling its programs" in l]
+  assert len(compiles) == 1, logged
+  assert any("instruct_tiny_t0 on One device: the programs of ende_tiny_t0"
+             in l for l in logged), logged
   line = next(l for l in text.splitlines() if l.startswith("| ende_tiny_t0"))
+  other = next(l for l in text.splitlines()
+               if l.startswith("| instruct_tiny_t0"))
+  assert line.split("|")[2:] == other.split("|")[2:]
   assert f"| {rows[0]['c']:.4f} | {rows[0]['verify_cost']:.2f} |" in line
   plan_table.plot_alpha_sweep(str(tmp_path / "sweep.png"), rows)
   assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -31,6 +31,8 @@ SETUPS = (
     ("One TPU v4 chip (the paper's setting)", "runs/tpu_v4.gin", "tpu_v4"),
     ("TPU v4-8 host, model parallel over 4 chips",
      "runs/tpu_v4_8_model_parallel.gin", "tpu_v4"),
+    ("TPU v4-16 slice (2 hosts), model parallel over 8 chips",
+     "runs/tpu_v4_16_model_parallel.gin", "tpu_v4"),
     ("One TPU v5e chip", "runs/tpu_v5e.gin", "tpu_v5e"),
     ("TPU v5e-4 host, model parallel over 4 chips",
      "runs/tpu_v5e_4_model_parallel.gin", "tpu_v5e"),
@@ -40,13 +42,16 @@ SETUPS = (
     ("One NVIDIA H100 SXM", "runs/gpu.gin", "h100"),
     ("One NVIDIA H200", "runs/gpu.gin", "h200"),
 )
-# Table 2's rows (ende_small_t0.gin) and the T5Gemma table's
-# (ende_2b_2b_t1.gin): task, draft, temperature.
-_ROW = re.compile(r"^(ende|cnndm)_[a-z0-9]+(_[a-z0-9]+)?_t[01]\.gin$")
+# A row file: task, the models, temperature. Table 2's (ende_small_t0.gin),
+# the T5Gemma tables' (ende_2b_2b_t1.gin) and the decoder-only families'
+# (instruct_32b_0_6b_t0.gin, cnndm_1b_t1.gin).
+_ROW = re.compile(r"^(ende|cnndm|instruct)_[a-z0-9_]+_t[01]\.gin$")
+_TASK_AND_TEMPERATURE = re.compile(r"^(ende|cnndm|instruct)_|_t[01]$")
 
 
 def is_row(filename: str) -> bool:
-  """Row configs (ende_small_t0.gin), not the shared includes."""
+  """Row configs (ende_small_t0.gin), not the shared includes (ende.gin,
+  checkpoints.gin)."""
   return bool(_ROW.match(filename))
 
 
@@ -94,13 +99,22 @@ def project_table(files: Sequence[str], make_config: Callable,
         "params/device GB (target + draft) | peak/device GB | from shapes GB "
         "| fits | collectives/iteration | compile s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    used = set()
+    used, first = set(), {}
     for f in files:
       name = f.rsplit("/", 1)[-1].removesuffix(".gin")
       config = make_config(f, run_file)
       try:
         fit.check_fits(config, chip)
         shape = fit.run_shape(config, input_len)
+        if shape in first:
+          # A plan's programs are a function of the run's shapes
+          # (`fit.run_shape`): a task's data and prompts are inputs, and
+          # its stop ids (constants of a run's loop, one comparison a token
+          # each) are planned at EOS. Rows that differ only there share one
+          # plan.
+          log(f"{name} on {title}: the programs of {first[shape]} "
+              "(the same shapes), compiled once")
+        first.setdefault(shape, name)
         if shape not in compiled:
           started = time.perf_counter()
           # What the previous row compiled stays in JAX's caches (at XXL
@@ -193,7 +207,7 @@ def plot_alpha_sweep(path: str, rows: Sequence[dict],
     curves = {}
     for r in rows:
       if r["setup"] == setup:
-        draft = re.sub(r"^(ende|cnndm)_|_t[01]$", "", r["row"])
+        draft = _TASK_AND_TEMPERATURE.sub("", r["row"])
         curves.setdefault((draft, r["gamma"]), r)
     for (draft, gamma), r in curves.items():
       ax.plot(alphas, theory.walltime_improvement_measured(
