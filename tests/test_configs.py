@@ -311,3 +311,32 @@ def test_t5x_configs_read_the_datasets_the_tpu_guide_prepares():
       assert "import specdec_t5x_tasks" in text, path
     if path.startswith("t5_1_1_"):
       assert "PYTHONPATH=$SPECDEC/configs/t5x" in text, path
+
+
+def test_a_pairs_rows_on_other_tasks_plan_as_one():
+  """A plan's programs are a function of the run's shapes
+  (`fit.run_shape`), and every task of these families reads 512 tokens and
+  writes 512: the rows of one pair at one temperature (EnDe, CNN/DM and the
+  instructions) have equal shapes, so one compiled plan covers them all
+  (`plan_run --experiments` compiles once and says so), while another
+  draft, target or temperature is another plan."""
+  run = os.path.join(_CONFIGS, "runs", "tpu_v4_8_model_parallel.gin")
+  for family in ("gemma3", "llama3", "qwen3", "qwen2_5", "t5gemma2"):
+    groups = {}
+    folder = os.path.join(_CONFIGS, "experiments", family)
+    for name in sorted(os.listdir(folder)):
+      if not re.search(r"_t[01]\.gin$", name):
+        continue
+      gin.clear_config()
+      gin_flags.parse([os.path.join(folder, name), run], [])
+      shape = fit.run_shape(gin.get_configurable(experiment.ExperimentConfig)())
+      groups.setdefault(shape, set()).add(name)
+    gin.clear_config()
+    tasks_of_pair = {re.sub(r"^(ende|cnndm|instruct)_", "", n)
+                     for n in set().union(*groups.values())}
+    # One group a (pair, temperature), holding that pair's every task.
+    assert len(groups) == len(tasks_of_pair), (family, list(groups.values()))
+    for names in groups.values():
+      assert len({re.sub(r"^(ende|cnndm|instruct)_", "", n)
+                  for n in names}) == 1, names
+      assert {n.split("_")[0] for n in names} >= {"ende", "cnndm"}, names
