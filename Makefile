@@ -49,9 +49,10 @@ demo: $(STAMP)
 	$(PY) scripts/demo.py --workdir=results/demo $(DEMO_FLAGS)
 
 # Two worker processes (pytest-xdist), each test module in one of them: XLA
-# compiles on one core at a time, so two processes keep both busy (the
-# suite: 10-11 min on 2 cores, 18-20 min of CPU; docs/reliability.md says what
-# it checks). Modules go out slowest first (tests/conftest.py), in that
+# compiles on one core at a time, so two processes keep both busy; a third
+# was slower on 2 cores (the suite: about 17 min and 30 min of CPU there;
+# docs/log/suite_timing.md has the measurements, docs/reliability.md says
+# what it checks). Modules go out slowest first (tests/conftest.py), in that
 # order. TEST_FLAGS="-n 0" runs in one; pytest lists the 25 slowest tests.
 TEST_FLAGS ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
