@@ -74,7 +74,7 @@ PLAN = {
     "docs/llama_qwen.md#2": [INSTALL, *[CLOUD] * 7],
     "docs/llama_qwen.md#3": [CLOUD],
     "docs/llama_qwen.md#4": [TPU_PLAN],
-    "docs/llama_qwen.md#5": [TPU_PLAN],
+    "docs/llama_qwen.md#5": [TPU_PLAN] * 3,
     "docs/llama_qwen.md#6": [CLOUD + " (the real checkpoints), and a TPU"],
     "docs/storage.md#1": [INSTALL, RUN, RUN, RUN, RUN, RUN],
     "docs/storage.md#2": [
