@@ -68,6 +68,7 @@ PLAN = {
                          "run_experiment's rows of the models the lines "
                          "above train (tests/test_experiment_lm.py and the "
                          "Gemma 3 row test run decoder-only rows)"],
+    "docs/gemma3.md#7": [TPU_PLAN],
     "docs/llama_qwen.md#1": [
         "needs transformers and a downloaded checkpoint (the `hf` extra): "
         "it prints the checkpoint's own chat template to compare with"],
