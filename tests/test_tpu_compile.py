@@ -395,3 +395,28 @@ def test_a_plan_names_the_tpu_compiler_and_reports_its_memory():
   # The roofline reads bytes counted from shapes, the compiler's beside.
   step = p["steps"]["target_step"]
   assert 0 < step["bytes_from_shapes"] != step["bytes_accessed"]
+
+
+def test_a_program_the_tpu_compiler_cannot_fit_is_a_one_line_refusal():
+  """A program whose temporaries exceed a v5e chip's 16 GiB (the running
+  sum of a 80,000 x 80,000 float32 outer product, 24 GB a chip) passes no
+  count from shapes, but the TPU compiler refuses it: the plan turns its
+  RESOURCE_EXHAUSTED error into a ConfigError of one line (plan_run prints
+  it and exits 1, as for a refusal from shapes), with the compiler's need
+  and a fix, instead of a traceback (27B + 4B on a v5e-4 met this)."""
+  shape = _shape(name="v5e:2x2")
+  mesh = plan.mesh_for(shape)
+  x = jax.ShapeDtypeStruct((80_000,), jnp.float32,
+                           sharding=jax.sharding.NamedSharding(
+                               mesh, jax.sharding.PartitionSpec()))
+  with pytest.raises(plan.DoesNotFit) as info:
+    plan._compile(  # pylint: disable=protected-access
+        jax.jit(lambda v: jnp.cumsum(jnp.outer(v, v), axis=0)[::1000]), x)
+  error = info.value
+  assert isinstance(error, experiment.ConfigError)
+  assert str(error).startswith("the compiler: Ran out of memory"), error
+  assert "\n" not in str(error)
+  assert error.needed_bytes > chips.get_chip("tpu_v5e").hbm_bytes
+  refusal = plan.with_fix(error, shape, chips.get_chip("tpu_v5e"))
+  assert str(refusal).startswith(str(error)) and "Fix: use " in str(refusal)
+  assert refusal.needed_bytes == error.needed_bytes

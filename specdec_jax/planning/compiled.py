@@ -14,6 +14,7 @@ artefacts these figures take out.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Any
 
@@ -25,7 +26,9 @@ import jax.numpy as jnp
 from specdec_jax import sampling
 from specdec_jax import sharding
 from specdec_jax.decoding import engine
+from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.fit import RunShape
+from specdec_jax.infra import chips
 from specdec_jax.memory import footprint
 from specdec_jax.planning import hlo
 from specdec_jax.planning import topology
@@ -75,10 +78,34 @@ def _abstract_cache(definition, params, shape: RunShape, mesh) -> Any:
       x, jax.sharding.PartitionSpec))
 
 
+class DoesNotFit(ConfigError):
+  """The compiler's verdict that a program needs more memory than a chip
+  has, where the count from shapes (`fit.check_fits`) let it through.
+  `needed_bytes`: the compiler's figure for one device, when it gives one."""
+
+  def __init__(self, message: str, needed_bytes: int | None = None):
+    super().__init__(message)
+    self.needed_bytes = needed_bytes
+
+
+# libtpu: "... required for HLO temporaries (16.02G) exceeds available HBM
+# (15.75G)." (GiB).
+_OUT_OF_HBM = re.compile(r"\(([\d.]+)G\) exceeds available HBM")
+
+
 def _compile(fn, *args):
   mesh = next(a.sharding.mesh for a in jax.tree.leaves(args))
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_axis_rules()):
-    return fn.lower(*args).compile()
+    try:
+      return fn.lower(*args).compile()
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      line = str(e).split("RESOURCE_EXHAUSTED: ", 1)[-1].strip().splitlines()
+      found = _OUT_OF_HBM.search(line[0] if line else "")
+      raise DoesNotFit(
+          f"the compiler: {line[0] if line else e}",
+          int(float(found.group(1)) * chips.GIB) if found else None) from None
 
 
 def _cost(compiled) -> dict[str, float]:
@@ -256,7 +283,11 @@ def compile_programs(shape: RunShape) -> dict[str, Any]:
     # A TPU compile of a large row takes minutes: say which, before it.
     logging.info("compiling %s for %s (%.0f s so far) ...", what, where,
                  time.perf_counter() - started)
-    return make()
+    try:
+      return make()
+    except DoesNotFit as e:
+      raise DoesNotFit(f"{what} does not fit the chips of {where}: {e}",
+                       e.needed_bytes) from None
 
   def memo(key, make, what):
     if key not in _COMPILED:

@@ -50,6 +50,7 @@ from specdec_jax.planning.compiled import _inputs  # noqa: F401  (public)
 from specdec_jax.planning.compiled import _step
 from specdec_jax.planning.compiled import abstract_params
 from specdec_jax.planning.compiled import compile_programs
+from specdec_jax.planning.compiled import DoesNotFit  # noqa: F401  (public)
 from specdec_jax.planning.compiled import decoder_step_bytes  # noqa: F401  (public)
 from specdec_jax.planning.compiled import memory_summary  # noqa: F401  (public)
 from specdec_jax.planning.compiled import mesh_for  # noqa: F401  (public)
@@ -72,7 +73,19 @@ def plan(config: ExperimentConfig, chip: chips.Chip,
   and projects. Needs as many devices as the run's mesh."""
   fit.check_fits(config, chip)
   shape = fit.run_shape(config, input_len)
-  return project(config, shape, compile_programs(shape), chip)
+  try:
+    programs = compile_programs(shape)
+  except DoesNotFit as e:
+    raise with_fix(e, shape, chip) from None
+  return project(config, shape, programs, chip)
+
+
+def with_fix(error: DoesNotFit, shape: fit.RunShape, chip: chips.Chip
+             ) -> DoesNotFit:
+  """The compiler's refusal, with what would make the run fit (a larger
+  mesh, scaled by how far the compiler's need exceeds the shapes')."""
+  fix = fit.fix_for(shape, chip, chip.hbm_bytes, error.needed_bytes)
+  return DoesNotFit(f"{error}. Fix: {fix}.", error.needed_bytes)
 
 
 def verification_costs(config: ExperimentConfig, chip: chips.Chip,

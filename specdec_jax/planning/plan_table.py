@@ -68,7 +68,10 @@ def _gb(n) -> str:
 
 
 def _refusal(config, chip, error) -> str:
-  """The verdict of a row the shape check refuses: its need and its fix."""
+  """The verdict of a row the shape check or the compiler refuses: its
+  need and its fix."""
+  if isinstance(error, plan.DoesNotFit):
+    return f"no: {plan.with_fix(error, fit.run_shape(config), chip)}"
   try:
     shape = fit.run_shape(config)
     need = fit.estimate(shape)["total_bytes"]
@@ -123,9 +126,14 @@ def project_table(files: Sequence[str], make_config: Callable,
           gc.collect()
           log(f"{name} on {title}: compiling its programs "
               f"({len(compiled) + 1} distinct so far)")
-          compiled[shape] = plan.compile_programs(shape)
+          try:
+            compiled[shape] = plan.compile_programs(shape)
+          except plan.DoesNotFit as e:
+            compiled[shape] = e  # the rows of the same shapes: refused too
           log(f"{name} on {shape.mesh_shape}: compiled in "
               f"{time.perf_counter() - started:.0f} s")
+        if isinstance(compiled[shape], plan.DoesNotFit):
+          raise compiled[shape]
         r = plan.project(config, shape, compiled[shape], chip)
       except ConfigError as e:
         lines.append(f"| {name} | | | | | | | | | | | | "
