@@ -403,7 +403,8 @@ def test_a_program_the_tpu_compiler_cannot_fit_is_a_one_line_refusal():
   count from shapes, but the TPU compiler refuses it: the plan turns its
   RESOURCE_EXHAUSTED error into a ConfigError of one line (plan_run prints
   it and exits 1, as for a refusal from shapes), with the compiler's need
-  and a fix, instead of a traceback (27B + 4B on a v5e-4 met this)."""
+  and a fix, instead of a traceback (Gemma 3 27B + 4B on a v5e-4 met
+  this with an experimental projection: docs/log/gemma3_plans.md)."""
   shape = _shape(name="v5e:2x2")
   mesh = plan.mesh_for(shape)
   x = jax.ShapeDtypeStruct((80_000,), jnp.float32,
