@@ -164,25 +164,10 @@ class DenseGeneral(nn.Module):
     kernel = _param(self, "kernel", self.kernel_init,
                     (math.prod(in_shape), math.prod(features)),
                     self.param_dtype, self.kernel_axes)
-    kernel = kernel.astype(self.dtype)
+    kernel = kernel.astype(self.dtype).reshape(in_shape + features)
     x = x.astype(self.dtype)
-    trailing = axis == tuple(range(x.ndim - len(axis), x.ndim))
-    if trailing and x.ndim > len(axis) + 1 and x.shape[-len(axis) - 1] == 1:
-      # One token (a decoding step): the stored 2-D kernel as it is, the
-      # activations reshaped instead. A kernel reshaped to (N, H) is not a
-      # bitcast of the TPU's tiled layout, and inside a one-token loop the
-      # compiler relaid the query kernel out at every step (Gemma 3 27B's
-      # `generate` on a v4-8: 62 copies of 11 MB a step;
-      # docs/log/gemma3_plans.md). Chunks of tokens keep the reshaped
-      # kernel, which the compiler handles better there.
-      flat = x.reshape(x.shape[:-len(axis)] + (kernel.shape[0],))
-      y = jax.lax.dot_general(flat, kernel,
-                              (((flat.ndim - 1,), (0,)), ((), ())))
-      y = y.reshape(y.shape[:-1] + features)
-    else:
-      y = jax.lax.dot_general(
-          x, kernel.reshape(in_shape + features),
-          ((axis, tuple(range(len(axis)))), ((), ())))
+    y = jax.lax.dot_general(
+        x, kernel, ((axis, tuple(range(len(axis)))), ((), ())))
     if not self.use_bias:
       return y
     bias = _param(self, "bias", nn.initializers.zeros, (math.prod(features),),
