@@ -71,7 +71,7 @@ def _refusal(config, chip, error) -> str:
   """The verdict of a row the shape check or the compiler refuses: its
   need and its fix."""
   if isinstance(error, plan.DoesNotFit):
-    return f"no: {plan.with_fix(error, fit.run_shape(config), chip)}"
+    return f"no: {error}"  # the compiler's need, its fix added (below)
   try:
     shape = fit.run_shape(config)
     need = fit.estimate(shape)["total_bytes"]
@@ -128,12 +128,14 @@ def project_table(files: Sequence[str], make_config: Callable,
               f"({len(compiled) + 1} distinct so far)")
           try:
             compiled[shape] = plan.compile_programs(shape)
+            done = "compiled"
           except plan.DoesNotFit as e:
             compiled[shape] = e  # the rows of the same shapes: refused too
-          log(f"{name} on {shape.mesh_shape}: compiled in "
+            done = "refused by the compiler"
+          log(f"{name} on {shape.mesh_shape}: {done} in "
               f"{time.perf_counter() - started:.0f} s")
         if isinstance(compiled[shape], plan.DoesNotFit):
-          raise compiled[shape]
+          raise plan.with_fix(compiled[shape], shape, chip)
         r = plan.project(config, shape, compiled[shape], chip)
       except ConfigError as e:
         lines.append(f"| {name} | | | | | | | | | | | | "
