@@ -41,6 +41,7 @@ from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.models import gemma3
 from specdec_jax.models import registry
+from tests import helpers
 from tests import hf_layouts
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -69,12 +70,13 @@ def _same_params(a, b):
 def test_registry_sizes_match_published_parameter_counts(name, count):
   """Every registered size has its published parameter count, once the 64
   image-token rows of the 4B-27B embeddings are set aside."""
-  definition = registry.make_def(registry.get_config(name))
-  total = sum(int(np.prod(s.shape))
-              for s in jax.tree.leaves(definition.param_shapes()))
-  extra = definition.config.vocab_size - registry.GEMMA3_VOCAB
+  config = registry.get_config(name)
+  # From its shapes at one and two layers
+  # (`helpers.param_count_from_two_depths`).
+  total = helpers.param_count_from_two_depths(config)
+  extra = config.vocab_size - registry.GEMMA3_VOCAB
   assert extra == (64 if name not in ("gemma3_270m", "gemma3_1b") else 0)
-  assert total - extra * definition.config.emb_dim == count
+  assert total - extra * config.emb_dim == count
 
 
 # What the Hub's config.json files set (transformers 4 wrote them); the

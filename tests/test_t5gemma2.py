@@ -41,6 +41,7 @@ from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
 from specdec_jax.models import registry
 from specdec_jax.models import t5gemma2
+from tests import helpers
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata",
                     "hf_t5gemma2")
@@ -231,17 +232,17 @@ def test_registry_sizes_match_published_parameter_counts(name, billions):
   count is the embedding plus twice its Gemma 3 stack, which rounds to the
   published total."""
   config = registry.get_config(name)
-  shapes = registry.make_def(config).param_shapes()
-  count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
+  # Counts from shapes at one and two layers a stack
+  # (`helpers.param_count_from_two_depths`).
+  count = helpers.param_count_from_two_depths(config, ("encoder", "decoder"))
   digits = len(billions.split(".")[1]) if "." in billions else 0
   assert f"{count / 1e9:.{digits}f}" == billions, count
   # The embedding, the end-of-image vector, and twice a Gemma 3 model of
   # the size without its embedding (its layers and final norm).
-  gemma3 = registry.make_def(dataclasses.replace(
-      registry.get_config(GEMMA3_OF[name]), vocab_size=config.vocab_size))
+  gemma3 = dataclasses.replace(registry.get_config(GEMMA3_OF[name]),
+                               vocab_size=config.vocab_size)
   embedding = config.vocab_size * config.encoder.emb_dim
-  layers = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(
-      gemma3.param_shapes())) - embedding
+  layers = helpers.param_count_from_two_depths(gemma3) - embedding
   assert count == embedding + config.encoder.emb_dim + 2 * layers
 
 
