@@ -223,48 +223,6 @@ def tiny_ende(root, sentences) -> dict[str, str]:
 # speculative loop from the tests (the library has no hook for them).
 
 
-def _at_depth(stack, depth: int):
-  """A stack config (`num_layers`, `layer_types`) cut to its first `depth`
-  layers."""
-  return dataclasses.replace(stack, num_layers=depth,
-                             layer_types=tuple(stack.layer_types[:depth]))
-
-
-def param_count_from_two_depths(config, stacks: Sequence[str] = ()) -> int:
-  """The parameter count of `config`'s definition, from its shapes at depths
-  one and two of each stack (`stacks`: the attributes holding the stack
-  configs, e.g. ("encoder", "decoder"); none: `config` is the stack).
-
-  A stack's layers are built alike (one layer class, one config; local and
-  global layers differ in masks, not in weights), so L layers hold the count
-  at depth 1 plus L - 1 times what a second layer adds: an abstract init of
-  two layers a stack instead of all of them (the full 9B-9B's took 3.6 s).
-  The count is linear in each stack's depth: one depth-1 model, then one
-  with each stack at depth 2 in turn."""
-  from specdec_jax.models import registry  # pylint: disable=g-import-not-at-top
-
-  def count(cfg) -> int:
-    shapes = registry.make_def(cfg).param_shapes()
-    return sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
-
-  def with_depths(depths):
-    if not stacks:
-      return _at_depth(config, depths[0])
-    return dataclasses.replace(config, **{
-        name: _at_depth(getattr(config, name), d)
-        for name, d in zip(stacks, depths)})
-
-  names = stacks or (None,)
-  ones = [1] * len(names)
-  base = count(with_depths(ones))
-  total = base
-  for i, name in enumerate(names):
-    layers = (getattr(config, name) if name else config).num_layers
-    two = count(with_depths(ones[:i] + [2] + ones[i + 1:]))
-    total += (layers - 1) * (two - base)
-  return total
-
-
 def uncached_speculative(*args, **kwargs):
   """`engine.build_speculative(*args, **kwargs)` built afresh, outside its
   cache: traced at its first call, under whatever the test has patched

@@ -41,8 +41,8 @@ from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.models import gemma3
 from specdec_jax.models import registry
-from tests import helpers
 from tests import hf_layouts
+from tests import param_counts
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "testdata")
@@ -72,8 +72,8 @@ def test_registry_sizes_match_published_parameter_counts(name, count):
   image-token rows of the 4B-27B embeddings are set aside."""
   config = registry.get_config(name)
   # From its shapes at one and two layers
-  # (`helpers.param_count_from_two_depths`).
-  total = helpers.param_count_from_two_depths(config)
+  # (`param_counts.from_two_depths`).
+  total = param_counts.from_two_depths(config)
   extra = config.vocab_size - registry.GEMMA3_VOCAB
   assert extra == (64 if name not in ("gemma3_270m", "gemma3_1b") else 0)
   assert total - extra * config.emb_dim == count

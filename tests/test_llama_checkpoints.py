@@ -26,7 +26,6 @@ Invariants:
     torch).
 """
 
-import dataclasses
 import json
 import os
 import shutil
@@ -46,6 +45,7 @@ from specdec_jax.experiments.experiment_config import ConfigError
 from specdec_jax.experiments.experiment_config import ExperimentConfig
 from specdec_jax.models import registry
 from tests import hf_layouts
+from tests import param_counts
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "testdata")
@@ -63,14 +63,10 @@ def _same_params(a, b):
 
 def _count(name):
   """(parameters, parameters outside the embedding and output layer) of a
-  registered config, from the shapes of its definition at depths 1 and 2:
-  its layers are alike, so L of them hold the count at depth 1 plus L - 1
-  times the second layer's (tracing 80 layers' init took 8 s)."""
+  registered config, from its shapes at depths 1 and 2
+  (`param_counts.from_two_depths`)."""
   config = registry.get_config(name)
-  counts = [sum(int(np.prod(s.shape)) for s in jax.tree.leaves(
-      registry.make_def(dataclasses.replace(config, num_layers=depth))
-      .param_shapes())) for depth in (1, 2)]
-  total = counts[0] + (config.num_layers - 1) * (counts[1] - counts[0])
+  total = param_counts.from_two_depths(config)
   embeddings = config.vocab_size * config.emb_dim * (
       1 if config.tie_embeddings else 2)
   return total, total - embeddings

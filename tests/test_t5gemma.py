@@ -52,6 +52,7 @@ from specdec_jax.models import ngram
 from specdec_jax.models import registry
 from specdec_jax.models import t5gemma
 from tests import helpers
+from tests import param_counts
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "testdata")
@@ -364,8 +365,8 @@ def test_a_t5_loader_error_names_t5gemma(tmp_path):
 def test_registry_sizes_match_published_parameter_counts(name, count):
   """Every registered size has exactly its published parameter count
   (from its shapes at one and two layers a stack:
-  `helpers.param_count_from_two_depths`)."""
-  assert helpers.param_count_from_two_depths(
+  `param_counts.from_two_depths`)."""
+  assert param_counts.from_two_depths(
       registry.get_config(name), ("encoder", "decoder")) == count
 
 

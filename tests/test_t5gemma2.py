@@ -41,7 +41,7 @@ from specdec_jax.experiments import experiment
 from specdec_jax.launch import gin_flags
 from specdec_jax.models import registry
 from specdec_jax.models import t5gemma2
-from tests import helpers
+from tests import param_counts
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata",
                     "hf_t5gemma2")
@@ -233,8 +233,8 @@ def test_registry_sizes_match_published_parameter_counts(name, billions):
   published total."""
   config = registry.get_config(name)
   # Counts from shapes at one and two layers a stack
-  # (`helpers.param_count_from_two_depths`).
-  count = helpers.param_count_from_two_depths(config, ("encoder", "decoder"))
+  # (`param_counts.from_two_depths`).
+  count = param_counts.from_two_depths(config, ("encoder", "decoder"))
   digits = len(billions.split(".")[1]) if "." in billions else 0
   assert f"{count / 1e9:.{digits}f}" == billions, count
   # The embedding, the end-of-image vector, and twice a Gemma 3 model of
@@ -242,7 +242,7 @@ def test_registry_sizes_match_published_parameter_counts(name, billions):
   gemma3 = dataclasses.replace(registry.get_config(GEMMA3_OF[name]),
                                vocab_size=config.vocab_size)
   embedding = config.vocab_size * config.encoder.emb_dim
-  layers = helpers.param_count_from_two_depths(gemma3) - embedding
+  layers = param_counts.from_two_depths(gemma3) - embedding
   assert count == embedding + config.encoder.emb_dim + 2 * layers
 
 
