@@ -21,6 +21,11 @@ setuptools.setup(
         "gin-config==0.5.0",
         "absl-py",
         "numpy",
+        # Not 0.7.0: its import registers NumPy ufunc loops and promoters for
+        # about 0.5-1 s on 2 cores, paid by every process that imports jax
+        # (each script launch; 0.6.0 takes 0.01 s). jax 0.10.2 asks >= 0.5.0
+        # and uses no dtype newer than 0.6.0's.
+        "ml_dtypes==0.6.0",
         "msgpack",
         "safetensors",
         "sentencepiece",
