@@ -19,7 +19,7 @@ import pytest
 # Subprocesses the tests start inherit it.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# Two XLA:CPU settings that make compiling quicker; compiling is most of
+# Three XLA:CPU settings that make compiling quicker; compiling is most of
 # the suite's time (docs/log/suite_timing.md has the measurements):
 #
 # - LLVM at -O0 instead of -O2 for XLA:CPU's kernels: 12% off the suite's
@@ -36,6 +36,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 #   computes what it did. The tests that read a CPU program's structure
 #   (the in-place cache writes of tests/test_t5.py) compile it with the
 #   users' setting, `helpers.USERS_XLA_CPU_OPTIONS`.
+# - One LLVM module per program (`--xla_cpu_parallel_codegen_split_count=1`;
+#   XLA splits it into 32 to generate code on many threads at once): on 2
+#   cores shared by two workers the split costs more than the threads give.
+#   test_exact_demo alone: 184 s -> 168 s, 231 s -> 208 s of CPU (an
+#   AVX2-only AMD EPYC, 2026-12-07). Code generation only: the same
+#   functions, in one module instead of several.
 #
 # Tests compare programs compiled in the same process, or with tolerances;
 # users' programs keep XLA's defaults.
@@ -51,7 +57,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 _FLAGS = ("--xla_force_host_platform_device_count=8",
           "--xla_backend_optimization_level=0",
-          "--xla_cpu_use_fusion_emitters=false")
+          "--xla_cpu_use_fusion_emitters=false",
+          "--xla_cpu_parallel_codegen_split_count=1")
 for _flag in _FLAGS:
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +

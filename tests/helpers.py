@@ -415,8 +415,8 @@ def script_env(**overrides: str) -> dict[str, str]:
   """The environment of a script a test launches: this process's, the
   repository on PYTHONPATH, and XLA_FLAGS without conftest.py's 8 simulated
   devices (a script runs on the one CPU device a user's machine has) but
-  with its other flags (LLVM -O0 and the loop emitter: compiled sooner);
-  then `overrides`."""
+  with its other flags (LLVM -O0, the loop emitter and one LLVM module a
+  program: compiled sooner); then `overrides`."""
   flags_ = os.environ.get("XLA_FLAGS", "").replace(SIMULATED_DEVICES_FLAG, "")
   return dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS=" ".join(flags_.split()),
               **overrides)
