@@ -16,7 +16,7 @@ from absl import flags
 
 from specdec_jax.launch import cli
 from specdec_jax.data import paragraphs
-from specdec_jax.data import tasks
+from specdec_jax.data import shared_data
 
 _VALIDATION = flags.DEFINE_string(
     "validation", None, "Multi30k validation files without .en/.de "
@@ -28,7 +28,7 @@ _DATA_DIR = flags.DEFINE_string("data_dir", paragraphs.DEMO_DATA,
 def main(argv):
   del argv
   validation = _VALIDATION.value or os.path.join(
-      tasks.default_local_data_dir(), paragraphs.VALIDATION_STEM)
+      shared_data.default_local_data_dir(), paragraphs.VALIDATION_STEM)
   for path in paragraphs.write_demo_data(validation, _DATA_DIR.value):
     print(path)
 

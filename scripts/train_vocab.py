@@ -13,17 +13,18 @@ import os
 from absl import flags
 
 from specdec_jax.launch import cli
-from specdec_jax.data import tasks
+from specdec_jax.data import shared_data
+from specdec_jax.data import text
 from specdec_jax.data import vocabularies
 
-_DATA = str(tasks.default_local_data_dir())
+_DATA = str(shared_data.default_local_data_dir())
 _SOURCE_FILES = flags.DEFINE_list(
     "source_files", [os.path.join(_DATA, "multi30k.train.en")],
     "English text files; each line gets --source_prefix.")
 _TARGET_FILES = flags.DEFINE_list(
     "target_files", [os.path.join(_DATA, "multi30k.train.de")],
     "German text files, used as they are.")
-_SOURCE_PREFIX = flags.DEFINE_string("source_prefix", tasks.TRANSLATE_PREFIX,
+_SOURCE_PREFIX = flags.DEFINE_string("source_prefix", text.TRANSLATE_PREFIX,
                                      "Text put before each source line.")
 _VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 4000,
                                    "Pieces, the 3 special ones included.")

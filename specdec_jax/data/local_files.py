@@ -32,8 +32,7 @@ import tensorflow as tf
 from specdec_jax import errors
 from specdec_jax.infra import paths
 from specdec_jax.data import paragraphs
-
-SHARED_DATA_ENV = "SPECDEC_SHARED_DATA"
+from specdec_jax.data.shared_data import SHARED_DATA_ENV
 
 # Where the files the demo's tasks read come from, for the message of a
 # missing one (a clone without the data folder beside it).

@@ -22,9 +22,10 @@ import seqio
 from specdec_jax import errors
 from specdec_jax.data import bpe_vocabulary
 from specdec_jax.data import chat_template
-from specdec_jax.data import local_files
 from specdec_jax.infra import paths
 from specdec_jax.data import text
+from specdec_jax.data.shared_data import default_local_data_dir
+from specdec_jax.data.shared_data import SHARED_DATA_ENV  # noqa: F401  (public)
 
 DEFAULT_VOCAB_PATH = (
     "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model")
@@ -46,7 +47,6 @@ GEMMA_CHAT_TEMPLATE = ("<start_of_turn>user\n" + INPUT_PLACEHOLDER +
 CHECKPOINT_CHAT_TEMPLATE = chat_template.CHECKPOINT
 TRANSLATE_PREFIX = text.TRANSLATE_PREFIX
 SUMMARIZE_PREFIX = text.SUMMARIZE_PREFIX
-SHARED_DATA_ENV = local_files.SHARED_DATA_ENV
 # Paths that start with this name files shipped inside the package, e.g.
 # 'package:demo_data/sentences' or 'package:demo_models/target/vocab.model',
 # so a gin file can point at them wherever the package is installed.
@@ -62,13 +62,6 @@ def resolve_package_path(path: str) -> str:
 
 class VocabularyError(OSError, errors.UsageError):
   """The SentencePiece vocabulary file could not be read or parsed."""
-
-
-def default_local_data_dir() -> Path:
-  """`$SPECDEC_SHARED_DATA`, else the `shared/data` folder beside the repo."""
-  if os.environ.get(SHARED_DATA_ENV):
-    return Path(os.environ[SHARED_DATA_ENV])
-  return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 # Registered under `tasks` (its home before the split), so every binding
