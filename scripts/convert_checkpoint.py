@@ -42,7 +42,7 @@ from absl import logging
 from specdec_jax.launch import cli
 from specdec_jax import checkpoints
 from specdec_jax.infra import paths
-from specdec_jax.experiments import workdir
+from specdec_jax.infra import locks
 
 _INPUT = flags.DEFINE_string(
     "input", None, "hf:DIR or t5x:PATH (a checkpoint_<step> directory).",
@@ -67,8 +67,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:  # before the (possibly long) load
-    workdir.check_directory_path(_OUTPUT.value, "--output")
-  except workdir.WorkdirError as e:
+    locks.check_directory_path(_OUTPUT.value, "--output")
+  except locks.WorkdirError as e:
     raise app.UsageError(str(e)) from None
   try:
     _convert()

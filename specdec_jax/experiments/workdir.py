@@ -62,9 +62,13 @@ RESULT_FILES = ("examples.jsonl", "costs.json", "optimal_gamma.json",
                 "speedup_vs_gamma.png", "trace.html", "trace.png",
                 "operative_config.gin", FINGERPRINT)
 # The lock is shared with gs:// training workdirs (`training/mirror.py`), so
-# it lives in the core; its error is this module's too.
+# it lives in infra/; its error and the directory checks are this module's
+# too (scripts/convert_checkpoint.py uses them from there, without this
+# module's TensorFlow).
 lock = locks.lock
 WorkdirError = locks.WorkdirError
+check_directory_path = locks.check_directory_path
+make_directory = locks.make_directory
 # ExperimentConfig fields that do not change any recorded number (`topology`
 # only says what scripts/plan_run.py compiles for).
 EXTENDING_FIELDS = ("max_examples", "trace_examples", "name", "distributed",
@@ -72,29 +76,6 @@ EXTENDING_FIELDS = ("max_examples", "trace_examples", "name", "distributed",
                     "summary_every_seconds", "topology")
 # Files up to this size are hashed; larger ones (weights) by size and mtime.
 _HASH_LIMIT = 1 << 20
-
-
-def check_directory_path(path: str, what: str = "workdir") -> None:
-  """Refuses a local `path` that is, or lies under, a regular file (a
-  directory there could not be made); remote paths (gs://) pass."""
-  if "://" in path:
-    return
-  part = os.path.abspath(path)
-  while not os.path.exists(part) and os.path.dirname(part) != part:
-    part = os.path.dirname(part)
-  if os.path.exists(part) and not os.path.isdir(part):
-    where = ("is" if part == os.path.abspath(path) else f"lies under {part}, "
-             "which is")
-    raise WorkdirError(
-        f"{what} {path} {where} a regular file, not a directory: give a "
-        f"directory path, or move the file away.")
-
-
-def make_directory(path: str, what: str = "workdir") -> None:
-  """`paths.makedirs`, with `check_directory_path`'s message for a file
-  there."""
-  check_directory_path(path, what)
-  paths.makedirs(path)
 
 
 # The file whose presence (anywhere under a workdir: demo and table rows

@@ -16,6 +16,10 @@ over, while a live run's next renewal shows and the restart is refused.
 The lease is $SPECDEC_LOCK_LEASE_S seconds (default 120); hosts' clocks
 must agree to well within it. Experiments (`experiments/workdir.py`) and
 gs:// training workdirs (`training/mirror.py`) take it.
+
+Also the workdir's error (`WorkdirError`) and the check that a local
+directory path does not run into a regular file (`check_directory_path`,
+`make_directory`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,29 @@ from specdec_jax.infra import paths
 
 class WorkdirError(ValueError, errors.UsageError):
   """The workdir is busy, or holds results of other settings."""
+
+
+def check_directory_path(path: str, what: str = "workdir") -> None:
+  """Refuses a local `path` that is, or lies under, a regular file (a
+  directory there could not be made); remote paths (gs://) pass."""
+  if "://" in path:
+    return
+  part = os.path.abspath(path)
+  while not os.path.exists(part) and os.path.dirname(part) != part:
+    part = os.path.dirname(part)
+  if os.path.exists(part) and not os.path.isdir(part):
+    where = ("is" if part == os.path.abspath(path) else f"lies under {part}, "
+             "which is")
+    raise WorkdirError(
+        f"{what} {path} {where} a regular file, not a directory: give a "
+        f"directory path, or move the file away.")
+
+
+def make_directory(path: str, what: str = "workdir") -> None:
+  """`paths.makedirs`, with `check_directory_path`'s message for a file
+  there."""
+  check_directory_path(path, what)
+  paths.makedirs(path)
 
 
 LEASE_ENV = "SPECDEC_LOCK_LEASE_S"
