@@ -52,8 +52,9 @@ demo: $(STAMP)
 # compiles on one core at a time, so two processes keep both busy; a third
 # was slower on 2 cores (the suite: 13 to 21 min on the 2-core machines
 # measured, which differ by 1.8x; docs/log/suite_timing.md has the
-# measurements, docs/reliability.md says what it checks). Modules go out slowest first (tests/conftest.py), in that
-# order. TEST_FLAGS="-n 0" runs in one; pytest lists the 25 slowest tests.
+# measurements, docs/reliability.md says what it checks). Modules go out
+# slowest first (tests/conftest.py), in that order. TEST_FLAGS="-n 0" runs
+# in one; pytest lists the 25 slowest tests.
 TEST_FLAGS ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 test: $(TPU_STAMP)

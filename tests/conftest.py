@@ -40,7 +40,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 #   XLA splits it into 32 to generate code on many threads at once): on 2
 #   cores shared by two workers the split costs more than the threads give.
 #   test_exact_demo alone: 184 s -> 168 s, 231 s -> 208 s of CPU (an
-#   AVX2-only AMD EPYC, 2026-12-07). Code generation only: the same
+#   AVX2-only AMD EPYC, 2026-12-08). Code generation only: the same
 #   functions, in one module instead of several.
 #
 # Tests compare programs compiled in the same process, or with tolerances;

@@ -22,7 +22,9 @@ Invariants: (1) no module imports from a layer above its own; (2) no import
 inside a function, where it would hide an arrow; (3) no import circle
 between modules; (4) the core and the checkpoint formats import with
 TensorFlow, seqio and gin unimportable, so a user who only decodes needs
-jax, flax and numpy.
+jax, flax and numpy; (5) so do the scripts that use no data pipeline
+(build_paragraphs, train_vocab, convert_checkpoint), which start seconds
+sooner for it.
 """
 
 import ast
@@ -252,6 +254,24 @@ def test_gpu_benchmark_runs_without_tensorflow_seqio_gin(tmp_path):
   assert sorted(p.name for p in tmp_path.glob("*.hlo.txt")) == [
       f"{n}_extend_{k}.hlo.txt" for n in ("t5_1_1_tiny", "t5_tiny")
       for k in (1, 2)]
+
+
+# Scripts that need no data pipeline: they start without TensorFlow's
+# seconds of import (data/shared_data.py, infra/locks.py).
+_LIGHT_SCRIPTS = ("build_paragraphs", "train_vocab", "convert_checkpoint")
+
+
+def test_scripts_without_a_data_pipeline_load_without_tensorflow():
+  """Each of _LIGHT_SCRIPTS loads (its imports and flag definitions, not
+  its `__main__` block) with TensorFlow, seqio and gin blocked."""
+  code = _IMPORT_CORE.split("import specdec_jax\n")[0] + "import runpy\n" + (
+      "".join(f"runpy.run_path('scripts/{name}.py', run_name='loaded')\n"
+              for name in _LIGHT_SCRIPTS)) + "print('ok')\n"
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, check=False, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.strip().endswith("ok")
 
 
 def test_the_blocker_blocks():
